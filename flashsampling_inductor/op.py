@@ -1,0 +1,235 @@
+"""The public operator: ``fused_sample`` and its ``torch.library`` custom op.
+
+``fused_sample`` validates and normalises its arguments, then calls the custom op
+``torch.ops.flashsampling.fused_sample``, which picks the Triton kernel or the pure-PyTorch
+reference. The compiler pass (``graph_pass.py``) emits calls of the same custom op, so eager
+calls and compiled graphs share one implementation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .reference import reference_fused_sample
+
+__all__ = ["fused_sample"]
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+IMPLS = ("auto", "triton", "torch")
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+
+
+def fused_sample(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    num_samples: int = 1,
+    seed: int | torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Sample token ids from ``softmax((hidden @ weight.T + bias) / temperature)``.
+
+    The [B, V] logits are never written to memory: each vocabulary tile is computed on chip,
+    perturbed with Gumbel noise and reduced to its best (score, index); a second small stage
+    picks the winner per row (Gumbel-max trick, exact for any tiling).
+
+    Args:
+        hidden: [B, D] bf16/fp16/fp32. Any strides; accumulation is fp32.
+        weight: [V, D], same dtype and device as ``hidden`` (``nn.Linear`` / tied-embedding
+            layout). Any strides.
+        bias: optional [V] floating tensor on the same device; ``-inf`` entries are masked
+            tokens that are never drawn.
+        temperature: Python float, 0-d tensor or [B] tensor (one per row). 0 means greedy:
+            the argmax of the row's logits, ties to the lowest index as ``torch.argmax``.
+            Python floats and CPU tensors are checked (>= 0, finite); values of device tensors
+            are not checked, since that would need a host sync.
+        num_samples: independent draws per row, with replacement.
+        seed: int, 0-d int64 tensor or [B] int64 tensor (one per row). With a seed the
+            result is deterministic and independent of tile sizes, launch grid and batch
+            position (per-row seeds). Without one, a seed is drawn on the device from
+            ``generator`` (or the default generator): no host sync, and safe under CUDA graph
+            capture (each replay draws fresh tokens).
+        generator: torch.Generator used only when ``seed`` is None.
+        impl: "triton" (the fused kernel; CPU tensors only under ``TRITON_INTERPRET=1``),
+            "torch" (the reference) or "auto" (triton on CUDA, torch elsewhere).
+
+    Returns:
+        [B, num_samples] int64 token ids in [0, V). A NaN score counts as -inf; a row whose
+        scores are all -inf or NaN returns token 0, as ``torch.argmax`` would.
+    """
+    _check_tensors(hidden, weight, bias)
+    batch = hidden.shape[0]
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "triton" and hidden.device.type == "cpu" and not _triton_interpreter_on():
+        raise ValueError(
+            "impl='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1)"
+        )
+    temperature_tensor, scalar_temperature = _normalize_temperature(temperature, hidden)
+    seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
+    if batch == 0:
+        return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
+    if seed is None:
+        # Drawn on the device, so no host sync, and under CUDA graph capture the generator
+        # hands every replay a fresh offset.
+        seed_tensor = torch.empty((), dtype=torch.int64, device=hidden.device)
+        seed_tensor.random_(generator=generator)
+    return torch.ops.flashsampling.fused_sample(
+        hidden,
+        weight,
+        bias,
+        temperature_tensor,
+        scalar_temperature,
+        seed_tensor,
+        scalar_seed,
+        num_samples,
+        impl,
+    )
+
+
+def _triton_interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _check_tensors(hidden, weight, bias) -> None:
+    for name, value in (("hidden", hidden), ("weight", weight)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        if value.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be bf16, fp16 or fp32, got {value.dtype}")
+        if value.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(value.shape)}")
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
+    if hidden.device != weight.device:
+        raise ValueError(
+            f"hidden and weight must be on one device, got {hidden.device} and {weight.device}"
+        )
+    vocab_size, hidden_size = weight.shape
+    if vocab_size == 0:
+        raise ValueError("weight has V = 0 rows: there is no token to sample")
+    if hidden_size == 0:
+        raise ValueError("hidden and weight have D = 0: the logits are undefined")
+    if hidden.shape[1] != hidden_size:
+        raise ValueError(
+            f"hidden is [B, D] = {tuple(hidden.shape)} but weight is [V, D] = "
+            f"{tuple(weight.shape)}: D differs"
+        )
+    if vocab_size >= 2**31:
+        raise ValueError(f"weight has V = {vocab_size} rows; at most 2**31 - 1 are supported")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.shape != (vocab_size,):
+            raise ValueError(f"bias must have shape [V] = ({vocab_size},), got {tuple(bias.shape)}")
+        if bias.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"bias must be bf16, fp16 or fp32, got {bias.dtype}")
+        if bias.device != hidden.device:
+            raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
+
+
+def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, float]:
+    """-> (device tensor or None, scalar used when the tensor is None)."""
+    batch = hidden.shape[0]
+    if isinstance(temperature, torch.Tensor):
+        if not temperature.is_floating_point():
+            raise TypeError(f"temperature must be a floating tensor, got {temperature.dtype}")
+        if temperature.dim() == 0 and temperature.device.type == "cpu":
+            temperature = temperature.item()  # a CPU scalar costs no device sync
+        else:
+            if temperature.shape not in ((), (batch,)):
+                raise ValueError(
+                    f"temperature must be 0-d or [B] = ({batch},), got {tuple(temperature.shape)}"
+                )
+            if temperature.device != hidden.device:
+                raise ValueError(
+                    f"temperature is on {temperature.device} but hidden is on {hidden.device}"
+                )
+            if temperature.device.type == "cpu" and not bool(
+                ((temperature >= 0) & temperature.isfinite()).all()
+            ):
+                raise ValueError("temperature must be finite and >= 0 in every row")
+            return temperature.float(), 1.0
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a float or a tensor, got {type(temperature).__name__}")
+    temperature = float(temperature)
+    if not (0.0 <= temperature < float("inf")):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    return None, temperature
+
+
+def _normalize_seed(seed, hidden) -> tuple[torch.Tensor | None, int]:
+    """-> (device int64 tensor or None, scalar int64 seed used when the tensor is None)."""
+    batch = hidden.shape[0]
+    if seed is None:
+        return None, 0
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64:
+            raise TypeError(f"seed must be an int64 tensor, got {seed.dtype}")
+        if seed.dim() == 0 and seed.device.type == "cpu":
+            seed = seed.item()  # a CPU scalar costs no device sync
+        else:
+            if seed.shape not in ((), (batch,)):
+                raise ValueError(f"seed must be 0-d or [B] = ({batch},), got {tuple(seed.shape)}")
+            if seed.device != hidden.device:
+                raise ValueError(f"seed is on {seed.device} but hidden is on {hidden.device}")
+            return seed, 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, an int64 tensor or None, got {type(seed).__name__}")
+    if not (_INT64_MIN <= seed <= _UINT64_MAX):
+        raise ValueError(f"seed must fit in 64 bits, got {seed}")
+    # The op's schema holds a signed int64: keep the same 64 bits.
+    return None, seed - 2**64 if seed >= 2**63 else seed
+
+
+@torch.library.custom_op("flashsampling::fused_sample", mutates_args=())
+def _fused_sample_op(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: torch.Tensor | None,
+    scalar_temperature: float,
+    seed: torch.Tensor | None,
+    scalar_seed: int,
+    num_samples: int,
+    impl: str,
+) -> torch.Tensor:
+    """The custom op behind ``fused_sample``; arguments are already validated.
+
+    ``temperature`` (0-d or [B] fp32) overrides ``scalar_temperature`` and ``seed``
+    (0-d or [B] int64) overrides ``scalar_seed`` when given. A [B] seed means per-row seeds.
+    """
+    use_triton = impl == "triton" or (impl == "auto" and hidden.device.type == "cuda")
+    if use_triton:
+        from .sampling_kernel import triton_fused_sample
+
+        return triton_fused_sample(
+            hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples
+        )
+    batch = hidden.shape[0]
+    if temperature is None:
+        temperature = torch.full((batch,), scalar_temperature, device=hidden.device)
+    per_row_seed = seed is not None and seed.dim() == 1
+    if seed is None:
+        seed = torch.tensor(scalar_seed, dtype=torch.int64, device=hidden.device)
+    return reference_fused_sample(
+        hidden,
+        weight,
+        bias,
+        temperature.float().expand(batch),
+        seed.expand(batch),
+        per_row_seed,
+        num_samples,
+    )
+
+
+@_fused_sample_op.register_fake
+def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples, impl):
+    return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)

@@ -1,0 +1,135 @@
+"""Pure-PyTorch reference of the fused sampler: the CPU path and the oracle of the tests.
+
+It draws exactly the noise the Triton kernel draws (the same Philox4x32-10 stream and the
+same uniform -> Gumbel map, written here with int64 tensor ops instead of uint32 registers),
+so on the same seed the kernel and the reference pick the same tokens, except where two
+perturbed scores are closer than the rounding of the fp32 matmul (the kernel and
+``torch.matmul`` sum over D in different orders).
+
+The noise contract, shared with ``sampling_kernel.py``:
+
+* key: the 64-bit seed, split into (low 32 bits, high 32 bits);
+* counter: ``(vocab_index // 4, row_counter, sample_index, 0)``; ``row_counter`` is the row
+  index for a scalar seed and 0 for per-row seeds, so a row's noise depends only on its own
+  seed and never on its position in the batch;
+* word ``vocab_index % 4`` of the Philox output is that token's 32 random bits, so one Philox
+  evaluation serves four neighbouring tokens;
+* the bits become a Gumbel variate through ``bits_to_gumbel`` below, which is finite for
+  every input and keeps 32 bits of resolution in both tails.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["bits_to_gumbel", "philox4x32", "gumbel_noise", "reference_fused_sample"]
+
+PHILOX_ROUND_A = 0xD2511F53
+PHILOX_ROUND_B = 0xCD9E8D57
+PHILOX_KEY_A = 0x9E3779B9
+PHILOX_KEY_B = 0xBB67AE85
+PHILOX_ROUNDS = 10
+_U32 = 0xFFFFFFFF
+
+
+def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32 bits of ``a * m`` for uint32 values held in int64 tensors.
+
+    The 64-bit product can overflow int64, so multiply by the 16-bit halves of ``m``.
+    """
+    m_hi, m_lo = m >> 16, m & 0xFFFF
+    p_lo = a * m_lo
+    t = a * m_hi + (p_lo >> 16)
+    return t >> 16, ((t & 0xFFFF) << 16) | (p_lo & 0xFFFF)
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = PHILOX_ROUNDS):
+    """Philox4x32 (Salmon et al., SC'11) on int64 tensors holding uint32 values."""
+    for _ in range(rounds):
+        hi_b, lo_b = _mulhilo32(c2, PHILOX_ROUND_B)
+        hi_a, lo_a = _mulhilo32(c0, PHILOX_ROUND_A)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0 = (k0 + PHILOX_KEY_A) & _U32
+        k1 = (k1 + PHILOX_KEY_B) & _U32
+    return c0, c1, c2, c3
+
+
+def bits_to_gumbel(bits: torch.Tensor) -> torch.Tensor:
+    """Map 32 random bits (uint32 values in an int64 tensor) to a standard Gumbel, in fp32.
+
+    ``u = (bits + 0.5) / 2**32`` lies strictly inside (0, 1). Instead of rounding u to fp32
+    (which turns values near 1 into exactly 1.0 and the noise into +inf), take the distance
+    to the nearer end, ``small = min(u, 1 - u)``, which fp32 holds to full relative precision,
+    and form the exponential variate ``E = -log(u)`` from it: ``-log(small)`` in the lower
+    half, ``-log1p(-small)`` in the upper half. The Gumbel is ``-log(E)``; it lies in
+    [-3.1, 22.9] for every input, so it is never +-inf or NaN.
+    """
+    upper = bits >= 0x80000000
+    mirrored = torch.where(upper, _U32 - bits, bits)
+    small = (mirrored.to(torch.float32) + 0.5) * 2.0**-32
+    # log1p(-small) by Goldberg's trick, as the kernel writes it: one_minus - 1 is exact.
+    one_minus = torch.where(upper, 1.0 - small, small)
+    log_arg = torch.log(one_minus)
+    exact_ratio = torch.where(upper & (one_minus != 1.0), small / (1.0 - one_minus), 1.0)
+    expo = torch.where(upper & (one_minus == 1.0), small, -log_arg * exact_ratio)
+    return -torch.log(expo)
+
+
+def gumbel_noise(
+    seed_lo: torch.Tensor,
+    seed_hi: torch.Tensor,
+    row_counter: torch.Tensor,
+    sample_index: int,
+    vocab_size: int,
+) -> torch.Tensor:
+    """Gumbel noise [B, V] fp32 for one sample index; seed_* and row_counter are [B] int64."""
+    device = row_counter.device
+    vocab = torch.arange(vocab_size, device=device, dtype=torch.int64)
+    quad = (vocab >> 2)[None, :]
+    word = (vocab & 3)[None, :]
+    k0, k1, rc = seed_lo[:, None], seed_hi[:, None], row_counter[:, None]
+    zero = torch.zeros_like(quad)
+    words = philox4x32(quad, rc, zero + sample_index, zero, k0, k1)
+    bits = torch.where(word == 0, words[0], torch.where(word == 1, words[1], words[2]))
+    bits = torch.where(word == 3, words[3], bits)
+    return bits_to_gumbel(bits)
+
+
+def split_seed(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 seed tensor -> (low 32 bits, high 32 bits) as non-negative int64 tensors."""
+    return seed & _U32, (seed >> 32) & _U32
+
+
+def reference_fused_sample(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    per_row_seed: bool,
+    num_samples: int,
+) -> torch.Tensor:
+    """Sample [B, num_samples] token ids from softmax((hidden @ weight.T + bias) / temperature).
+
+    Arguments are already validated and normalised by ``fused_sample``: ``temperature`` is a
+    [B] fp32 tensor (0 = greedy), ``seed`` a [B] int64 tensor. Scores are
+    ``logits + temperature * gumbel``, the same argmax as ``logits / T + gumbel`` for T > 0
+    and plain argmax for T = 0; NaN scores count as -inf.
+    """
+    batch = hidden.shape[0]
+    vocab_size = weight.shape[0]
+    logits = hidden.float() @ weight.float().T
+    if bias is not None:
+        logits = logits + bias.float()
+    seed_lo, seed_hi = split_seed(seed)
+    if per_row_seed:
+        row_counter = torch.zeros(batch, dtype=torch.int64, device=hidden.device)
+    else:
+        row_counter = torch.arange(batch, dtype=torch.int64, device=hidden.device)
+    samples = []
+    for sample_index in range(num_samples):
+        noise = gumbel_noise(seed_lo, seed_hi, row_counter, sample_index, vocab_size)
+        scores = logits + temperature[:, None] * noise
+        scores = scores.masked_fill(scores.isnan(), float("-inf"))
+        samples.append(scores.argmax(dim=-1))
+    return torch.stack(samples, dim=-1)
