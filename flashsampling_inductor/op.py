@@ -30,6 +30,7 @@ def fused_sample(
     num_samples: int = 1,
     seed: int | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    logits_dtype: torch.dtype | None = None,
     impl: str = "auto",
 ) -> torch.Tensor:
     """Sample token ids from ``softmax((hidden @ weight.T + bias) / temperature)``.
@@ -55,6 +56,10 @@ def fused_sample(
             ``generator`` (or the default generator): no host sync, and safe under CUDA graph
             capture (each replay draws fresh tokens).
         generator: torch.Generator used only when ``seed`` is None.
+        logits_dtype: None (default) samples from the fp32 logits. bf16/fp16 first rounds the
+            logits (after the bias) to that dtype, as a model that materializes its logits in
+            that dtype does; the compiler pass sets it so a rewrite keeps the program's
+            distribution, and greedy rows keep its ties.
         impl: "triton" (the fused kernel; CPU tensors only under ``TRITON_INTERPRET=1``),
             "torch" (the reference) or "auto" (triton on CUDA, torch elsewhere).
 
@@ -72,6 +77,8 @@ def fused_sample(
         raise ValueError(
             "impl='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1)"
         )
+    if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
     temperature_tensor, scalar_temperature = _normalize_temperature(temperature, hidden)
     seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
     if batch == 0:
@@ -90,6 +97,7 @@ def fused_sample(
         seed_tensor,
         scalar_seed,
         num_samples,
+        logits_dtype,
         impl,
     )
 
@@ -199,6 +207,7 @@ def _fused_sample_op(
     seed: torch.Tensor | None,
     scalar_seed: int,
     num_samples: int,
+    logits_dtype: torch.dtype | None,
     impl: str,
 ) -> torch.Tensor:
     """The custom op behind ``fused_sample``; arguments are already validated.
@@ -211,7 +220,15 @@ def _fused_sample_op(
         from .sampling_kernel import triton_fused_sample
 
         return triton_fused_sample(
-            hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples
+            hidden,
+            weight,
+            bias,
+            temperature,
+            scalar_temperature,
+            seed,
+            scalar_seed,
+            num_samples,
+            logits_dtype,
         )
     batch = hidden.shape[0]
     if temperature is None:
@@ -227,9 +244,10 @@ def _fused_sample_op(
         seed.expand(batch),
         per_row_seed,
         num_samples,
+        logits_dtype,
     )
 
 
 @_fused_sample_op.register_fake
-def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples, impl):
+def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)

@@ -108,6 +108,7 @@ def reference_fused_sample(
     seed: torch.Tensor,
     per_row_seed: bool,
     num_samples: int,
+    logits_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Sample [B, num_samples] token ids from softmax((hidden @ weight.T + bias) / temperature).
 
@@ -121,6 +122,8 @@ def reference_fused_sample(
     logits = hidden.float() @ weight.float().T
     if bias is not None:
         logits = logits + bias.float()
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
     seed_lo, seed_hi = split_seed(seed)
     if per_row_seed:
         row_counter = torch.zeros(batch, dtype=torch.int64, device=hidden.device)
