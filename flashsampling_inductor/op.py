@@ -115,7 +115,9 @@ def _check_tensors(hidden, weight, bias) -> None:
         if value.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(value.shape)}")
     if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
+        raise TypeError(
+            f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}"
+        )
     if hidden.device != weight.device:
         raise ValueError(
             f"hidden and weight must be on one device, got {hidden.device} and {weight.device}"
@@ -166,7 +168,9 @@ def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, fl
                 raise ValueError("temperature must be finite and >= 0 in every row")
             return temperature.float(), 1.0
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a float or a tensor, got {type(temperature).__name__}")
+        raise TypeError(
+            f"temperature must be a float or a tensor, got {type(temperature).__name__}"
+        )
     temperature = float(temperature)
     if not (0.0 <= temperature < float("inf")):
         raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
