@@ -160,14 +160,18 @@ def _perturbed_tile_max(
     sample_index,
     k0,
     k1,
+    GREEDY: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """Per row: the best perturbed score of the tile and its global vocab index."""
-    quad_offsets = (v_start // 4 + tl.arange(0, BLOCK_V // 4)).to(tl.uint32)
-    noise = _gumbel_tile(quad_offsets, row_counter, sample_index, k0, k1, BLOCK_B, BLOCK_V)
-    # argmax(logits / T + g) == argmax(logits + T * g) for T > 0, and T = 0 is greedy.
-    scores = logits + temperature[:, None] * noise
+    if GREEDY:
+        scores = logits
+    else:
+        quad_offsets = (v_start // 4 + tl.arange(0, BLOCK_V // 4)).to(tl.uint32)
+        noise = _gumbel_tile(quad_offsets, row_counter, sample_index, k0, k1, BLOCK_B, BLOCK_V)
+        # argmax(logits / T + g) == argmax(logits + T * g) for T > 0, and T = 0 is greedy.
+        scores = logits + temperature[:, None] * noise
     # NaN counts as -inf; columns past V can never win.
     valid = (v_start + tl.arange(0, BLOCK_V)) < V
     scores = tl.where(valid[None, :] & (scores == scores), scores, float("-inf"))
@@ -199,7 +203,7 @@ def _sample_stage1(
     num_samples,
     num_v_programs,
     HAS_BIAS: tl.constexpr,
-    TEMPERATURE_MODE: tl.constexpr,  # 0: scalar argument, 1: 0-d tensor, 2: [B] tensor
+    TEMPERATURE_MODE: tl.constexpr,  # 0: scalar, 1: 0-d tensor, 2: [B] tensor, 3: greedy
     SEED_MODE: tl.constexpr,  # 0: scalar argument, 1: 0-d tensor, 2: [B] tensor (per row)
     LOGITS_DTYPE: tl.constexpr,  # None: keep fp32 logits, else round to this dtype
     DOT_PRECISION: tl.constexpr,
@@ -219,7 +223,7 @@ def _sample_stage1(
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = offs_b < B
 
-    if TEMPERATURE_MODE == 0:
+    if TEMPERATURE_MODE == 0 or TEMPERATURE_MODE == 3:
         temperature = tl.full((BLOCK_B,), scalar_temperature, tl.float32)
     elif TEMPERATURE_MODE == 1:
         temperature = tl.full((BLOCK_B,), tl.load(temperature_ptr), tl.float32)
@@ -270,7 +274,17 @@ def _sample_stage1(
         )
         for sample_index in range(num_samples):
             score, index = _perturbed_tile_max(
-                logits, temperature, v_start, V, row_counter, sample_index, k0, k1, BLOCK_B, BLOCK_V
+                logits,
+                temperature,
+                v_start,
+                V,
+                row_counter,
+                sample_index,
+                k0,
+                k1,
+                GREEDY,
+                BLOCK_B,
+                BLOCK_V,
             )
             out = out_offsets + sample_index * num_v_programs
             tl.store(cand_score_ptr + out, score, mask=b_mask)
@@ -305,7 +319,17 @@ def _sample_stage1(
                 BLOCK_D,
             )
             score, index = _perturbed_tile_max(
-                logits, temperature, v_start, V, row_counter, 0, k0, k1, BLOCK_B, BLOCK_V
+                logits,
+                temperature,
+                v_start,
+                V,
+                row_counter,
+                0,
+                k0,
+                k1,
+                TEMPERATURE_MODE == 3,
+                BLOCK_B,
+                BLOCK_V,
             )
             better = score > best_score
             best_index = tl.where(better, index, best_index)
@@ -347,6 +371,13 @@ def default_config(
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(block_b=block_b, block_v=256, block_d=64, tiles_per_program=4)
     return SampleConfig(block_b=block_b, block_v=128, block_d=64)
+
+
+def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: float) -> int:
+    if temperature is not None:
+        return 1 if temperature.dim() == 0 else 2
+    # A scalar 0 is greedy for every row: skip the noise altogether.
+    return 3 if scalar_temperature == 0.0 else 0
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -405,7 +436,7 @@ def triton_fused_sample(
         num_samples,
         num_v_programs,
         HAS_BIAS=bias is not None,
-        TEMPERATURE_MODE=0 if temperature is None else (1 if temperature.dim() == 0 else 2),
+        TEMPERATURE_MODE=_temperature_mode(temperature, scalar_temperature),
         SEED_MODE=0 if seed is None else (1 if seed.dim() == 0 else 2),
         LOGITS_DTYPE=None if logits_dtype is None else _TL_DTYPES[logits_dtype],
         DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
