@@ -22,12 +22,12 @@ import triton.language as tl
 
 __all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
 
-PHILOX_ROUND_A: tl.constexpr = 0xD2511F53
-PHILOX_ROUND_B: tl.constexpr = 0xCD9E8D57
-PHILOX_KEY_A: tl.constexpr = 0x9E3779B9
-PHILOX_KEY_B: tl.constexpr = 0xBB67AE85
-PHILOX_ROUNDS: tl.constexpr = 10
-TWO_POW_MINUS_32: tl.constexpr = 2.3283064365386963e-10
+PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
+PHILOX_ROUND_B = tl.constexpr(0xCD9E8D57)
+PHILOX_KEY_A = tl.constexpr(0x9E3779B9)
+PHILOX_KEY_B = tl.constexpr(0xBB67AE85)
+PHILOX_ROUNDS = tl.constexpr(10)
+TWO_POW_MINUS_32 = tl.constexpr(2.3283064365386963e-10)
 
 
 @triton.jit
@@ -282,7 +282,7 @@ def _sample_stage1(
                 sample_index,
                 k0,
                 k1,
-                GREEDY,
+                TEMPERATURE_MODE == 3,
                 BLOCK_B,
                 BLOCK_V,
             )
