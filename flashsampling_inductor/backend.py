@@ -2,8 +2,53 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+import torch
+from torch._dynamo.backends.registry import register_backend
+from torch._inductor import list_mode_options
+from torch._inductor.compile_fx import compile_fx
+
+from .graph_pass import FlashSamplingPass
+
 __all__ = ["flashsampling_backend"]
 
+BACKEND_NAME = "flashsampling"
 
-def flashsampling_backend(gm, example_inputs, **kwargs):
-    raise NotImplementedError("the Inductor pass is not written yet")
+
+def flashsampling_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable:
+    """Compile ``gm`` with Inductor, rewriting sampling idioms into one fused-op call.
+
+    Use as ``torch.compile(step, backend=flashsampling_backend)`` or
+    ``backend="flashsampling"``; ``mode`` and ``options`` mean what they mean for
+    ``backend="inductor"`` (``mode="reduce-overhead"`` still captures CUDA graphs). A
+    ``joint_custom_pre_pass`` already set, in ``options`` or in ``torch._inductor.config``,
+    runs after the FlashSampling pass.
+    """
+    config_patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
+    user_pass = config_patches.get(
+        "joint_custom_pre_pass", torch._inductor.config.joint_custom_pre_pass
+    )
+    config_patches["joint_custom_pre_pass"] = FlashSamplingPass(then=user_pass)
+    return compile_fx(gm, example_inputs, config_patches=config_patches)
+
+
+def _register() -> None:
+    """Make ``backend="flashsampling"`` work after ``import flashsampling_inductor``.
+
+    An installed package declares the name as an entry point, which dynamo loads and
+    registers itself on first use; registering it here too would be a duplicate.
+    """
+    if BACKEND_NAME not in entry_points(group="torch_dynamo_backends").names:
+        register_backend(flashsampling_backend, name=BACKEND_NAME)
+
+
+_register()

@@ -1,0 +1,34 @@
+"""Greedy decoding: ``argmax(lm_head(h), -1)``, as a fused argmax that writes no logits.
+
+``logits_dtype`` is the dtype of the matmul's output, so ties break as ``torch.argmax`` on
+the program's bf16/fp16 logits does. ``argmax(softmax(logits))`` is the same argmax and is
+accepted too; a scale by a positive constant changes nothing and is dropped, a tensor
+temperature (which may hold 0) is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._chain import LMHead, NoMatch, Walk, argmax_keepdim, match_lm_head, match_softmax
+
+IDIOM = "greedy"
+TARGET = torch.ops.aten.argmax.default
+
+
+def search(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The idiom as users write it."""
+    return torch.argmax(F.linear(hidden, weight), dim=-1)
+
+
+def check(walk: Walk) -> tuple[LMHead, int, bool]:
+    keepdim = argmax_keepdim(walk)
+    scores = walk.terminal.args[0]
+    probe = Walk(walk.terminal)
+    try:
+        scores = match_softmax(probe, scores)
+        walk.owned += probe.owned
+    except NoMatch:
+        pass  # the argmax of the logits themselves
+    return match_lm_head(walk, scores, greedy=True), 1, keepdim

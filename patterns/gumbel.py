@@ -1,0 +1,74 @@
+"""Gumbel-argmax: ``argmax(logits / T - log(-log(U)))``: hand-written samplers.
+
+Accepted spellings of the noise: ``- log(-log(U))``, ``+ (-log(-log(U)))``, with ``eps``
+added inside the logs, or with ``E = exponential_()`` in place of ``-log(U)`` (which is also
+what Inductor's ``apply_gumbel_max_trick`` makes of the exponential race).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Node
+
+from ._chain import (
+    LMHead,
+    Walk,
+    argmax_keepdim,
+    is_call,
+    match_lm_head,
+    match_noise,
+    strip_converts,
+    val,
+)
+
+IDIOM = "gumbel"
+aten = torch.ops.aten
+TARGET = aten.argmax.default
+
+
+def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The idiom as users write it."""
+    logits = F.linear(hidden, weight)
+    u = torch.rand_like(logits)
+    return torch.argmax(logits / temperature - torch.log(-torch.log(u)), dim=-1)
+
+
+def check(walk: Walk) -> tuple[LMHead, int, bool] | None:
+    scores = strip_converts(walk, walk.terminal.args[0])
+    logits = _perturbed_logits(walk, scores)
+    if logits is None:
+        return None
+    walk.take(scores)
+    keepdim = argmax_keepdim(walk)
+    return match_lm_head(walk, logits), 1, keepdim
+
+
+def _perturbed_logits(walk: Walk, scores: Node) -> Node | None:
+    """``logits + G`` or ``logits - log(E)`` -> ``logits``; None if there is no such noise."""
+    shape = val(scores)
+    if is_call(scores, aten.sub.Tensor) and "alpha" not in scores.kwargs:
+        logits, log_noise = scores.args
+        return logits if _log_exponential(walk, log_noise, shape) else None
+    if is_call(scores, aten.add.Tensor) and "alpha" not in scores.kwargs:
+        for logits, gumbel in (scores.args, scores.args[::-1]):
+            if is_call(gumbel, aten.neg.default) and _log_exponential(walk, gumbel.args[0], shape):
+                walk.take(gumbel)
+                return logits
+    return None
+
+
+def _log_exponential(walk: Walk, node, shape) -> bool:
+    """``log(E)`` or ``log(E + eps)`` with ``E`` Exp(1) noise."""
+    if not is_call(node, aten.log.default):
+        return False
+    noise = node.args[0]
+    if is_call(noise, aten.add.Tensor) and isinstance(noise.args[1], float):
+        if not 0.0 <= noise.args[1] <= 1e-3:
+            return False
+        walk.take(noise)
+        noise = noise.args[0]
+    if not match_noise(walk, noise, shape):
+        return False
+    walk.take(node)
+    return True
