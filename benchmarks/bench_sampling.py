@@ -177,6 +177,7 @@ PROVIDERS = {
     )
 }
 ALL_PROVIDERS = (*PROVIDERS, "floor")
+ALWAYS = ("matmul", "fused")  # every ratio and speedup is taken against these two
 
 
 def timings_of(provider: Provider, timings: tuple[str, ...]) -> list[str]:
@@ -230,7 +231,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batches", type=parse_ints, help="B list, default 1,2,4,...,256")
     parser.add_argument(
         "--providers", type=parse_names(ALL_PROVIDERS), default=ALL_PROVIDERS,
-        help=f"comma list from {','.join(ALL_PROVIDERS)} (matmul always runs)",
+        help=f"comma list from {','.join(ALL_PROVIDERS)} (matmul and fused always run)",
     )  # fmt: skip
     parser.add_argument(
         "--timing", choices=("events", "graph", "both"), default="both",
@@ -261,7 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.warmup_ms = args.warmup_ms or (10 if args.quick else 25)
     args.rep_ms = args.rep_ms or (40 if args.quick else 100)
     args.timings = TIMINGS if args.timing == "both" else (args.timing,)
-    args.providers = tuple(p for p in ALL_PROVIDERS if p in args.providers or p == "matmul")
+    args.providers = tuple(p for p in ALL_PROVIDERS if p in args.providers or p in ALWAYS)
     return args
 
 
@@ -452,7 +453,7 @@ def measure_point(
     notes = [check_tokens(out, hidden.shape[0], vocab) if provider.samples else ""]
     del out
     if provider.graph == "own" and cudagraph_skips() > skips:
-        notes.append("cudagraphs skipped: runs without CUDA graphs (see log)")
+        notes.append("cudagraphs skipped when compiled at this B: no CUDA graphs (see log)")
     if provider.name == "fs_compiled":
         notes.append(rewrite_note(call))
     note = "; ".join(n for n in notes if n)
@@ -643,7 +644,8 @@ def plot_speedups(rows: list[Row], path: Path, meta: dict[str, str]) -> None:
             ax.set_xlabel("batch size B")
             ax.set_ylabel("speedup of fused (peer time / fused time)")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     fig.suptitle(
         f"FlashSampling fused_sample vs peers\n{meta['gpu']}, torch {meta['torch']}, "
         f"triton {meta['triton']}, {meta['date']}"
