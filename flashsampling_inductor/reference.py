@@ -14,15 +14,24 @@ The noise contract, shared with ``sampling_kernel.py``:
   seed and never on its position in the batch;
 * word ``vocab_index % 4`` of the Philox output is that token's 32 random bits, so one Philox
   evaluation serves four neighbouring tokens;
-* the bits become a Gumbel variate through ``bits_to_gumbel`` below, which is finite for
-  every input and keeps 32 bits of resolution in both tails.
+* the bits become Gumbel noise through ``bits_to_log2_gumbel`` below (base-2 units, shifted
+  by a constant no argmax can see), finite for every input, with 32 bits of resolution in
+  both tails; the score of a token is ``logit + (T * ln 2) * noise``.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["bits_to_gumbel", "philox4x32", "gumbel_noise", "reference_fused_sample"]
+__all__ = [
+    "bits_to_gumbel",
+    "bits_to_log2_gumbel",
+    "gumbel_noise",
+    "philox4x32",
+    "reference_fused_sample",
+]
 
 PHILOX_ROUND_A = 0xD2511F53
 PHILOX_ROUND_B = 0xCD9E8D57
@@ -30,6 +39,9 @@ PHILOX_KEY_A = 0x9E3779B9
 PHILOX_KEY_B = 0xBB67AE85
 PHILOX_ROUNDS = 10
 _U32 = 0xFFFFFFFF
+LN2 = math.log(2.0)
+INV_LN2 = 1.0 / LN2
+LN_LN2 = math.log(LN2)
 
 
 def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,25 +66,36 @@ def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = PHILOX_ROUNDS):
     return c0, c1, c2, c3
 
 
-def bits_to_gumbel(bits: torch.Tensor) -> torch.Tensor:
-    """Map 32 random bits (uint32 values in an int64 tensor) to a standard Gumbel, in fp32.
+def bits_to_log2_gumbel(bits: torch.Tensor) -> torch.Tensor:
+    """Map 32 random bits (uint32 values in an int64 tensor) to Gumbel noise in base-2 units.
+
+    Returns ``(g - ln ln 2) / ln 2`` for a standard Gumbel g: the kernel works with base-2
+    logarithms (one hardware instruction each), and a constant shift of every score in a
+    row cannot change its argmax. ``scores = logits + (T * ln 2) * noise`` is then the
+    Gumbel-max score ``logits + T * g`` up to that per-row constant.
 
     ``u = (bits + 0.5) / 2**32`` lies strictly inside (0, 1). Instead of rounding u to fp32
     (which turns values near 1 into exactly 1.0 and the noise into +inf), take the distance
-    to the nearer end, ``small = min(u, 1 - u)``, which fp32 holds to full relative precision,
-    and form the exponential variate ``E = -log(u)`` from it: ``-log(small)`` in the lower
-    half, ``-log1p(-small)`` in the upper half. The Gumbel is ``-log(E)``; it lies in
-    [-3.1, 22.9] for every input, so it is never +-inf or NaN.
+    to the nearer end, ``small = min(u, 1 - u)``, which fp32 holds to full relative
+    precision, and form the exponential variate ``E2 = -log2(u)`` from it: ``-log2(small)``
+    in the lower half, ``-log2(1 - small)`` with Goldberg's correction for the rounding of
+    ``1 - small`` in the upper half (its far tail keeps 32 bits of resolution). The result
+    ``-log2(E2)`` is finite for every input (in [-4.5, 32.5]).
     """
     upper = bits >= 0x80000000
     mirrored = torch.where(upper, _U32 - bits, bits)
     small = (mirrored.to(torch.float32) + 0.5) * 2.0**-32
-    # log1p(-small) by Goldberg's trick, as the kernel writes it: one_minus - 1 is exact.
-    one_minus = torch.where(upper, 1.0 - small, small)
-    log_arg = torch.log(one_minus)
-    exact_ratio = torch.where(upper & (one_minus != 1.0), small / (1.0 - one_minus), 1.0)
-    expo = torch.where(upper & (one_minus == 1.0), small, -log_arg * exact_ratio)
-    return -torch.log(expo)
+    log_arg = torch.where(upper, 1.0 - small, small)
+    neg_log2 = -torch.log2(log_arg)
+    # 1 - log_arg is exact, so small / (1 - log_arg) undoes the rounding of 1 - small.
+    ratio = torch.where(upper & (log_arg != 1.0), small / (1.0 - log_arg), 1.0)
+    expo2 = torch.where(upper & (log_arg == 1.0), small * INV_LN2, neg_log2 * ratio)
+    return -torch.log2(expo2)
+
+
+def bits_to_gumbel(bits: torch.Tensor) -> torch.Tensor:
+    """The standard Gumbel variate that ``bits_to_log2_gumbel`` encodes (for tests and docs)."""
+    return bits_to_log2_gumbel(bits) * LN2 + LN_LN2
 
 
 def gumbel_noise(
@@ -82,7 +105,10 @@ def gumbel_noise(
     sample_index: int,
     vocab_size: int,
 ) -> torch.Tensor:
-    """Gumbel noise [B, V] fp32 for one sample index; seed_* and row_counter are [B] int64."""
+    """Base-2 Gumbel noise [B, V] fp32 (``bits_to_log2_gumbel``) for one sample index.
+
+    seed_lo, seed_hi and row_counter are [B] int64.
+    """
     device = row_counter.device
     vocab = torch.arange(vocab_size, device=device, dtype=torch.int64)
     quad = (vocab >> 2)[None, :]
@@ -92,7 +118,7 @@ def gumbel_noise(
     words = philox4x32(quad, rc, zero + sample_index, zero, k0, k1)
     bits = torch.where(word == 0, words[0], torch.where(word == 1, words[1], words[2]))
     bits = torch.where(word == 3, words[3], bits)
-    return bits_to_gumbel(bits)
+    return bits_to_log2_gumbel(bits)
 
 
 def split_seed(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,8 +140,8 @@ def reference_fused_sample(
 
     Arguments are already validated and normalised by ``fused_sample``: ``temperature`` is a
     [B] fp32 tensor (0 = greedy), ``seed`` a [B] int64 tensor. Scores are
-    ``logits + temperature * gumbel``, the same argmax as ``logits / T + gumbel`` for T > 0
-    and plain argmax for T = 0; NaN scores count as -inf.
+    ``logits + T * gumbel`` (up to a per-row constant), the same argmax as
+    ``logits / T + gumbel`` for T > 0 and plain argmax for T = 0; NaN scores count as -inf.
     """
     batch = hidden.shape[0]
     vocab_size = weight.shape[0]
@@ -132,7 +158,7 @@ def reference_fused_sample(
     samples = []
     for sample_index in range(num_samples):
         noise = gumbel_noise(seed_lo, seed_hi, row_counter, sample_index, vocab_size)
-        scores = logits + temperature[:, None] * noise
+        scores = logits + (temperature * LN2)[:, None] * noise
         scores = scores.masked_fill(scores.isnan(), float("-inf"))
         samples.append(scores.argmax(dim=-1))
     return torch.stack(samples, dim=-1)

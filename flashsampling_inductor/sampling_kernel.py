@@ -1,12 +1,12 @@
 """The fused LM-head sampling kernel (FlashSampling, two stages) and its launcher.
 
-Stage 1 computes a (batch tile x vocabulary tile) block of logits on chip with the
-vocabulary as the MMA's M dimension (swap-AB: decode batches are far smaller than the 64
-rows a Hopper MMA wants), adds bias, optionally rounds the logits, perturbs them with
-Gumbel noise scaled by the temperature, and keeps per row only the best (fp32 score, global
-index). A program may walk several consecutive vocabulary tiles with a running maximum
-(split-V), so the candidate buffer is [B, num_samples, programs along V], not [B, V].
-Stage 2 reduces the candidates of each (row, sample) on the device.
+Stage 1 computes a (batch tile x vocabulary tile) block of logits on chip (for small batches
+with the vocabulary as the MMA's M dimension, swap-AB), adds bias, optionally rounds the
+logits, perturbs them with Gumbel noise scaled by the temperature, and keeps per row and
+sample only the best (fp32 score, global index): a [B, num_samples, V / BLOCK_V] candidate
+buffer instead of [B, V] logits. Stage 2 reduces the candidates of each (row, sample) on the
+device. Exact for any tiling: the argmax of the perturbed scores is the argmax of the tile
+maxima (paper, Lemma D.5), and ties go to the lowest index as in ``torch.argmax``.
 
 The noise contract (Philox4x32-10 counters and the bits -> Gumbel map) is documented in
 ``reference.py``, whose torch code draws exactly the same stream.
@@ -28,6 +28,8 @@ PHILOX_KEY_A = tl.constexpr(0x9E3779B9)
 PHILOX_KEY_B = tl.constexpr(0xBB67AE85)
 PHILOX_ROUNDS = tl.constexpr(10)
 TWO_POW_MINUS_32 = tl.constexpr(2.3283064365386963e-10)
+INV_LN2 = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -46,28 +48,47 @@ def _philox4x32(c0, c1, c2, c3, k0, k1):
 
 
 @triton.jit
-def _bits_to_gumbel(bits):
-    """32 random bits -> standard Gumbel in fp32, finite for every input.
+def _log2(x, FAST_LOG: tl.constexpr):
+    if FAST_LOG:
+        # One MUFU instruction instead of libdevice's polynomial; relative error < 2**-22,
+        # which moves a score by less than fp32 rounding of the logits does.
+        return tl.inline_asm_elementwise(
+            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.log2(x)
 
-    See ``reference.bits_to_gumbel``: work with the distance of u to the nearer end of
-    (0, 1), so u never rounds to 1.0 and the upper tail keeps full relative precision.
+
+@triton.jit
+def _bits_to_log2_gumbel(bits, FAST_LOG: tl.constexpr):
+    """32 random bits -> Gumbel noise in base-2 units, finite for every input.
+
+    The same steps as ``reference.bits_to_log2_gumbel``: work with the distance of u to the
+    nearer end of (0, 1), so u never rounds to 1.0 and the upper tail keeps its precision.
     """
     upper = bits >= 0x80000000
     mirrored = tl.where(upper, ~bits, bits)
     small = (mirrored.to(tl.float32) + 0.5) * TWO_POW_MINUS_32
-    one_minus = tl.where(upper, 1.0 - small, small)
-    log_arg = tl.log(one_minus)
-    # log1p(-small) = log(one_minus) * small / (1 - one_minus) (Goldberg); 1 - one_minus is exact.
-    exact_ratio = tl.where(upper & (one_minus != 1.0), small / (1.0 - one_minus), 1.0)
-    expo = tl.where(upper & (one_minus == 1.0), small, -log_arg * exact_ratio)
-    return -tl.log(expo)
+    log_arg = tl.where(upper, 1.0 - small, small)
+    neg_log2 = -_log2(log_arg, FAST_LOG)
+    # 1 - log_arg is exact, so small / (1 - log_arg) undoes the rounding of 1 - small.
+    ratio = tl.where(upper & (log_arg != 1.0), small / (1.0 - log_arg), 1.0)
+    expo2 = tl.where(upper & (log_arg == 1.0), small * INV_LN2, neg_log2 * ratio)
+    return -_log2(expo2, FAST_LOG)
 
 
 @triton.jit
 def _gumbel_tile(
-    quad_offsets, row_counter, sample_index, k0, k1, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr
+    quad_offsets,
+    row_counter,
+    sample_index,
+    k0,
+    k1,
+    FAST_LOG: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
-    """Gumbel noise [BLOCK_B, BLOCK_V] for vocab indices 4 * quad_offsets + (0..3).
+    """Base-2 Gumbel noise [BLOCK_B, BLOCK_V] for vocab indices 4 * quad_offsets + (0..3).
 
     One Philox evaluation yields four words; interleave them so word w lands on vocab
     index 4 * quad + w, the layout ``reference.gumbel_noise`` defines.
@@ -77,10 +98,10 @@ def _gumbel_tile(
     c2 = tl.full((BLOCK_B, BLOCK_V // 4), sample_index, tl.uint32)
     c3 = tl.zeros((BLOCK_B, BLOCK_V // 4), tl.uint32)
     r0, r1, r2, r3 = _philox4x32(c0, c1, c2, c3, k0, k1)
-    g0 = _bits_to_gumbel(r0)
-    g1 = _bits_to_gumbel(r1)
-    g2 = _bits_to_gumbel(r2)
-    g3 = _bits_to_gumbel(r3)
+    g0 = _bits_to_log2_gumbel(r0, FAST_LOG)
+    g1 = _bits_to_log2_gumbel(r1, FAST_LOG)
+    g2 = _bits_to_log2_gumbel(r2, FAST_LOG)
+    g3 = _bits_to_log2_gumbel(r3, FAST_LOG)
     return tl.reshape(tl.join(tl.join(g0, g2), tl.join(g1, g3)), (BLOCK_B, BLOCK_V))
 
 
@@ -95,141 +116,88 @@ def _round_to_bf16(x):
     return tl.where(x == x, rounded.to(tl.float32, bitcast=True), x)
 
 
-@triton.jit
-def _logits_tile(
-    hidden_ptr,
-    weight_ptr,
-    bias_ptr,
-    offs_b,
-    b_mask,
-    v_start,
-    V,
-    D,
-    stride_hb,
-    stride_hd,
-    stride_wv,
-    stride_wd,
-    HAS_BIAS: tl.constexpr,
-    LOGITS_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    UPCAST_OPERANDS: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """fp32 logits [BLOCK_B, BLOCK_V] of vocab tile [v_start, v_start + BLOCK_V), + bias."""
-    offs_v = v_start + tl.arange(0, BLOCK_V)
-    v_mask = offs_v < V
-    offs_d = tl.arange(0, BLOCK_D)
-    # The vocabulary is the MMA's M dimension (swap-AB): acc is [BLOCK_V, BLOCK_B].
-    acc = tl.zeros((BLOCK_V, BLOCK_B), tl.float32)
-    for d_start in range(0, D, BLOCK_D):
-        w_ptrs = weight_ptr + offs_v[:, None] * stride_wv + (d_start + offs_d)[None, :] * stride_wd
-        h_ptrs = hidden_ptr + offs_b[:, None] * stride_hb + (d_start + offs_d)[None, :] * stride_hd
-        if EVEN_D:
-            w = tl.load(w_ptrs, mask=v_mask[:, None], other=0.0)
-            h = tl.load(h_ptrs, mask=b_mask[:, None], other=0.0)
-        else:
-            d_mask = (d_start + offs_d) < D
-            w = tl.load(w_ptrs, mask=v_mask[:, None] & d_mask[None, :], other=0.0)
-            h = tl.load(h_ptrs, mask=b_mask[:, None] & d_mask[None, :], other=0.0)
-        if UPCAST_OPERANDS:
-            # The Triton interpreter multiplies bf16 as raw uint16; fp32 products of bf16/fp16
-            # values are exact, so this changes nothing but the speed.
-            w = w.to(tl.float32)
-            h = h.to(tl.float32)
-        acc = tl.dot(w, tl.trans(h), acc, input_precision=DOT_PRECISION)
-    logits = tl.trans(acc)
-    if HAS_BIAS:
-        logits = logits + tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
-    if LOGITS_DTYPE == tl.bfloat16:
-        logits = _round_to_bf16(logits)
-    elif LOGITS_DTYPE is not None:
-        logits = logits.to(LOGITS_DTYPE).to(tl.float32)
-    return logits
-
-
-@triton.jit
-def _perturbed_tile_max(
-    logits,
-    temperature,
-    v_start,
-    V,
-    row_counter,
-    sample_index,
-    k0,
-    k1,
-    GREEDY: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """Per row: the best perturbed score of the tile and its global vocab index."""
-    if GREEDY:
-        scores = logits
-    else:
-        quad_offsets = (v_start // 4 + tl.arange(0, BLOCK_V // 4)).to(tl.uint32)
-        noise = _gumbel_tile(quad_offsets, row_counter, sample_index, k0, k1, BLOCK_B, BLOCK_V)
-        # argmax(logits / T + g) == argmax(logits + T * g) for T > 0, and T = 0 is greedy.
-        scores = logits + temperature[:, None] * noise
-    # NaN counts as -inf; columns past V can never win.
-    valid = (v_start + tl.arange(0, BLOCK_V)) < V
-    scores = tl.where(valid[None, :] & (scores == scores), scores, float("-inf"))
-    tile_score, tile_arg = tl.max(
-        scores, axis=1, return_indices=True, return_indices_tie_break_left=True
-    )
-    return tile_score, v_start + tile_arg
-
-
 @triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi"])
 def _sample_stage1(
-    hidden_ptr,
-    weight_ptr,
-    bias_ptr,
-    temperature_ptr,
-    seed_ptr,
-    cand_score_ptr,
-    cand_index_ptr,
-    B,
-    V,
-    D,
-    stride_hb,
-    stride_hd,
-    stride_wv,
-    stride_wd,
-    scalar_temperature,
-    seed_lo,
-    seed_hi,
-    num_samples,
-    num_v_programs,
+    hidden_ptr, weight_ptr, bias_ptr, temperature_ptr, seed_ptr,
+    cand_score_ptr, cand_index_ptr,
+    B, V, D,
+    stride_hb, stride_hd, stride_wv, stride_wd,
+    scalar_temperature, seed_lo, seed_hi, num_samples,
     HAS_BIAS: tl.constexpr,
     TEMPERATURE_MODE: tl.constexpr,  # 0: scalar, 1: 0-d tensor, 2: [B] tensor, 3: greedy
     SEED_MODE: tl.constexpr,  # 0: scalar argument, 1: 0-d tensor, 2: [B] tensor (per row)
     LOGITS_DTYPE: tl.constexpr,  # None: keep fp32 logits, else round to this dtype
     DOT_PRECISION: tl.constexpr,
-    EVEN_D: tl.constexpr,
-    UPCAST_OPERANDS: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,  # > 1 only with one sample per row (launcher checks)
-):
+    SWAP_AB: tl.constexpr,  # vocabulary as the MMA's M dimension (small batches)
+    EVEN_D: tl.constexpr, EVEN_V: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One (batch tile, vocab tile): logits on chip, then per row and sample the best
+    perturbed score and its global index."""
     # Batch tiles vary fastest, so the programs that share a weight tile run together and
     # the tile is read from HBM once and from L2 by the others.
     pid = tl.program_id(0)
-    num_b_programs = tl.cdiv(B, BLOCK_B)
-    pid_b = pid % num_b_programs
-    pid_v = pid // num_b_programs
+    num_b_tiles = tl.cdiv(B, BLOCK_B)
+    pid_b = pid % num_b_tiles
+    pid_v = pid // num_b_tiles
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = offs_b < B
+    v_start = pid_v * BLOCK_V
+    offs_v = v_start + tl.arange(0, BLOCK_V)
+    v_mask = offs_v < V
+    offs_d = tl.arange(0, BLOCK_D)
 
-    if TEMPERATURE_MODE == 0 or TEMPERATURE_MODE == 3:
-        temperature = tl.full((BLOCK_B,), scalar_temperature, tl.float32)
-    elif TEMPERATURE_MODE == 1:
-        temperature = tl.full((BLOCK_B,), tl.load(temperature_ptr), tl.float32)
+    # Logits [BLOCK_B, BLOCK_V] in fp32. Decode batches are far smaller than the 64 rows a
+    # Hopper MMA wants, so small batches put the vocabulary on M (swap-AB).
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_V, BLOCK_B), tl.float32)
     else:
-        temperature = tl.load(temperature_ptr + offs_b, mask=b_mask, other=0.0).to(tl.float32)
+        acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
+    # 64-bit row offsets: V * D can pass 2**31 (262144 x 8192).
+    w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
+    h_rows = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb
+    for d_start in range(0, D, BLOCK_D):
+        w_ptrs = w_rows + (d_start + offs_d)[None, :] * stride_wd
+        h_ptrs = h_rows + (d_start + offs_d)[None, :] * stride_hd
+        w_mask = v_mask[:, None]
+        h_mask = b_mask[:, None]
+        if not EVEN_D:
+            w_mask = w_mask & ((d_start + offs_d) < D)[None, :]
+            h_mask = h_mask & ((d_start + offs_d) < D)[None, :]
+        if EVEN_V and EVEN_D:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+        h = tl.load(h_ptrs, mask=h_mask, other=0.0)
+        if INTERPRETER:
+            # The interpreter multiplies bf16 as raw uint16; products of bf16/fp16 values are
+            # exact in fp32, so this changes nothing but the speed.
+            w = w.to(tl.float32)
+            h = h.to(tl.float32)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(h), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    if SWAP_AB:
+        logits = tl.trans(acc)
+    else:
+        logits = acc
+    if HAS_BIAS:
+        logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
+    if LOGITS_DTYPE == tl.bfloat16:
+        logits = _round_to_bf16(logits)
+    elif LOGITS_DTYPE is not None:
+        logits = logits.to(LOGITS_DTYPE).to(tl.float32)
 
+    # Noise scale per row: score = logit + (T * ln 2) * base-2 Gumbel noise, the Gumbel-max
+    # score logit + T * g up to a per-row constant; T = 0 is greedy.
+    if TEMPERATURE_MODE == 0:
+        noise_scale = tl.full((BLOCK_B,), scalar_temperature * LN2, tl.float32)
+    elif TEMPERATURE_MODE == 1:
+        noise_scale = tl.full((BLOCK_B,), tl.load(temperature_ptr) * LN2, tl.float32)
+    elif TEMPERATURE_MODE == 2:
+        noise_scale = tl.load(temperature_ptr + offs_b, mask=b_mask, other=0.0) * LN2
     if SEED_MODE == 0:
         seed = tl.full((BLOCK_B,), seed_lo, tl.int64) | (
             tl.full((BLOCK_B,), seed_hi, tl.int64) << 32
@@ -246,96 +214,28 @@ def _sample_stage1(
         row_counter = tl.zeros((BLOCK_B,), tl.uint32)
     else:
         row_counter = offs_b.to(tl.uint32)
+    quad_offsets = (v_start // 4 + tl.arange(0, BLOCK_V // 4)).to(tl.uint32)
 
-    out_offsets = offs_b * num_samples * num_v_programs + pid_v
-    if TILES_PER_PROGRAM == 1:
-        v_start = pid_v * BLOCK_V
-        logits = _logits_tile(
-            hidden_ptr,
-            weight_ptr,
-            bias_ptr,
-            offs_b,
-            b_mask,
-            v_start,
-            V,
-            D,
-            stride_hb,
-            stride_hd,
-            stride_wv,
-            stride_wd,
-            HAS_BIAS,
-            LOGITS_DTYPE,
-            DOT_PRECISION,
-            EVEN_D,
-            UPCAST_OPERANDS,
-            BLOCK_B,
-            BLOCK_V,
-            BLOCK_D,
+    num_v_tiles = tl.num_programs(0) // num_b_tiles
+    for sample_index in range(num_samples):
+        if TEMPERATURE_MODE == 3:
+            scores = logits
+        else:
+            noise = _gumbel_tile(
+                quad_offsets, row_counter, sample_index, k0, k1, not INTERPRETER, BLOCK_B, BLOCK_V
+            )
+            scores = logits + noise_scale[:, None] * noise
+        # NaN counts as -inf; columns past V never win.
+        keep = scores == scores
+        if not EVEN_V:
+            keep = keep & v_mask[None, :]
+        scores = tl.where(keep, scores, float("-inf"))
+        tile_score, tile_arg = tl.max(
+            scores, axis=1, return_indices=True, return_indices_tie_break_left=True
         )
-        for sample_index in range(num_samples):
-            score, index = _perturbed_tile_max(
-                logits,
-                temperature,
-                v_start,
-                V,
-                row_counter,
-                sample_index,
-                k0,
-                k1,
-                TEMPERATURE_MODE == 3,
-                BLOCK_B,
-                BLOCK_V,
-            )
-            out = out_offsets + sample_index * num_v_programs
-            tl.store(cand_score_ptr + out, score, mask=b_mask)
-            tl.store(cand_index_ptr + out, index, mask=b_mask)
-    else:
-        # Split-V: walk consecutive tiles keeping a running maximum. Tiles come in increasing
-        # vocab order, so a strict > keeps the lowest index on ties, as torch.argmax does.
-        best_score = tl.full((BLOCK_B,), float("-inf"), tl.float32)
-        best_index = tl.zeros((BLOCK_B,), tl.int32) + pid_v * TILES_PER_PROGRAM * BLOCK_V
-        for tile in range(TILES_PER_PROGRAM):
-            v_start = (pid_v * TILES_PER_PROGRAM + tile) * BLOCK_V
-            logits = _logits_tile(
-                hidden_ptr,
-                weight_ptr,
-                bias_ptr,
-                offs_b,
-                b_mask,
-                v_start,
-                V,
-                D,
-                stride_hb,
-                stride_hd,
-                stride_wv,
-                stride_wd,
-                HAS_BIAS,
-                LOGITS_DTYPE,
-                DOT_PRECISION,
-                EVEN_D,
-                UPCAST_OPERANDS,
-                BLOCK_B,
-                BLOCK_V,
-                BLOCK_D,
-            )
-            score, index = _perturbed_tile_max(
-                logits,
-                temperature,
-                v_start,
-                V,
-                row_counter,
-                0,
-                k0,
-                k1,
-                TEMPERATURE_MODE == 3,
-                BLOCK_B,
-                BLOCK_V,
-            )
-            better = score > best_score
-            best_index = tl.where(better, index, best_index)
-            best_score = tl.where(better, score, best_score)
-        tl.store(cand_score_ptr + out_offsets, best_score, mask=b_mask)
-        tl.store(cand_index_ptr + out_offsets, best_index, mask=b_mask)
+        out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
+        tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
+        tl.store(cand_index_ptr + out, v_start + tile_arg, mask=b_mask)
 
 
 @triton.jit
@@ -357,20 +257,23 @@ class SampleConfig:
     block_b: int
     block_v: int
     block_d: int
-    tiles_per_program: int = 1
+    swap_ab: bool = True
     num_warps: int = 4
     num_stages: int = 3
 
 
-def default_config(
-    batch: int, vocab_size: int, hidden_size: int, device: torch.device
-) -> SampleConfig:
-    """The configuration for a shape, chosen ahead of time (no autotuning on the call path)."""
-    block_b = min(max(16, triton.next_power_of_2(batch)), 64)
+def default_config(batch: int, device: torch.device) -> SampleConfig:
+    """The configuration for a batch size, chosen ahead of time (no autotuning on the call
+    path). Measured on an H200 (benchmarks/results/); see README for the figures."""
+    block_b = max(16, triton.next_power_of_2(batch))
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
-        return SampleConfig(block_b=block_b, block_v=256, block_d=64, tiles_per_program=4)
-    return SampleConfig(block_b=block_b, block_v=128, block_d=64)
+        return SampleConfig(block_b=min(block_b, 64), block_v=256, block_d=64)
+    if batch <= 32:
+        return SampleConfig(block_b, block_v=64, block_d=128, num_warps=4, num_stages=4)
+    if batch <= 64:
+        return SampleConfig(block_b, block_v=128, block_d=128, num_warps=8, num_stages=4)
+    return SampleConfig(128, block_v=128, block_d=64, swap_ab=False, num_warps=8, num_stages=4)
 
 
 def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: float) -> int:
@@ -395,65 +298,51 @@ def triton_fused_sample(
     logits_dtype: torch.dtype | None = None,
     config: SampleConfig | None = None,
 ) -> torch.Tensor:
-    """Launch both stages; arguments as validated by ``op.fused_sample``."""
+    """Launch both stages; arguments as validated by ``op.fused_sample``.
+
+    ``config`` overrides the tile shapes (tests use it to show the tokens do not depend on
+    them).
+    """
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     out = torch.empty((batch, num_samples), dtype=torch.int64, device=hidden.device)
     if batch == 0:
         return out
-    config = config or default_config(batch, vocab_size, hidden_size, hidden.device)
+    config = config or default_config(batch, hidden.device)
     if config.block_v % 4 or config.block_v < 16:
         raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")
-    if num_samples > 1 and config.tiles_per_program > 1:
-        config = dataclasses.replace(config, tiles_per_program=1)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
-    num_v_programs = triton.cdiv(num_v_tiles, config.tiles_per_program)
-    num_b_programs = triton.cdiv(batch, config.block_b)
+    num_b_tiles = triton.cdiv(batch, config.block_b)
+    # Per (row, sample, vocab tile): the tile's best score and index. Tiny next to [B, V].
     cand_score = torch.empty(
-        (batch, num_samples, num_v_programs), dtype=torch.float32, device=hidden.device
+        (batch, num_samples, num_v_tiles), dtype=torch.float32, device=hidden.device
     )
     cand_index = torch.empty_like(cand_score, dtype=torch.int32)
     seed_u64 = scalar_seed % 2**64
     fp32_precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    _sample_stage1[(num_b_programs * num_v_programs,)](
-        hidden,
-        weight,
-        bias,
-        temperature,
-        seed,
-        cand_score,
-        cand_index,
-        batch,
-        vocab_size,
-        hidden_size,
-        hidden.stride(0),
-        hidden.stride(1),
-        weight.stride(0),
-        weight.stride(1),
-        scalar_temperature,
-        seed_u64 & 0xFFFFFFFF,
-        seed_u64 >> 32,
-        num_samples,
-        num_v_programs,
+    _sample_stage1[(num_b_tiles * num_v_tiles,)](
+        hidden, weight, bias, temperature, seed,
+        cand_score, cand_index,
+        batch, vocab_size, hidden_size,
+        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+        scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples,
         HAS_BIAS=bias is not None,
         TEMPERATURE_MODE=_temperature_mode(temperature, scalar_temperature),
         SEED_MODE=0 if seed is None else (1 if seed.dim() == 0 else 2),
         LOGITS_DTYPE=None if logits_dtype is None else _TL_DTYPES[logits_dtype],
         DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
+        SWAP_AB=config.swap_ab,
         EVEN_D=hidden_size % config.block_d == 0,
-        UPCAST_OPERANDS=hidden.device.type == "cpu",
-        BLOCK_B=config.block_b,
-        BLOCK_V=config.block_v,
-        BLOCK_D=config.block_d,
-        TILES_PER_PROGRAM=config.tiles_per_program,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+        EVEN_V=vocab_size % config.block_v == 0,
+        INTERPRETER=hidden.device.type == "cpu",
+        BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
     _sample_stage2[(batch * num_samples,)](
         cand_score,
         cand_index,
         out,
-        num_v_programs,
-        BLOCK_C=max(16, triton.next_power_of_2(num_v_programs)),
+        num_v_tiles,
+        BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
     )
     return out
