@@ -72,6 +72,7 @@ class Walk:
 
     terminal: Node
     owned: list[Node] = field(default_factory=list)
+    tail_rows: list[Node] = field(default_factory=list)  # row selections after the softmax
     leftovers: list[Node] = field(default_factory=list)  # erased too, if nothing else reads them
 
     def take(self, node: Node) -> Node:
@@ -113,6 +114,10 @@ def same(a, b) -> bool:
     return statically_known_true(a == b)
 
 
+def same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(map(same, a, b))
+
+
 def last_dim(dim, ndim: int) -> bool:
     return isinstance(dim, int) and ndim > 0 and dim % ndim == ndim - 1
 
@@ -133,9 +138,13 @@ def match_softmax(walk: Walk, probs: Node) -> Node:
 
     Accepted: ``exp(x - amax) / sum``, ``exp(x) / sum``, ``exp(log_softmax(x))`` and the
     undecomposed ``_softmax`` / ``_log_softmax``; the max and sum must run over the last dim.
-    Raises NoMatch if ``probs`` is none of them.
+    Row selections after the softmax (``probs.squeeze(1)``) commute with it and are kept
+    in ``walk.tail_rows``. Raises NoMatch if ``probs`` is none of them.
     """
     node = strip_converts(walk, probs)
+    while is_call(node, *_ROW_OPS):
+        walk.tail_rows.insert(0, walk.take(node))
+        node = strip_converts(walk, node.args[0])
     if is_call(node, aten._softmax.default):
         return _softmax_input(walk, node, node.args[0], node.args[1])
     if is_call(node, aten.div.Tensor) and is_call(node.args[1], aten.sum.dim_IntList):
@@ -262,9 +271,16 @@ def _check_addmm(matmul: Node) -> Node:
 def _bias_operand(step: Node) -> Node:
     a, b = step.args
     bias = b if not is_call(b, aten.mm.default) and val(b).dim() <= val(a).dim() else a
-    if not isinstance(bias, Node) or val(bias).dim() != 1:
-        raise NoMatch(f"{step.name} adds {bias}, not a [V] bias")
+    if not isinstance(bias, Node) or val(bias).dim() != 1 or not _is_input(bias):
+        raise NoMatch(f"{step.name} adds {bias}, not a [V] bias parameter")
     return bias
+
+
+def _is_input(node: Node) -> bool:
+    """A graph input (a parameter), maybe cast: a bias, not noise or a mask computed here."""
+    while is_call(node, *_CONVERTS, *_COPIES):
+        node = node.args[0]
+    return node.op in ("placeholder", "get_attr")
 
 
 def _temperature(step: Node, greedy: bool) -> tuple[float | Node, bool]:
@@ -401,9 +417,7 @@ def match_noise(walk: Walk, node: Node, scores: torch.Tensor) -> bool:
         return False
     if not _match_uniform(walk, uniform):
         return False
-    if tuple(val(node).shape) != tuple(scores.shape) and not all(
-        map(same, val(node).shape, scores.shape)
-    ):
+    if not same_shape(val(node).shape, scores.shape):
         raise NoMatch(f"the noise {node.name} is not drawn per token and row")
     return True
 
@@ -428,7 +442,7 @@ def _match_uniform(walk: Walk, node: Node) -> bool:
 def argmax_keepdim(walk: Walk) -> bool:
     """Check the terminal ``argmax`` reduces the vocabulary dim; -> its ``keepdim``."""
     argmax = walk.terminal
-    args = dict(zip(("dim", "keepdim"), argmax.args[1:]), **argmax.kwargs)
+    args = dict(zip(("dim", "keepdim"), argmax.args[1:], strict=False), **argmax.kwargs)
     dim, ndim = args.get("dim"), val(argmax.args[0]).dim()
     if not (last_dim(dim, ndim) or (dim is None and ndim == 1)):
         raise NoMatch(f"{argmax.name} reduces dim {dim}, not the vocabulary dim")

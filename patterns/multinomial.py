@@ -25,7 +25,8 @@ def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> to
 
 def check(walk: Walk) -> tuple[LMHead, int, bool]:
     multinomial = walk.terminal
-    args = dict(zip(("num_samples", "replacement"), multinomial.args[1:]), **multinomial.kwargs)
+    names = ("num_samples", "replacement")
+    args = dict(zip(names, multinomial.args[1:], strict=False), **multinomial.kwargs)
     num_samples, replacement = args["num_samples"], args.get("replacement", False)
     if args.get("generator") is not None:
         raise NoMatch("it draws from a user's torch.Generator")
