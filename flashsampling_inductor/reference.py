@@ -42,6 +42,7 @@ _U32 = 0xFFFFFFFF
 LN2 = math.log(2.0)
 INV_LN2 = 1.0 / LN2
 LN_LN2 = math.log(LN2)
+SERIES_BELOW = 2.0**-7
 
 
 def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,24 +79,24 @@ def bits_to_log2_gumbel(bits: torch.Tensor) -> torch.Tensor:
     (which turns values near 1 into exactly 1.0 and the noise into +inf), take the distance
     to the nearer end, ``small = min(u, 1 - u)``, which fp32 holds to full relative
     precision, and form the exponential variate ``E2 = -log2(u)`` from it: ``-log2(small)``
-    in the lower half, ``-log2(1 - small)`` with Goldberg's correction for the rounding of
-    ``1 - small`` in the upper half (its far tail keeps 32 bits of resolution). The result
-    ``-log2(E2)`` is finite for every input (in [-4.5, 32.5]).
+    in the lower half; in the upper half ``-log2(1 - small)``, or near u = 1, where that
+    would lose small's low bits (and where a fast hardware log2 is only accurate to an
+    absolute 2**-22), its series ``(s + s**2 / 2 + s**3 / 3) / ln 2``, exact to fp32 for
+    s < 2**-7. The far tail, which decides the winners, keeps 32 bits of resolution. The
+    result ``-log2(E2)`` is finite for every input (in [-4.5, 32.5]).
     """
     upper = bits >= 0x80000000
     mirrored = torch.where(upper, _U32 - bits, bits)
     small = (mirrored.to(torch.float32) + 0.5) * 2.0**-32
-    log_arg = torch.where(upper, 1.0 - small, small)
-    neg_log2 = -torch.log2(log_arg)
-    # 1 - log_arg is exact, so small / (1 - log_arg) undoes the rounding of 1 - small.
-    ratio = torch.where(upper & (log_arg != 1.0), small / (1.0 - log_arg), 1.0)
-    expo2 = torch.where(upper & (log_arg == 1.0), small * INV_LN2, neg_log2 * ratio)
+    expo2 = -torch.log2(torch.where(upper, 1.0 - small, small))
+    series = small * (1.0 + small * (0.5 + small * (1.0 / 3.0))) * INV_LN2
+    expo2 = torch.where(upper & (small < SERIES_BELOW), series, expo2)
     return -torch.log2(expo2)
 
 
 def bits_to_gumbel(bits: torch.Tensor) -> torch.Tensor:
     """The standard Gumbel variate that ``bits_to_log2_gumbel`` encodes (for tests and docs)."""
-    return bits_to_log2_gumbel(bits) * LN2 + LN_LN2
+    return bits_to_log2_gumbel(bits) * LN2 - LN_LN2
 
 
 def gumbel_noise(
