@@ -30,15 +30,18 @@ class _Record(CustomGraphPass):
         return None  # never cache: the compilation is cut short
 
 
-def graph_after_pass(fn, *args, dynamic=None, **options) -> tuple[str, dict[str, int]]:
-    """-> (the aten graph after the pass, as text; rewrites per idiom)."""
+def graph_after_pass(
+    fn, *args, dynamic=None, backend="flashsampling", **options
+) -> tuple[str, dict[str, int]]:
+    """-> (the aten graph after the pass, as text; rewrites per idiom).
+
+    ``backend="inductor"`` gives the graph stock Inductor sees, before the pass.
+    """
     torch._dynamo.reset()
     counters.clear()
     record = _Record()
     options = {"joint_custom_pre_pass": record, **options}
-    compiled = torch.compile(
-        fn, backend="flashsampling", fullgraph=True, dynamic=dynamic, options=options
-    )
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic, options=options)
     with pytest.raises(Exception) as stopped, torch.no_grad():
         compiled(*args)
     if record.graph is None:
