@@ -162,9 +162,9 @@ def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, fl
                 raise ValueError(
                     f"temperature is on {temperature.device} but hidden is on {hidden.device}"
                 )
-            if temperature.device.type == "cpu" and not bool(
-                ((temperature >= 0) & temperature.isfinite()).all()
-            ):
+            # Under torch.compile the values are data, not guards: unchecked, as on a device.
+            checkable = temperature.device.type == "cpu" and not torch.compiler.is_compiling()
+            if checkable and not bool(((temperature >= 0) & temperature.isfinite()).all()):
                 raise ValueError("temperature must be finite and >= 0 in every row")
             return temperature.float(), 1.0
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):

@@ -264,16 +264,17 @@ class SampleConfig:
 
 def default_config(batch: int, device: torch.device) -> SampleConfig:
     """The configuration for a batch size, chosen ahead of time (no autotuning on the call
-    path). Measured on an H200 (benchmarks/results/); see README for the figures."""
-    block_b = max(16, triton.next_power_of_2(batch))
+    path) from sweeps on an H200 at D = 2048 and 4096 (see README, Performance)."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
-        return SampleConfig(block_b=min(block_b, 64), block_v=256, block_d=64)
+        return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
     if batch <= 32:
-        return SampleConfig(block_b, block_v=64, block_d=128, num_warps=4, num_stages=4)
+        return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
     if batch <= 64:
-        return SampleConfig(block_b, block_v=128, block_d=128, num_warps=8, num_stages=4)
-    return SampleConfig(128, block_v=128, block_d=64, swap_ab=False, num_warps=8, num_stages=4)
+        return SampleConfig(64, 128, 64, swap_ab=False, num_stages=4)
+    if batch <= 128:
+        return SampleConfig(128, 128, 64, swap_ab=False, num_warps=8, num_stages=5)
+    return SampleConfig(128, 256, 64, swap_ab=False, num_warps=8, num_stages=4)
 
 
 def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: float) -> int:
