@@ -84,10 +84,12 @@ def fused_sample(
     if batch == 0:
         return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
     if seed is None:
-        # Drawn on the device, so no host sync, and under CUDA graph capture the generator
-        # hands every replay a fresh offset.
-        seed_tensor = torch.empty((), dtype=torch.int64, device=hidden.device)
-        seed_tensor.random_(generator=generator)
+        # Drawn on the device (62 random bits), so no host sync; under CUDA graph capture the
+        # generator hands every replay a fresh offset, and under torch.compile Inductor draws
+        # it with its own graph-safe RNG.
+        seed_tensor = torch.randint(
+            0, 2**62, (), dtype=torch.int64, device=hidden.device, generator=generator
+        )
     return torch.ops.flashsampling.fused_sample(
         hidden,
         weight,
@@ -145,27 +147,40 @@ def _check_tensors(hidden, weight, bias) -> None:
             raise ValueError(f"bias is on {bias.device} but hidden is on {hidden.device}")
 
 
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _is_cpu_scalar(value: torch.Tensor) -> bool:
+    return value.dim() == 0 and value.device.type == "cpu"
+
+
+def _on_device(value: torch.Tensor, hidden: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor argument on hidden's device; a CPU scalar may be moved there."""
+    if value.device == hidden.device:
+        return value
+    if _is_cpu_scalar(value):
+        return value.to(hidden.device)
+    raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}")
+
+
 def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, float]:
     """-> (device tensor or None, scalar used when the tensor is None)."""
     batch = hidden.shape[0]
     if isinstance(temperature, torch.Tensor):
         if not temperature.is_floating_point():
             raise TypeError(f"temperature must be a floating tensor, got {temperature.dtype}")
-        if temperature.dim() == 0 and temperature.device.type == "cpu":
+        if _is_cpu_scalar(temperature) and hidden.device.type != "cpu" and not _compiling():
             temperature = temperature.item()  # a CPU scalar costs no device sync
         else:
             if temperature.shape not in ((), (batch,)):
                 raise ValueError(
                     f"temperature must be 0-d or [B] = ({batch},), got {tuple(temperature.shape)}"
                 )
-            if temperature.device != hidden.device:
-                raise ValueError(
-                    f"temperature is on {temperature.device} but hidden is on {hidden.device}"
-                )
-            # Under torch.compile the values are data, not guards: unchecked, as on a device.
-            checkable = temperature.device.type == "cpu" and not torch.compiler.is_compiling()
-            if checkable and not bool(((temperature >= 0) & temperature.isfinite()).all()):
-                raise ValueError("temperature must be finite and >= 0 in every row")
+            temperature = _on_device(temperature, hidden, "temperature")
+            if temperature.device.type == "cpu" and not _compiling():
+                if not bool(((temperature >= 0) & temperature.isfinite()).all()):
+                    raise ValueError("temperature must be finite and >= 0 in every row")
             return temperature.float(), 1.0
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(
@@ -185,14 +200,12 @@ def _normalize_seed(seed, hidden) -> tuple[torch.Tensor | None, int]:
     if isinstance(seed, torch.Tensor):
         if seed.dtype != torch.int64:
             raise TypeError(f"seed must be an int64 tensor, got {seed.dtype}")
-        if seed.dim() == 0 and seed.device.type == "cpu":
+        if _is_cpu_scalar(seed) and hidden.device.type != "cpu" and not _compiling():
             seed = seed.item()  # a CPU scalar costs no device sync
         else:
             if seed.shape not in ((), (batch,)):
                 raise ValueError(f"seed must be 0-d or [B] = ({batch},), got {tuple(seed.shape)}")
-            if seed.device != hidden.device:
-                raise ValueError(f"seed is on {seed.device} but hidden is on {hidden.device}")
-            return seed, 0
+            return _on_device(seed, hidden, "seed"), 0
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, an int64 tensor or None, got {type(seed).__name__}")
     if not (_INT64_MIN <= seed <= _UINT64_MAX):
