@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import flashsampling_inductor  # noqa: F401  (registers backend="flashsampling")
 
@@ -89,6 +90,27 @@ def greedy_step(model: TinyDecoder, tokens: torch.Tensor, temperature: float):
 STEPS = (multinomial_step, exponential_race_step, greedy_step)
 
 
+class GraphTail(CustomGraphPass):
+    """Records the aten ops at the end of the graph Inductor is about to lower, from the last
+    matmul on (or the last few ops when no matmul is left). On ``joint_custom_pre_pass`` it
+    runs after the FlashSampling pass, so it shows the rewrite."""
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        names = [_op_name(node.target) for node in graph.nodes if node.op == "call_function"]
+        matmuls = [i for i, name in enumerate(names) if name in ("mm", "addmm")]
+        self.ops = names[matmuls[-1] if matmuls else -4 :]
+
+    def uuid(self) -> None:
+        return None  # never cache: the recording must run
+
+
+def _op_name(target) -> str:
+    return getattr(target, "__name__", str(target)).split(".")[0]
+
+
 def generate(step, tokens: torch.Tensor) -> torch.Tensor:
     """Draw NEW_TOKENS tokens, sliding the context window so every step has one shape."""
     drawn = []
@@ -131,11 +153,18 @@ def main() -> None:
             return step_fn(model, tokens, 0.8)
 
         start = time.perf_counter()
-        fused = torch.compile(step, backend="flashsampling", mode=mode)
+        after = GraphTail()
+        options = {"joint_custom_pre_pass": after}
+        fused = torch.compile(step, backend="flashsampling", mode=mode, options=options)
         tokens = generate(fused, prompt)
         seconds = time.perf_counter() - start
+        before = GraphTail()
+        stock = torch.compile(step, backend="inductor", options={"joint_custom_pre_pass": before})
+        stock(prompt)
         rewrites = dict(counters["flashsampling"]) or "none"
         print(f"\n{step_fn.__name__}: rewritten idioms {rewrites} (compile + run {seconds:.1f}s)")
+        print(f"  stock Inductor:  {' -> '.join(before.ops)}")
+        print(f"  flashsampling:   {' -> '.join(after.ops)}")
         print(f"  sampled tokens: {tokens.tolist()}")
         if ON_GPU:
             stock = torch.compile(step, backend="inductor", mode=mode)
