@@ -1,0 +1,27 @@
+"""Test session set-up: the Triton interpreter on machines without CUDA, and device markers.
+
+``TRITON_INTERPRET`` must be in the environment before ``triton`` is first imported (the
+``@triton.jit`` decorator reads it), so it is set here, at the top of the first module
+pytest imports; ``import torch`` does not import triton.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip ``gpu`` tests without CUDA and ``multigpu`` tests with fewer than two GPUs."""
+    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_multigpu = pytest.mark.skip(reason="needs at least two CUDA GPUs")
+    for item in items:
+        if "gpu" in item.keywords and gpu_count == 0:
+            item.add_marker(skip_gpu)
+        if "multigpu" in item.keywords and gpu_count < 2:
+            item.add_marker(skip_multigpu)
