@@ -42,7 +42,6 @@ _U32 = 0xFFFFFFFF
 LN2 = math.log(2.0)
 INV_LN2 = 1.0 / LN2
 LN_LN2 = math.log(LN2)
-SERIES_BELOW = 2.0**-7
 
 
 def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,18 +78,18 @@ def bits_to_log2_gumbel(bits: torch.Tensor) -> torch.Tensor:
     (which turns values near 1 into exactly 1.0 and the noise into +inf), take the distance
     to the nearer end, ``small = min(u, 1 - u)``, which fp32 holds to full relative
     precision, and form the exponential variate ``E2 = -log2(u)`` from it: ``-log2(small)``
-    in the lower half; in the upper half ``-log2(1 - small)``, or near u = 1, where that
-    would lose small's low bits (and where a fast hardware log2 is only accurate to an
-    absolute 2**-22), its series ``(s + s**2 / 2 + s**3 / 3) / ln 2``, exact to fp32 for
-    s < 2**-7. The far tail, which decides the winners, keeps 32 bits of resolution. The
-    result ``-log2(E2)`` is finite for every input (in [-4.5, 32.5]).
+    in the lower half, ``-log2(1 - small)`` in the upper half, where Goldberg's correction
+    ``small / (1 - fl(1 - small))`` undoes the rounding of ``1 - small``. The far tail, which
+    decides the winners, keeps 32 bits of resolution; every step is accurate to a few fp32
+    ulps. The result ``-log2(E2)`` is finite for every input (in [-5.05, 32.47]).
     """
     upper = bits >= 0x80000000
     mirrored = torch.where(upper, _U32 - bits, bits)
     small = (mirrored.to(torch.float32) + 0.5) * 2.0**-32
-    expo2 = -torch.log2(torch.where(upper, 1.0 - small, small))
-    series = small * (1.0 + small * (0.5 + small * (1.0 / 3.0))) * INV_LN2
-    expo2 = torch.where(upper & (small < SERIES_BELOW), series, expo2)
+    log_arg = torch.where(upper, 1.0 - small, small)
+    # 1 - log_arg is exact (Sterbenz), so the ratio is log2(1 - small) / log2(log_arg).
+    ratio = torch.where(upper & (log_arg != 1.0), small / (1.0 - log_arg), 1.0)
+    expo2 = torch.where(upper & (log_arg == 1.0), small * INV_LN2, -torch.log2(log_arg) * ratio)
     return -torch.log2(expo2)
 
 
@@ -111,14 +110,12 @@ def gumbel_noise(
     seed_lo, seed_hi and row_counter are [B] int64.
     """
     device = row_counter.device
-    vocab = torch.arange(vocab_size, device=device, dtype=torch.int64)
-    quad = (vocab >> 2)[None, :]
-    word = (vocab & 3)[None, :]
+    quad = torch.arange((vocab_size + 3) // 4, device=device, dtype=torch.int64)[None, :]
     k0, k1, rc = seed_lo[:, None], seed_hi[:, None], row_counter[:, None]
     zero = torch.zeros_like(quad)
-    words = philox4x32(quad, rc, zero + sample_index, zero, k0, k1)
-    bits = torch.where(word == 0, words[0], torch.where(word == 1, words[1], words[2]))
-    bits = torch.where(word == 3, words[3], bits)
+    words = torch.broadcast_tensors(*philox4x32(quad, rc, zero + sample_index, zero, k0, k1))
+    # Word w of quad q is the bits of token 4 * q + w.
+    bits = torch.stack(words, dim=-1).flatten(1)[:, :vocab_size]
     return bits_to_log2_gumbel(bits)
 
 

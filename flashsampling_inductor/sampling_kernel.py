@@ -29,7 +29,6 @@ PHILOX_KEY_B = tl.constexpr(0xBB67AE85)
 PHILOX_ROUNDS = tl.constexpr(10)
 TWO_POW_MINUS_32 = tl.constexpr(2.3283064365386963e-10)
 INV_LN2 = tl.constexpr(1.4426950408889634)
-SERIES_BELOW = tl.constexpr(2.0**-7)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -49,10 +48,10 @@ def _philox4x32(c0, c1, c2, c3, k0, k1):
 
 
 @triton.jit
-def _log2(x, FAST_LOG: tl.constexpr):
-    if FAST_LOG:
-        # One MUFU instruction instead of libdevice's polynomial: relative error < 2**-22,
-        # except near x = 1 where it is absolute, which _bits_to_log2_gumbel steers around.
+def _fast_log2(x, FAST: tl.constexpr):
+    if FAST:
+        # One MUFU instruction instead of libdevice's polynomial: relative error < 2**-22, but
+        # only absolute near x = 1, so it takes no argument whose log must be small.
         return tl.inline_asm_elementwise(
             "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
@@ -65,16 +64,18 @@ def _bits_to_log2_gumbel(bits, FAST_LOG: tl.constexpr):
     """32 random bits -> Gumbel noise in base-2 units, finite for every input.
 
     The same steps as ``reference.bits_to_log2_gumbel``: work with the distance of u to the
-    nearer end of (0, 1), so u never rounds to 1.0, and near u = 1 use the series of
-    -log2(1 - s), so the far tail that decides the winners stays accurate.
+    nearer end of (0, 1), so u never rounds to 1.0, and correct the rounding of 1 - small, so
+    the far tail that decides the winners stays accurate.
     """
     upper = bits >= 0x80000000
     mirrored = tl.where(upper, ~bits, bits)
     small = (mirrored.to(tl.float32) + 0.5) * TWO_POW_MINUS_32
-    expo2 = -_log2(tl.where(upper, 1.0 - small, small), FAST_LOG)
-    series = small * (1.0 + small * (0.5 + small * (1.0 / 3.0))) * INV_LN2
-    expo2 = tl.where(upper & (small < SERIES_BELOW), series, expo2)
-    return -_log2(expo2, FAST_LOG)
+    log_arg = tl.where(upper, 1.0 - small, small)
+    # 1 - log_arg is exact (Sterbenz), so the ratio is log2(1 - small) / log2(log_arg). The
+    # accurate log2: in the upper half its argument is near 1.
+    ratio = tl.where(upper & (log_arg != 1.0), small / (1.0 - log_arg), 1.0)
+    expo2 = tl.where(upper & (log_arg == 1.0), small * INV_LN2, -tl.log2(log_arg) * ratio)
+    return -_fast_log2(expo2, FAST_LOG)
 
 
 @triton.jit
