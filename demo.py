@@ -154,8 +154,9 @@ def main() -> None:
 
         start = time.perf_counter()
         after = GraphTail()
-        options = {"joint_custom_pre_pass": after}
-        fused = torch.compile(step, backend="flashsampling", mode=mode, options=options)
+        # torch.compile takes a mode or options, not both: spell the mode out as options.
+        options = {**torch._inductor.list_mode_options(mode), "joint_custom_pre_pass": after}
+        fused = torch.compile(step, backend="flashsampling", options=options)
         tokens = generate(fused, prompt)
         seconds = time.perf_counter() - start
         before = GraphTail()
