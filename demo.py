@@ -155,7 +155,8 @@ def main() -> None:
         start = time.perf_counter()
         after = GraphTail()
         # torch.compile takes a mode or options, not both: spell the mode out as options.
-        options = {**torch._inductor.list_mode_options(mode), "joint_custom_pre_pass": after}
+        mode_options = torch._inductor.list_mode_options(mode) if mode else {}
+        options = {**mode_options, "joint_custom_pre_pass": after}
         fused = torch.compile(step, backend="flashsampling", options=options)
         tokens = generate(fused, prompt)
         seconds = time.perf_counter() - start
