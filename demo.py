@@ -115,7 +115,8 @@ def generate(step, tokens: torch.Tensor) -> torch.Tensor:
     """Draw NEW_TOKENS tokens, sliding the context window so every step has one shape."""
     drawn = []
     for _ in range(NEW_TOKENS):
-        next_token = step(tokens)
+        # Under CUDA graphs (reduce-overhead) the next replay overwrites the output buffer.
+        next_token = step(tokens).clone()
         drawn.append(next_token)
         tokens = torch.cat([tokens[:, 1:], next_token], dim=1)
     return torch.cat(drawn, dim=1)
