@@ -42,6 +42,9 @@ _U32 = 0xFFFFFFFF
 LN2 = math.log(2.0)
 INV_LN2 = 1.0 / LN2
 LN_LN2 = math.log(LN2)
+# -log2(1 - s) = (2 / ln 2) atanh(t), t = s / (2 - s), and atanh(t) / t is the sum of
+# t**(2k) / (2k + 1): seven terms are exact to fp32 for t <= 1/3.
+ATANH_LOG2_SERIES = tuple(2.0 * INV_LN2 / (2 * k + 1) for k in range(7))
 
 
 def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,18 +81,21 @@ def bits_to_log2_gumbel(bits: torch.Tensor) -> torch.Tensor:
     (which turns values near 1 into exactly 1.0 and the noise into +inf), take the distance
     to the nearer end, ``small = min(u, 1 - u)``, which fp32 holds to full relative
     precision, and form the exponential variate ``E2 = -log2(u)`` from it: ``-log2(small)``
-    in the lower half, ``-log2(1 - small)`` in the upper half, where Goldberg's correction
-    ``small / (1 - fl(1 - small))`` undoes the rounding of ``1 - small``. The far tail, which
-    decides the winners, keeps 32 bits of resolution; every step is accurate to a few fp32
-    ulps. The result ``-log2(E2)`` is finite for every input (in [-5.05, 32.47]).
+    in the lower half, and in the upper half, where ``1 - small`` would lose small's low bits
+    (and a fast hardware log2 is only absolutely accurate), no log at all:
+    ``-log(1 - s) = 2 atanh(t)`` with ``t = s / (2 - s) <= 1/3``, whose odd series is exact to
+    fp32 after seven terms. The far tail, which decides the winners, keeps 32 bits of
+    resolution. The result ``-log2(E2)`` is finite for every input (in [-5.05, 32.47]).
     """
     upper = bits >= 0x80000000
     mirrored = torch.where(upper, _U32 - bits, bits)
     small = (mirrored.to(torch.float32) + 0.5) * 2.0**-32
-    log_arg = torch.where(upper, 1.0 - small, small)
-    # 1 - log_arg is exact (Sterbenz), so the ratio is log2(1 - small) / log2(log_arg).
-    ratio = torch.where(upper & (log_arg != 1.0), small / (1.0 - log_arg), 1.0)
-    expo2 = torch.where(upper & (log_arg == 1.0), small * INV_LN2, -torch.log2(log_arg) * ratio)
+    t = small / (2.0 - small)
+    t2 = t * t
+    series = torch.full_like(t2, ATANH_LOG2_SERIES[-1])
+    for coefficient in reversed(ATANH_LOG2_SERIES[:-1]):
+        series = series * t2 + coefficient
+    expo2 = torch.where(upper, t * series, -torch.log2(small))
     return -torch.log2(expo2)
 
 

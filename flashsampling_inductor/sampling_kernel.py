@@ -29,6 +29,14 @@ PHILOX_KEY_B = tl.constexpr(0xBB67AE85)
 PHILOX_ROUNDS = tl.constexpr(10)
 TWO_POW_MINUS_32 = tl.constexpr(2.3283064365386963e-10)
 INV_LN2 = tl.constexpr(1.4426950408889634)
+# (2 / ln 2) / (2k + 1): the series of -log2(1 - s) in t = s / (2 - s) (reference.py).
+ATANH_LOG2_0 = tl.constexpr(2.0 * 1.4426950408889634)
+ATANH_LOG2_1 = tl.constexpr(2.0 * 1.4426950408889634 / 3)
+ATANH_LOG2_2 = tl.constexpr(2.0 * 1.4426950408889634 / 5)
+ATANH_LOG2_3 = tl.constexpr(2.0 * 1.4426950408889634 / 7)
+ATANH_LOG2_4 = tl.constexpr(2.0 * 1.4426950408889634 / 9)
+ATANH_LOG2_5 = tl.constexpr(2.0 * 1.4426950408889634 / 11)
+ATANH_LOG2_6 = tl.constexpr(2.0 * 1.4426950408889634 / 13)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -51,7 +59,7 @@ def _philox4x32(c0, c1, c2, c3, k0, k1):
 def _fast_log2(x, FAST: tl.constexpr):
     if FAST:
         # One MUFU instruction instead of libdevice's polynomial: relative error < 2**-22, but
-        # only absolute near x = 1, so it takes no argument whose log must be small.
+        # only absolute near x = 1, so it never takes an argument whose log must be small.
         return tl.inline_asm_elementwise(
             "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
@@ -64,17 +72,24 @@ def _bits_to_log2_gumbel(bits, FAST_LOG: tl.constexpr):
     """32 random bits -> Gumbel noise in base-2 units, finite for every input.
 
     The same steps as ``reference.bits_to_log2_gumbel``: work with the distance of u to the
-    nearer end of (0, 1), so u never rounds to 1.0, and correct the rounding of 1 - small, so
-    the far tail that decides the winners stays accurate.
+    nearer end of (0, 1), so u never rounds to 1.0, and in the upper half take -log(1 - s)
+    as 2 atanh(s / (2 - s)), a short polynomial, so the far tail that decides the winners
+    stays accurate where a log of a number near 1 would not be.
     """
     upper = bits >= 0x80000000
     mirrored = tl.where(upper, ~bits, bits)
     small = (mirrored.to(tl.float32) + 0.5) * TWO_POW_MINUS_32
-    log_arg = tl.where(upper, 1.0 - small, small)
-    # 1 - log_arg is exact (Sterbenz), so the ratio is log2(1 - small) / log2(log_arg). The
-    # accurate log2: in the upper half its argument is near 1.
-    ratio = tl.where(upper & (log_arg != 1.0), small / (1.0 - log_arg), 1.0)
-    expo2 = tl.where(upper & (log_arg == 1.0), small * INV_LN2, -tl.log2(log_arg) * ratio)
+    t = small / (2.0 - small)
+    t2 = t * t
+    # -log2(1 - s) = t * (2 / ln 2) * (1 + t2 / 3 + t2**2 / 5 + ...), Horner from the top.
+    series = tl.full(t2.shape, ATANH_LOG2_6, tl.float32)
+    series = series * t2 + ATANH_LOG2_5
+    series = series * t2 + ATANH_LOG2_4
+    series = series * t2 + ATANH_LOG2_3
+    series = series * t2 + ATANH_LOG2_2
+    series = series * t2 + ATANH_LOG2_1
+    series = series * t2 + ATANH_LOG2_0
+    expo2 = tl.where(upper, t * series, -_fast_log2(small, FAST_LOG))
     return -_fast_log2(expo2, FAST_LOG)
 
 
