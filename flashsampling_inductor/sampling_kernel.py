@@ -279,20 +279,21 @@ class SampleConfig:
     maxnreg: int | None = None  # register cap per thread, to fit more programs per SM
 
 
-def default_config(batch: int, device: torch.device) -> SampleConfig:
-    """The configuration for a batch size, chosen ahead of time (no autotuning on the call
-    path) from sweeps on an H200 at D = 2048 and 4096 (see README, Performance)."""
+def default_config(batch: int, hidden_size: int, device: torch.device) -> SampleConfig:
+    """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
+    from sweeps on an H200 (benchmarks/results/kernel_sweep_*.json)."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
     if batch <= 32:
+        # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
     if batch <= 64:
         return SampleConfig(64, 128, 64, swap_ab=False, num_stages=4)
     # Capping registers at 128 fits two programs per SM, so one's noise overlaps the other's
-    # MMAs; at B > 128 the wider vocabulary tile wins.
-    if batch <= 128:
-        return SampleConfig(128, 128, 64, swap_ab=False, num_warps=8, maxnreg=128)
+    # MMAs; at B > 128 with D = 8192 the wider vocabulary tile's longer mainloop wins.
+    if batch <= 128 or hidden_size <= 4096:
+        return SampleConfig(128, 128, 64, swap_ab=False, num_warps=8, num_stages=4, maxnreg=128)
     return SampleConfig(128, 256, 64, swap_ab=False, num_warps=8, num_stages=4)
 
 
@@ -328,7 +329,7 @@ def triton_fused_sample(
     out = torch.empty((batch, num_samples), dtype=torch.int64, device=hidden.device)
     if batch == 0:
         return out
-    config = config or default_config(batch, hidden.device)
+    config = config or default_config(batch, hidden_size, hidden.device)
     if config.block_v % 4 or config.block_v < 16:
         raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
