@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashsampling_inductor.patterns import IDIOMS
+
 from .graph_capture import graph_after_pass
 
 B, T, D, V = 3, 5, 24, 1000
@@ -272,3 +274,14 @@ def test_near_miss_is_left_alone(fn, args):
 def test_fallback_random_turns_the_pass_off():
     graph, rewrites = graph_after_pass(nanogpt, hidden(B, T, D), fallback_random=True)
     assert not rewrites and "fused_sample" not in graph
+
+
+@pytest.mark.parametrize("idiom", IDIOMS, ids=lambda idiom: idiom.IDIOM)
+def test_each_catalog_entry_rewrites_its_own_search_function(idiom):
+    """Every module's ``search`` (the idiom as users write it) becomes one fused call."""
+    weight = torch.randn(1000, 24)
+    x = hidden(3, 5, 24) if idiom.IDIOM == "multinomial" else hidden(3, 24)
+    args = (x, weight) if idiom.IDIOM == "greedy" else (x, weight, 0.8)
+    graph, rewrites = graph_after_pass(idiom.search, *args)
+    assert rewrites == {idiom.IDIOM: 1}
+    assert "fused_sample" in graph and "aten.mm" not in graph
