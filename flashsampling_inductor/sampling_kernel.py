@@ -14,6 +14,7 @@ The noise contract (Philox4x32-10 counters and the bits -> Gumbel map) is docume
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -333,7 +334,6 @@ def triton_fused_sample(
     if config.block_v % 4 or config.block_v < 16:
         raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
-    num_b_tiles = triton.cdiv(batch, config.block_b)
     # Per (row, sample, vocab tile): the tile's best score and index. Tiny next to [B, V].
     cand_score = torch.empty(
         (batch, num_samples, num_v_tiles), dtype=torch.float32, device=hidden.device
@@ -341,30 +341,33 @@ def triton_fused_sample(
     cand_index = torch.empty_like(cand_score, dtype=torch.int32)
     seed_u64 = scalar_seed % 2**64
     fp32_precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    _sample_stage1[(num_b_tiles * num_v_tiles,)](
-        hidden, weight, bias, temperature, seed,
-        cand_score, cand_index,
-        batch, vocab_size, hidden_size,
-        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
-        scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples,
-        HAS_BIAS=bias is not None,
-        TEMPERATURE_MODE=_temperature_mode(temperature, scalar_temperature),
-        SEED_MODE=0 if seed is None else (1 if seed.dim() == 0 else 2),
-        LOGITS_DTYPE=None if logits_dtype is None else _TL_DTYPES[logits_dtype],
-        DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
-        SWAP_AB=config.swap_ab,
-        EVEN_D=hidden_size % config.block_d == 0,
-        EVEN_V=vocab_size % config.block_v == 0,
-        INTERPRETER=hidden.device.type == "cpu",
-        BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
-    )  # fmt: skip
-    _sample_stage2[(batch * num_samples,)](
-        cand_score,
-        cand_index,
-        out,
-        num_v_tiles,
-        BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
-    )
+    # Triton launches on the current device: make it the inputs' one.
+    on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
+    with on_device:
+        _sample_stage1[(triton.cdiv(batch, config.block_b) * num_v_tiles,)](
+            hidden, weight, bias, temperature, seed,
+            cand_score, cand_index,
+            batch, vocab_size, hidden_size,
+            hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+            scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples,
+            HAS_BIAS=bias is not None,
+            TEMPERATURE_MODE=_temperature_mode(temperature, scalar_temperature),
+            SEED_MODE=0 if seed is None else (1 if seed.dim() == 0 else 2),
+            LOGITS_DTYPE=None if logits_dtype is None else _TL_DTYPES[logits_dtype],
+            DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
+            SWAP_AB=config.swap_ab,
+            EVEN_D=hidden_size % config.block_d == 0,
+            EVEN_V=vocab_size % config.block_v == 0,
+            INTERPRETER=hidden.device.type == "cpu",
+            BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+            **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
+        )  # fmt: skip
+        _sample_stage2[(batch * num_samples,)](
+            cand_score,
+            cand_index,
+            out,
+            num_v_tiles,
+            BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
+        )
     return out
