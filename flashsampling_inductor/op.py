@@ -47,8 +47,9 @@ def fused_sample(
             tokens that are never drawn.
         temperature: Python float, 0-d tensor or [B] tensor (one per row). 0 means greedy:
             the argmax of the row's logits, ties to the lowest index as ``torch.argmax``.
-            Python floats and CPU tensors are checked (>= 0, finite); values of device tensors
-            are not checked, since that would need a host sync.
+            Python floats and CPU tensors are checked (>= 0, finite) with a ValueError; CUDA
+            tensors with a device-side assert (no host sync), as ``torch.multinomial`` checks
+            its probabilities.
         num_samples: independent draws per row, with replacement.
         seed: int, 0-d int64 tensor or [B] int64 tensor (one per row). With a seed the
             result is deterministic and independent of tile sizes, launch grid and batch
@@ -178,9 +179,14 @@ def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, fl
                     f"temperature must be 0-d or [B] = ({batch},), got {tuple(temperature.shape)}"
                 )
             temperature = _on_device(temperature, hidden, "temperature")
+            valid = ((temperature >= 0) & temperature.isfinite()).all()
             if temperature.device.type == "cpu" and not _compiling():
-                if not bool(((temperature >= 0) & temperature.isfinite()).all()):
+                if not bool(valid):
                     raise ValueError("temperature must be finite and >= 0 in every row")
+            elif temperature.device.type == "cuda":
+                # Reading the values would sync with the host; a device-side assert fails as
+                # loudly as torch.multinomial does on bad probabilities, without one.
+                torch._assert_async(valid, "temperature must be finite and >= 0 in every row")
             return temperature.float(), 1.0
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(

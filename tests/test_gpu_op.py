@@ -7,6 +7,8 @@ chi-square test draws 2**27 tokens (about a minute or two on an H100/H200).
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -240,3 +242,17 @@ def test_gpu_memory_is_far_below_materialized_logits(batch, hidden_size):
     extra = torch.cuda.max_memory_allocated() - baseline
     logits_bytes = batch * VOCAB * 4
     assert extra < 0.05 * logits_bytes, (extra, logits_bytes)
+
+
+def test_gpu_negative_temperature_tensor_fails_loudly():
+    """A bad CUDA temperature tensor trips a device-side assert instead of sampling from a
+    wrong distribution. It poisons the CUDA context, so it runs in a child process."""
+    script = (
+        "import torch; from flashsampling_inductor import fused_sample;"
+        "h = torch.randn(2, 64, device='cuda'); w = torch.randn(1000, 64, device='cuda');"
+        "fused_sample(h, w, temperature=torch.tensor([1.0, -1.0], device='cuda'));"
+        "torch.cuda.synchronize()"
+    )
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert child.returncode != 0
+    assert "device-side assert" in child.stderr or "temperature" in child.stderr
