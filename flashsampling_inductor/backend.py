@@ -8,10 +8,6 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.registry import register_backend
-from torch._inductor import list_mode_options
-from torch._inductor.compile_fx import compile_fx
-
-from .graph_pass import FlashSamplingPass
 
 __all__ = ["flashsampling_backend"]
 
@@ -33,6 +29,13 @@ def flashsampling_backend(
     ``joint_custom_pre_pass`` already set, in ``options`` or in ``torch._inductor.config``,
     runs after the FlashSampling pass.
     """
+    # Imported here, as torch's own inductor backend does: importing the package for the eager
+    # op should not load Inductor and the pattern matcher.
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    from .graph_pass import FlashSamplingPass
+
     config_patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
     user_pass = config_patches.get(
         "joint_custom_pre_pass", torch._inductor.config.joint_custom_pre_pass
