@@ -8,6 +8,10 @@ buffer instead of [B, V] logits. Stage 2 reduces the candidates of each (row, sa
 device. Exact for any tiling: the argmax of the perturbed scores is the argmax of the tile
 maxima (paper, Lemma D.5), and ties go to the lowest index as in ``torch.argmax``.
 
+Large batches are compute-bound; there the tiles come through TMA descriptors, a persistent
+grid keeps two programs on each SM, and the noise is drawn in vocabulary chunks
+(``SampleConfig``; measurements in benchmarks/results/).
+
 The noise contract (Philox4x32-10 counters and the bits -> Gumbel map) is documented in
 ``reference.py``, whose torch code draws exactly the same stream.
 """
@@ -16,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 __all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
 
@@ -133,19 +139,22 @@ def _round_to_bf16(x):
     return tl.where(x == x, rounded.to(tl.float32, bitcast=True), x)
 
 
-@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi"])
-def _sample_stage1(
-    hidden_ptr, weight_ptr, bias_ptr, temperature_ptr, seed_ptr,
+@triton.jit
+def _stage1_tile(
+    tile,
+    hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
     cand_score_ptr, cand_index_ptr,
     B, V, D,
     stride_hb, stride_hd, stride_wv, stride_wd,
     scalar_temperature, seed_lo, seed_hi, num_samples,
     HAS_BIAS: tl.constexpr,
-    TEMPERATURE_MODE: tl.constexpr,  # 0: scalar, 1: 0-d tensor, 2: [B] tensor, 3: greedy
-    SEED_MODE: tl.constexpr,  # 0: scalar argument, 1: 0-d tensor, 2: [B] tensor (per row)
-    LOGITS_DTYPE: tl.constexpr,  # None: keep fp32 logits, else round to this dtype
+    TEMPERATURE_MODE: tl.constexpr,
+    SEED_MODE: tl.constexpr,
+    LOGITS_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SWAP_AB: tl.constexpr,  # vocabulary as the MMA's M dimension (small batches)
+    SWAP_AB: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    EPILOGUE_CHUNKS: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_V: tl.constexpr,
     INTERPRETER: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -154,11 +163,12 @@ def _sample_stage1(
     perturbed score and its global index."""
     # Batch tiles vary fastest, so the programs that share a weight tile run together and
     # the tile is read from HBM once and from L2 by the others.
-    pid = tl.program_id(0)
     num_b_tiles = tl.cdiv(B, BLOCK_B)
-    pid_b = pid % num_b_tiles
-    pid_v = pid // num_b_tiles
-    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    num_v_tiles = tl.cdiv(V, BLOCK_V)
+    pid_b = tile % num_b_tiles
+    pid_v = tile // num_b_tiles
+    b_start = pid_b * BLOCK_B
+    offs_b = b_start + tl.arange(0, BLOCK_B)
     b_mask = offs_b < B
     v_start = pid_v * BLOCK_V
     offs_v = v_start + tl.arange(0, BLOCK_V)
@@ -175,18 +185,24 @@ def _sample_stage1(
     w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
     h_rows = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb
     for d_start in range(0, D, BLOCK_D):
-        w_ptrs = w_rows + (d_start + offs_d)[None, :] * stride_wd
-        h_ptrs = h_rows + (d_start + offs_d)[None, :] * stride_hd
-        w_mask = v_mask[:, None]
-        h_mask = b_mask[:, None]
-        if not EVEN_D:
-            w_mask = w_mask & ((d_start + offs_d) < D)[None, :]
-            h_mask = h_mask & ((d_start + offs_d) < D)[None, :]
-        if EVEN_V and EVEN_D:
-            w = tl.load(w_ptrs)
+        if USE_TMA:
+            # The copy engine fetches the tiles (zero-filled past the edges): no address
+            # math in the threads.
+            w = weight_desc.load([v_start, d_start])
+            h = hidden_desc.load([b_start, d_start])
         else:
-            w = tl.load(w_ptrs, mask=w_mask, other=0.0)
-        h = tl.load(h_ptrs, mask=h_mask, other=0.0)
+            w_ptrs = w_rows + (d_start + offs_d)[None, :] * stride_wd
+            h_ptrs = h_rows + (d_start + offs_d)[None, :] * stride_hd
+            w_mask = v_mask[:, None]
+            h_mask = b_mask[:, None]
+            if not EVEN_D:
+                w_mask = w_mask & ((d_start + offs_d) < D)[None, :]
+                h_mask = h_mask & ((d_start + offs_d) < D)[None, :]
+            if EVEN_V and EVEN_D:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+            h = tl.load(h_ptrs, mask=h_mask, other=0.0)
         if INTERPRETER:
             # The interpreter multiplies bf16 as raw uint16; products of bf16/fp16 values are
             # exact in fp32, so this changes nothing but the speed.
@@ -215,6 +231,8 @@ def _sample_stage1(
         noise_scale = tl.full((BLOCK_B,), tl.load(temperature_ptr) * LN2, tl.float32)
     elif TEMPERATURE_MODE == 2:
         noise_scale = tl.load(temperature_ptr + offs_b, mask=b_mask, other=0.0) * LN2
+    else:
+        noise_scale = tl.zeros((BLOCK_B,), tl.float32)  # unused: greedy
     if SEED_MODE == 0:
         seed = tl.full((BLOCK_B,), seed_lo, tl.int64) | (
             tl.full((BLOCK_B,), seed_hi, tl.int64) << 32
@@ -231,28 +249,133 @@ def _sample_stage1(
         row_counter = tl.zeros((BLOCK_B,), tl.uint32)
     else:
         row_counter = offs_b.to(tl.uint32)
-    quad_offsets = (v_start // 4 + tl.arange(0, BLOCK_V // 4)).to(tl.uint32)
-
-    num_v_tiles = tl.num_programs(0) // num_b_tiles
     for sample_index in range(num_samples):
-        if TEMPERATURE_MODE == 3:
-            scores = logits
+        # The epilogue in vocabulary chunks keeps fewer noise values live at once (a whole
+        # 128 x 256 tile of them spills registers); the tile's best is the best chunk's best.
+        if EPILOGUE_CHUNKS == 1:
+            tile_score, tile_index = _best_of_chunk(
+                logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+            )  # fmt: skip
         else:
-            noise = _gumbel_tile(
-                quad_offsets, row_counter, sample_index, k0, k1, not INTERPRETER, BLOCK_B, BLOCK_V
-            )
-            scores = logits + noise_scale[:, None] * noise
-        # NaN counts as -inf; columns past V never win.
-        keep = scores == scores
-        if not EVEN_V:
-            keep = keep & v_mask[None, :]
-        scores = tl.where(keep, scores, float("-inf"))
-        tile_score, tile_arg = tl.max(
-            scores, axis=1, return_indices=True, return_indices_tie_break_left=True
-        )
+            lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
+            half: tl.constexpr = BLOCK_V // 2
+            if EPILOGUE_CHUNKS == 2:
+                s0, i0 = _best_of_chunk(
+                    lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                )  # fmt: skip
+                s1, i1 = _best_of_chunk(
+                    hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                )  # fmt: skip
+            else:
+                s0, i0 = _best_of_half(
+                    lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                )  # fmt: skip
+                s1, i1 = _best_of_half(
+                    hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                )  # fmt: skip
+            tile_score, tile_index = _better(s0, i0, s1, i1)
         out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
         tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
-        tl.store(cand_index_ptr + out, v_start + tile_arg, mask=b_mask)
+        tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
+
+
+@triton.jit
+def _split_columns(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """[ROWS, COLS] -> its left and right halves of columns."""
+    return tl.split(tl.permute(tl.reshape(x, (ROWS, 2, COLS // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _better(s0, i0, s1, i1):
+    """Per row, the better of two (score, index) candidates; ties go to the first, which
+    holds the lower indices."""
+    take_second = s1 > s0
+    return tl.where(take_second, s1, s0), tl.where(take_second, i1, i0)
+
+
+@triton.jit
+def _best_of_chunk(
+    logits, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+    GREEDY: tl.constexpr, EVEN_V: tl.constexpr, FAST_LOG: tl.constexpr,
+    BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
+):  # fmt: skip
+    """Per row, the best perturbed score of logits [BLOCK_B, CHUNK_V] (vocab indices
+    chunk_start + 0..CHUNK_V-1) and its global index."""
+    if GREEDY:
+        scores = logits
+    else:
+        quad_offsets = (chunk_start // 4 + tl.arange(0, CHUNK_V // 4)).to(tl.uint32)
+        noise = _gumbel_tile(
+            quad_offsets, row_counter, sample_index, k0, k1, FAST_LOG, BLOCK_B, CHUNK_V
+        )
+        scores = logits + noise_scale[:, None] * noise
+    # NaN counts as -inf; columns past V never win.
+    keep = scores == scores
+    if not EVEN_V:
+        keep = keep & ((chunk_start + tl.arange(0, CHUNK_V)) < V)[None, :]
+    scores = tl.where(keep, scores, float("-inf"))
+    score, arg = tl.max(scores, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    return score, chunk_start + arg
+
+
+@triton.jit
+def _best_of_half(
+    logits, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+    GREEDY: tl.constexpr, EVEN_V: tl.constexpr, FAST_LOG: tl.constexpr,
+    BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
+):  # fmt: skip
+    """``_best_of_chunk`` over the two halves of the chunk, one after the other."""
+    lo, hi = _split_columns(logits, BLOCK_B, CHUNK_V)
+    half: tl.constexpr = CHUNK_V // 2
+    s0, i0 = _best_of_chunk(
+        lo, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+        GREEDY, EVEN_V, FAST_LOG, BLOCK_B, half,
+    )  # fmt: skip
+    s1, i1 = _best_of_chunk(
+        hi, chunk_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
+        GREEDY, EVEN_V, FAST_LOG, BLOCK_B, half,
+    )  # fmt: skip
+    return _better(s0, i0, s1, i1)
+
+
+@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi"])
+def _sample_stage1(
+    hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
+    cand_score_ptr, cand_index_ptr,
+    B, V, D,
+    stride_hb, stride_hd, stride_wv, stride_wd,
+    scalar_temperature, seed_lo, seed_hi, num_samples,
+    HAS_BIAS: tl.constexpr,
+    TEMPERATURE_MODE: tl.constexpr,  # 0: scalar, 1: 0-d tensor, 2: [B] tensor, 3: greedy
+    SEED_MODE: tl.constexpr,  # 0: scalar argument, 1: 0-d tensor, 2: [B] tensor (per row)
+    LOGITS_DTYPE: tl.constexpr,  # None: keep fp32 logits, else round to this dtype
+    DOT_PRECISION: tl.constexpr,
+    SWAP_AB: tl.constexpr,  # vocabulary as the MMA's M dimension (small batches)
+    USE_TMA: tl.constexpr,  # load tiles through hidden_desc / weight_desc
+    EPILOGUE_CHUNKS: tl.constexpr,  # 1, 2 or 4 vocabulary chunks, one after the other
+    EVEN_D: tl.constexpr, EVEN_V: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Each program takes tiles pid, pid + num_programs, ...: one tile per program on a
+    full grid, several on a persistent one."""
+    num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        _stage1_tile(
+            tile,
+            hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
+            cand_score_ptr, cand_index_ptr,
+            B, V, D,
+            stride_hb, stride_hd, stride_wv, stride_wd,
+            scalar_temperature, seed_lo, seed_hi, num_samples,
+            HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, DOT_PRECISION, SWAP_AB, USE_TMA,
+            EPILOGUE_CHUNKS, EVEN_D, EVEN_V, INTERPRETER, BLOCK_B, BLOCK_V, BLOCK_D,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -278,6 +401,9 @@ class SampleConfig:
     num_warps: int = 4
     num_stages: int = 3
     maxnreg: int | None = None  # register cap per thread, to fit more programs per SM
+    tma: bool = False  # tiles through the copy engine (TMA descriptors) where the layout allows
+    programs_per_sm: int = 0  # > 0: a persistent grid of this many programs per SM
+    epilogue_chunks: int = 1  # noise and argmax over 1, 2 or 4 vocabulary chunks in turn
 
 
 def default_config(batch: int, hidden_size: int, device: torch.device) -> SampleConfig:
@@ -291,11 +417,13 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
     if batch <= 64:
         return SampleConfig(64, 128, 64, swap_ab=False, num_stages=4)
-    # Capping registers at 128 fits two programs per SM, so one's noise overlaps the other's
-    # MMAs; at B > 128 with D = 8192 the wider vocabulary tile's longer mainloop wins.
-    if batch <= 128 or hidden_size <= 4096:
-        return SampleConfig(128, 128, 64, swap_ab=False, num_warps=8, num_stages=4, maxnreg=128)
-    return SampleConfig(128, 256, 64, swap_ab=False, num_warps=8, num_stages=4)
+    # Compute-bound from here: the copy engine feeds the MMAs (TMA), a persistent grid of two
+    # programs per SM (registers capped at 128) lets one program's noise overlap the other's
+    # MMAs, and the noise is drawn in four vocabulary chunks so that it does not spill.
+    return SampleConfig(
+        128, 128, 64, swap_ab=False, num_warps=8, num_stages=3, maxnreg=128,
+        tma=True, programs_per_sm=2, epilogue_chunks=4,
+    )  # fmt: skip
 
 
 def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: float) -> int:
@@ -303,6 +431,26 @@ def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: floa
         return 1 if temperature.dim() == 0 else 2
     # A scalar 0 is greedy for every row: skip the noise altogether.
     return 3 if scalar_temperature == 0.0 else 0
+
+
+def _tma_compatible(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The copy engine wants 16-bit elements here, unit inner strides and 16-byte aligned
+    rows; anything else takes the pointer path."""
+    return all(
+        t.dtype in (torch.bfloat16, torch.float16)
+        and t.stride(1) == 1
+        and t.stride(0) >= t.shape[1]
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        for t in (hidden, weight)
+    )
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: a persistent grid is then programs_per_sm programs
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -333,6 +481,11 @@ def triton_fused_sample(
     config = config or default_config(batch, hidden_size, hidden.device)
     if config.block_v % 4 or config.block_v < 16:
         raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")
+    if config.epilogue_chunks not in (1, 2, 4) or config.block_v // config.epilogue_chunks < 16:
+        raise ValueError(
+            f"epilogue_chunks must be 1, 2 or 4 with block_v / epilogue_chunks >= 16, got"
+            f" {config.epilogue_chunks} with block_v={config.block_v}"
+        )
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
     # Per (row, sample, vocab tile): the tile's best score and index. Tiny next to [B, V].
     cand_score = torch.empty(
@@ -340,12 +493,20 @@ def triton_fused_sample(
     )
     cand_index = torch.empty_like(cand_score, dtype=torch.int32)
     seed_u64 = scalar_seed % 2**64
+    hidden_desc = weight_desc = None
+    if config.tma and _tma_compatible(hidden, weight):
+        hidden_desc = TensorDescriptor.from_tensor(hidden, [config.block_b, config.block_d])
+        weight_desc = TensorDescriptor.from_tensor(weight, [config.block_v, config.block_d])
+    num_tiles = triton.cdiv(batch, config.block_b) * num_v_tiles
+    grid = num_tiles
+    if config.programs_per_sm:
+        grid = min(num_tiles, config.programs_per_sm * _num_sms(hidden.device))
     fp32_precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
     # Triton launches on the current device: make it the inputs' one.
     on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
     with on_device:
-        _sample_stage1[(triton.cdiv(batch, config.block_b) * num_v_tiles,)](
-            hidden, weight, bias, temperature, seed,
+        _sample_stage1[(grid,)](
+            hidden, weight, hidden_desc, weight_desc, bias, temperature, seed,
             cand_score, cand_index,
             batch, vocab_size, hidden_size,
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
@@ -356,6 +517,8 @@ def triton_fused_sample(
             LOGITS_DTYPE=None if logits_dtype is None else _TL_DTYPES[logits_dtype],
             DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
             SWAP_AB=config.swap_ab,
+            USE_TMA=weight_desc is not None,
+            EPILOGUE_CHUNKS=config.epilogue_chunks,
             EVEN_D=hidden_size % config.block_d == 0,
             EVEN_V=vocab_size % config.block_v == 0,
             INTERPRETER=hidden.device.type == "cpu",

@@ -260,13 +260,23 @@ def test_row_seeds_make_rows_batch_position_invariant(impl):
 
 
 # Tile shapes for the kernel: tiles smaller than, equal to and larger than the problem, one
-# vocabulary tile for all of V, both MMA orientations; D = 96 is not a multiple of any.
+# vocabulary tile for all of V, both MMA orientations; D = 96 is not a multiple of any. Also
+# the large-batch machinery: TMA descriptors (zero-filled past D), persistent grids whose
+# programs loop over several tiles, and the noise drawn in vocabulary chunks.
 TILE_CONFIGS = [
     pytest.param(SampleConfig(block_b=16, block_v=16, block_d=16), id="b16-v16-d16"),
     pytest.param(SampleConfig(16, 64, 32, swap_ab=False), id="b16-v64-d32-no-swap"),
     pytest.param(SampleConfig(32, 128, 64), id="b32-v128-d64"),
     pytest.param(SampleConfig(64, 256, 128, swap_ab=False), id="b64-v256-d128-no-swap"),
     pytest.param(SampleConfig(16, 1024, 32), id="b16-v1024-d32-one-tile"),
+    pytest.param(
+        SampleConfig(16, 64, 64, swap_ab=False, tma=True, epilogue_chunks=4), id="tma-chunks4"
+    ),
+    pytest.param(
+        SampleConfig(32, 128, 64, tma=True, programs_per_sm=3, epilogue_chunks=2),
+        id="tma-persistent-chunks2",
+    ),
+    pytest.param(SampleConfig(16, 32, 32, programs_per_sm=2), id="persistent"),
 ]
 
 
@@ -295,3 +305,41 @@ def test_tokens_do_not_depend_on_tile_sizes(config, per_row_seed):
         impl="torch",
     )
     assert torch.equal(tokens, expected)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["transposed-weight", "fp32", "sliced-hidden"],
+)
+def test_tma_config_falls_back_to_pointers_where_the_layout_does_not_allow_it(layout):
+    """TMA wants 16-bit, unit-stride, 16-byte aligned rows; other layouts take the pointer
+    path under the same configuration and draw the same tokens."""
+    hidden, weight = make_exact_problem(9, 300, 64)
+    if layout == "transposed-weight":
+        weight = weight.t().contiguous().t()
+    elif layout == "fp32":
+        hidden, weight = hidden.float(), weight.float()
+    else:
+        hidden = torch.cat([hidden, hidden], dim=1)[:, 1:65]  # 2-byte offset: misaligned
+        weight = torch.cat([weight, weight], dim=1)[:, 1:65]
+    config = SampleConfig(16, 64, 32, swap_ab=False, tma=True, programs_per_sm=2)
+    tokens = triton_fused_sample(hidden, weight, None, None, 1.0, None, 5, 3, None, config=config)
+    expected = fused_sample(hidden, weight, seed=5, num_samples=3, impl="torch")
+    assert torch.equal(tokens, expected)
+
+
+def test_bad_epilogue_chunks_is_a_clear_error():
+    hidden, weight = make_exact_problem(2, 100, 32)
+    with pytest.raises(ValueError, match="epilogue_chunks"):
+        triton_fused_sample(
+            hidden,
+            weight,
+            None,
+            None,
+            1.0,
+            None,
+            5,
+            1,
+            None,
+            SampleConfig(16, 32, 32, epilogue_chunks=4),
+        )
