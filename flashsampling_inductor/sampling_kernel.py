@@ -257,27 +257,22 @@ def _stage1_tile(
                 logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
                 TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
             )  # fmt: skip
+        elif EPILOGUE_CHUNKS == 2:
+            tile_score, tile_index = _best_of_two_chunks(
+                logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+            )  # fmt: skip
         else:
             lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
             half: tl.constexpr = BLOCK_V // 2
-            if EPILOGUE_CHUNKS == 2:
-                s0, i0 = _best_of_chunk(
-                    lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-                )  # fmt: skip
-                s1, i1 = _best_of_chunk(
-                    hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-                )  # fmt: skip
-            else:
-                s0, i0 = _best_of_half(
-                    lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-                )  # fmt: skip
-                s1, i1 = _best_of_half(
-                    hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-                )  # fmt: skip
+            s0, i0 = _best_of_two_chunks(
+                lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+            )  # fmt: skip
+            s1, i1 = _best_of_two_chunks(
+                hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+            )  # fmt: skip
             tile_score, tile_index = _better(s0, i0, s1, i1)
         out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
         tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
@@ -324,12 +319,12 @@ def _best_of_chunk(
 
 
 @triton.jit
-def _best_of_half(
+def _best_of_two_chunks(
     logits, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
     GREEDY: tl.constexpr, EVEN_V: tl.constexpr, FAST_LOG: tl.constexpr,
     BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
 ):  # fmt: skip
-    """``_best_of_chunk`` over the two halves of the chunk, one after the other."""
+    """``_best_of_chunk`` over the two halves of logits, one after the other."""
     lo, hi = _split_columns(logits, BLOCK_B, CHUNK_V)
     half: tl.constexpr = CHUNK_V // 2
     s0, i0 = _best_of_chunk(
