@@ -140,146 +140,6 @@ def _round_to_bf16(x):
 
 
 @triton.jit
-def _stage1_tile(
-    tile,
-    hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
-    cand_score_ptr, cand_index_ptr,
-    B, V, D,
-    stride_hb, stride_hd, stride_wv, stride_wd,
-    scalar_temperature, seed_lo, seed_hi, num_samples,
-    HAS_BIAS: tl.constexpr,
-    TEMPERATURE_MODE: tl.constexpr,
-    SEED_MODE: tl.constexpr,
-    LOGITS_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    EPILOGUE_CHUNKS: tl.constexpr,
-    EVEN_D: tl.constexpr, EVEN_V: tl.constexpr,
-    INTERPRETER: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """One (batch tile, vocab tile): logits on chip, then per row and sample the best
-    perturbed score and its global index."""
-    # Batch tiles vary fastest, so the programs that share a weight tile run together and
-    # the tile is read from HBM once and from L2 by the others.
-    num_b_tiles = tl.cdiv(B, BLOCK_B)
-    num_v_tiles = tl.cdiv(V, BLOCK_V)
-    pid_b = tile % num_b_tiles
-    pid_v = tile // num_b_tiles
-    b_start = pid_b * BLOCK_B
-    offs_b = b_start + tl.arange(0, BLOCK_B)
-    b_mask = offs_b < B
-    v_start = pid_v * BLOCK_V
-    offs_v = v_start + tl.arange(0, BLOCK_V)
-    v_mask = offs_v < V
-    offs_d = tl.arange(0, BLOCK_D)
-
-    # Logits [BLOCK_B, BLOCK_V] in fp32. Decode batches are far smaller than the 64 rows a
-    # Hopper MMA wants, so small batches put the vocabulary on M (swap-AB).
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_V, BLOCK_B), tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
-    # 64-bit row offsets: V * D can pass 2**31 (262144 x 8192).
-    w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
-    h_rows = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb
-    for d_start in range(0, D, BLOCK_D):
-        if USE_TMA:
-            # The copy engine fetches the tiles (zero-filled past the edges): no address
-            # math in the threads.
-            w = weight_desc.load([v_start, d_start])
-            h = hidden_desc.load([b_start, d_start])
-        else:
-            w_ptrs = w_rows + (d_start + offs_d)[None, :] * stride_wd
-            h_ptrs = h_rows + (d_start + offs_d)[None, :] * stride_hd
-            w_mask = v_mask[:, None]
-            h_mask = b_mask[:, None]
-            if not EVEN_D:
-                w_mask = w_mask & ((d_start + offs_d) < D)[None, :]
-                h_mask = h_mask & ((d_start + offs_d) < D)[None, :]
-            if EVEN_V and EVEN_D:
-                w = tl.load(w_ptrs)
-            else:
-                w = tl.load(w_ptrs, mask=w_mask, other=0.0)
-            h = tl.load(h_ptrs, mask=h_mask, other=0.0)
-        if INTERPRETER:
-            # The interpreter multiplies bf16 as raw uint16; products of bf16/fp16 values are
-            # exact in fp32, so this changes nothing but the speed.
-            w = w.to(tl.float32)
-            h = h.to(tl.float32)
-        if SWAP_AB:
-            acc = tl.dot(w, tl.trans(h), acc, input_precision=DOT_PRECISION)
-        else:
-            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-    if SWAP_AB:
-        logits = tl.trans(acc)
-    else:
-        logits = acc
-    if HAS_BIAS:
-        logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
-    if LOGITS_DTYPE == tl.bfloat16:
-        logits = _round_to_bf16(logits)
-    elif LOGITS_DTYPE is not None:
-        logits = logits.to(LOGITS_DTYPE).to(tl.float32)
-
-    # Noise scale per row: score = logit + (T * ln 2) * base-2 Gumbel noise, the Gumbel-max
-    # score logit + T * g up to a per-row constant; T = 0 is greedy.
-    if TEMPERATURE_MODE == 0:
-        noise_scale = tl.full((BLOCK_B,), scalar_temperature * LN2, tl.float32)
-    elif TEMPERATURE_MODE == 1:
-        noise_scale = tl.full((BLOCK_B,), tl.load(temperature_ptr) * LN2, tl.float32)
-    elif TEMPERATURE_MODE == 2:
-        noise_scale = tl.load(temperature_ptr + offs_b, mask=b_mask, other=0.0) * LN2
-    else:
-        noise_scale = tl.zeros((BLOCK_B,), tl.float32)  # unused: greedy
-    if SEED_MODE == 0:
-        seed = tl.full((BLOCK_B,), seed_lo, tl.int64) | (
-            tl.full((BLOCK_B,), seed_hi, tl.int64) << 32
-        )
-    elif SEED_MODE == 1:
-        seed = tl.full((BLOCK_B,), tl.load(seed_ptr), tl.int64)
-    else:
-        seed = tl.load(seed_ptr + offs_b, mask=b_mask, other=0)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)[:, None]
-    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)[:, None]
-    # Per-row seeds leave the row out of the counter: a row's noise depends on its own seed
-    # only, never on its position in the batch.
-    if SEED_MODE == 2:
-        row_counter = tl.zeros((BLOCK_B,), tl.uint32)
-    else:
-        row_counter = offs_b.to(tl.uint32)
-    for sample_index in range(num_samples):
-        # The epilogue in vocabulary chunks keeps fewer noise values live at once (a whole
-        # 128 x 256 tile of them spills registers); the tile's best is the best chunk's best.
-        if EPILOGUE_CHUNKS == 1:
-            tile_score, tile_index = _best_of_chunk(
-                logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
-            )  # fmt: skip
-        elif EPILOGUE_CHUNKS == 2:
-            tile_score, tile_index = _best_of_two_chunks(
-                logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
-            )  # fmt: skip
-        else:
-            lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
-            half: tl.constexpr = BLOCK_V // 2
-            s0, i0 = _best_of_two_chunks(
-                lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-            )  # fmt: skip
-            s1, i1 = _best_of_two_chunks(
-                hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-            )  # fmt: skip
-            tile_score, tile_index = _better(s0, i0, s1, i1)
-        out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
-        tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
-        tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
-
-
-@triton.jit
 def _split_columns(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """[ROWS, COLS] -> its left and right halves of columns."""
     return tl.split(tl.permute(tl.reshape(x, (ROWS, 2, COLS // 2)), (0, 2, 1)))
@@ -357,20 +217,127 @@ def _sample_stage1(
     INTERPRETER: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Each program takes tiles pid, pid + num_programs, ...: one tile per program on a
-    full grid, several on a persistent one."""
+    """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
+    perturbed score and its global index. Each program takes tiles pid, pid + num_programs,
+    ...: one tile per program on a full grid, several on a persistent one."""
     num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        _stage1_tile(
-            tile,
-            hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
-            cand_score_ptr, cand_index_ptr,
-            B, V, D,
-            stride_hb, stride_hd, stride_wv, stride_wd,
-            scalar_temperature, seed_lo, seed_hi, num_samples,
-            HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, DOT_PRECISION, SWAP_AB, USE_TMA,
-            EPILOGUE_CHUNKS, EVEN_D, EVEN_V, INTERPRETER, BLOCK_B, BLOCK_V, BLOCK_D,
-        )  # fmt: skip
+        # Batch tiles vary fastest, so the programs that share a weight tile run together and
+        # the tile is read from HBM once and from L2 by the others.
+        num_b_tiles = tl.cdiv(B, BLOCK_B)
+        num_v_tiles = tl.cdiv(V, BLOCK_V)
+        pid_b = tile % num_b_tiles
+        pid_v = tile // num_b_tiles
+        b_start = pid_b * BLOCK_B
+        offs_b = b_start + tl.arange(0, BLOCK_B)
+        b_mask = offs_b < B
+        v_start = pid_v * BLOCK_V
+        offs_v = v_start + tl.arange(0, BLOCK_V)
+        v_mask = offs_v < V
+        offs_d = tl.arange(0, BLOCK_D)
+
+        # Logits [BLOCK_B, BLOCK_V] in fp32. Decode batches are far smaller than the 64 rows a
+        # Hopper MMA wants, so small batches put the vocabulary on M (swap-AB).
+        if SWAP_AB:
+            acc = tl.zeros((BLOCK_V, BLOCK_B), tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
+        # 64-bit row offsets: V * D can pass 2**31 (262144 x 8192).
+        w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
+        h_rows = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb
+        for d_start in range(0, D, BLOCK_D):
+            if USE_TMA:
+                # The copy engine fetches the tiles (zero-filled past the edges): no address
+                # math in the threads.
+                w = weight_desc.load([v_start, d_start])
+                h = hidden_desc.load([b_start, d_start])
+            else:
+                w_ptrs = w_rows + (d_start + offs_d)[None, :] * stride_wd
+                h_ptrs = h_rows + (d_start + offs_d)[None, :] * stride_hd
+                w_mask = v_mask[:, None]
+                h_mask = b_mask[:, None]
+                if not EVEN_D:
+                    w_mask = w_mask & ((d_start + offs_d) < D)[None, :]
+                    h_mask = h_mask & ((d_start + offs_d) < D)[None, :]
+                if EVEN_V and EVEN_D:
+                    w = tl.load(w_ptrs)
+                else:
+                    w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+                h = tl.load(h_ptrs, mask=h_mask, other=0.0)
+            if INTERPRETER:
+                # The interpreter multiplies bf16 as raw uint16; products of bf16/fp16 values are
+                # exact in fp32, so this changes nothing but the speed.
+                w = w.to(tl.float32)
+                h = h.to(tl.float32)
+            if SWAP_AB:
+                acc = tl.dot(w, tl.trans(h), acc, input_precision=DOT_PRECISION)
+            else:
+                acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        if SWAP_AB:
+            logits = tl.trans(acc)
+        else:
+            logits = acc
+        if HAS_BIAS:
+            logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
+        if LOGITS_DTYPE == tl.bfloat16:
+            logits = _round_to_bf16(logits)
+        elif LOGITS_DTYPE is not None:
+            logits = logits.to(LOGITS_DTYPE).to(tl.float32)
+
+        # Noise scale per row: score = logit + (T * ln 2) * base-2 Gumbel noise, the Gumbel-max
+        # score logit + T * g up to a per-row constant; T = 0 is greedy.
+        if TEMPERATURE_MODE == 0:
+            noise_scale = tl.full((BLOCK_B,), scalar_temperature * LN2, tl.float32)
+        elif TEMPERATURE_MODE == 1:
+            noise_scale = tl.full((BLOCK_B,), tl.load(temperature_ptr) * LN2, tl.float32)
+        elif TEMPERATURE_MODE == 2:
+            noise_scale = tl.load(temperature_ptr + offs_b, mask=b_mask, other=0.0) * LN2
+        else:
+            noise_scale = tl.zeros((BLOCK_B,), tl.float32)  # unused: greedy
+        if SEED_MODE == 0:
+            seed = tl.full((BLOCK_B,), seed_lo, tl.int64) | (
+                tl.full((BLOCK_B,), seed_hi, tl.int64) << 32
+            )
+        elif SEED_MODE == 1:
+            seed = tl.full((BLOCK_B,), tl.load(seed_ptr), tl.int64)
+        else:
+            seed = tl.load(seed_ptr + offs_b, mask=b_mask, other=0)
+        k0 = (seed & 0xFFFFFFFF).to(tl.uint32)[:, None]
+        k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)[:, None]
+        # Per-row seeds leave the row out of the counter: a row's noise depends on its own seed
+        # only, never on its position in the batch.
+        if SEED_MODE == 2:
+            row_counter = tl.zeros((BLOCK_B,), tl.uint32)
+        else:
+            row_counter = offs_b.to(tl.uint32)
+        for sample_index in range(num_samples):
+            # The epilogue in vocabulary chunks keeps fewer noise values live at once (a whole
+            # 128 x 256 tile of them spills registers); the tile's best is the best chunk's best.
+            if EPILOGUE_CHUNKS == 1:
+                tile_score, tile_index = _best_of_chunk(
+                    logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+                )  # fmt: skip
+            elif EPILOGUE_CHUNKS == 2:
+                tile_score, tile_index = _best_of_two_chunks(
+                    logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+                )  # fmt: skip
+            else:
+                lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
+                half: tl.constexpr = BLOCK_V // 2
+                s0, i0 = _best_of_two_chunks(
+                    lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                )  # fmt: skip
+                s1, i1 = _best_of_two_chunks(
+                    hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
+                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                )  # fmt: skip
+                tile_score, tile_index = _better(s0, i0, s1, i1)
+            out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
+            tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
+            tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
 
 
 @triton.jit
