@@ -4,7 +4,8 @@ It draws exactly the noise the Triton kernel draws (the same Philox4x32-10 strea
 same uniform -> Gumbel map, written here with int64 tensor ops instead of uint32 registers),
 so on the same seed the kernel and the reference pick the same tokens, except where two
 perturbed scores are closer than the rounding of the fp32 matmul (the kernel and
-``torch.matmul`` sum over D in different orders).
+``torch.matmul`` sum over D in different orders) or of the GPU's approximate log2 and
+division, which move the noise by a few ulp.
 
 The noise contract, shared with ``sampling_kernel.py``:
 

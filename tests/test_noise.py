@@ -69,7 +69,9 @@ def philox4x32_python(counter, key, rounds: int = 10) -> tuple[int, int, int, in
 
 
 @triton.jit
-def _philox_probe_kernel(counter_ptr, key_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _philox_probe_kernel(
+    counter_ptr, key_ptr, out_ptr, n, FAST_MATH: tl.constexpr, BLOCK: tl.constexpr
+):
     """out[w, i] = word w of the kernel's Philox of counter[:, i], key[:, i] (uint32 in int64)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -79,7 +81,7 @@ def _philox_probe_kernel(counter_ptr, key_ptr, out_ptr, n, BLOCK: tl.constexpr):
     c3 = tl.load(counter_ptr + 3 * n + offs, mask=mask).to(tl.uint32)
     k0 = tl.load(key_ptr + offs, mask=mask).to(tl.uint32)
     k1 = tl.load(key_ptr + n + offs, mask=mask).to(tl.uint32)
-    r0, r1, r2, r3 = _philox4x32(c0, c1, c2, c3, k0, k1)
+    r0, r1, r2, r3 = _philox4x32(c0, c1, c2, c3, k0, k1, FAST_MATH)
     tl.store(out_ptr + offs, r0.to(tl.int64), mask=mask)
     tl.store(out_ptr + n + offs, r1.to(tl.int64), mask=mask)
     tl.store(out_ptr + 2 * n + offs, r2.to(tl.int64), mask=mask)
@@ -87,12 +89,12 @@ def _philox_probe_kernel(counter_ptr, key_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gumbel_probe_kernel(bits_ptr, out_ptr, n, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr):
+def _gumbel_probe_kernel(bits_ptr, out_ptr, n, FAST_MATH: tl.constexpr, BLOCK: tl.constexpr):
     """out[i] = the kernel's base-2 Gumbel noise of bits[i] (uint32 values held in int64)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     bits = tl.load(bits_ptr + offs, mask=mask).to(tl.uint32)
-    tl.store(out_ptr + offs, _bits_to_log2_gumbel(bits, FAST_LOG), mask=mask)
+    tl.store(out_ptr + offs, _bits_to_log2_gumbel(bits, FAST_MATH), mask=mask)
 
 
 def kernel_philox(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -101,21 +103,27 @@ def kernel_philox(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     out = torch.empty((4, n), dtype=torch.int64, device=DEVICE)
     block = 1024
     _philox_probe_kernel[(triton.cdiv(n, block),)](
-        counter.to(DEVICE).contiguous(), key.to(DEVICE).contiguous(), out, n, BLOCK=block
+        counter.to(DEVICE).contiguous(),
+        key.to(DEVICE).contiguous(),
+        out,
+        n,
+        FAST_MATH=DEVICE.type == "cuda",  # the wide multiply in PTX, as the sampling kernel
+        BLOCK=block,
     )
     return out.cpu()
 
 
 def kernel_bits_to_log2_gumbel(bits: torch.Tensor) -> torch.Tensor:
     """The kernel's bits -> base-2 Gumbel map, as the sampling kernel runs it on this device
-    (on CUDA with its fast hardware log2; the interpreter cannot run inline PTX)."""
+    (on CUDA with its fast hardware log2 and division; the interpreter cannot run inline
+    PTX)."""
     out = torch.empty(bits.shape, dtype=torch.float32, device=DEVICE)
     block = 4096
     _gumbel_probe_kernel[(triton.cdiv(bits.numel(), block),)](
         bits.to(DEVICE).contiguous(),
         out,
         bits.numel(),
-        FAST_LOG=DEVICE.type == "cuda",
+        FAST_MATH=DEVICE.type == "cuda",
         BLOCK=block,
     )
     return out.cpu()
