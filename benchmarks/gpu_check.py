@@ -1,14 +1,16 @@
-"""Run every ``gpu``-marked test in one call on the GPU machine, and summarise.
+"""Run every ``gpu``- and ``device_math``-marked test in one call on the GPU machine, and
+summarise.
 
-Runs ``pytest -m gpu tests`` in a subprocess from the repository root, streaming its output,
-then prints the GPU name, the torch / triton versions, passed / failed / skipped counts per
-test file, the failing tests and the total time. With $OUT set, the junit XML and the full
-log go there (gpu_check.xml, gpu_check.log); otherwise into a temporary folder.
+Runs ``pytest -m "gpu or device_math" tests`` in a subprocess from the repository root,
+streaming its output, then prints the GPU name, the torch / triton versions, passed / failed /
+skipped counts per test file, the failing tests and the total time. With $OUT set, the junit
+XML and the full log go there (gpu_check.xml, gpu_check.log); otherwise into a temporary
+folder.
 
 Exits non-zero when a test fails or errors, when pytest is stopped by ``--timeout``, when
 nothing was collected, or when a GPU is present but not one test passed (nothing was checked).
 
-    python benchmarks/gpu_check.py                   # all gpu tests
+    python benchmarks/gpu_check.py                   # all gpu and device_math tests
     python benchmarks/gpu_check.py --timeout 240 -- -k statistical -x
 """
 
@@ -126,7 +128,7 @@ def main() -> int:
     env_line, cuda = environment()
     print(env_line, flush=True)
     command = [
-        sys.executable, "-m", "pytest", "-m", "gpu", "tests",
+        sys.executable, "-m", "pytest", "-m", "gpu or device_math", "tests",
         "-rfE", "--durations=10", "-p", "no:cacheprovider",
         f"--junitxml={xml_path}", "-o", "junit_family=xunit1", *args.pytest_args,
     ]  # fmt: skip

@@ -27,6 +27,10 @@ from flashsampling_inductor.sampling_kernel import _bits_to_log2_gumbel, _philox
 
 from .sampling_oracle import DEVICE, assert_pathwise_equal, philox_bits, row_keys
 
+# The kernel's noise takes PTX fast paths (wide multiply, approximate log2 and reciprocal)
+# only on CUDA: benchmarks/gpu_check.py runs this module there too.
+pytestmark = pytest.mark.device_math
+
 _U32 = 0xFFFFFFFF
 
 # Random123 kat_vectors for philox4x32_10: (counter, key, output).
@@ -133,6 +137,18 @@ def float64_gumbel(bits: torch.Tensor, log) -> torch.Tensor:
     """-log(-log(u)), u = (bits + 0.5) / 2**32, in float64 (u is exact: 33 significant bits)."""
     u = (bits.double() + 0.5) * 2.0**-32
     return -log(-log(u))
+
+
+# On CUDA the kernel's map runs PTX lg2.approx, whose error is absolute near 1 (2**-22.6 on
+# [0.5, 2]), and a hardware reciprocal refined by one Newton step: together up to 2**-21 of
+# absolute error in g wherever the outer log2's argument is near 1, the budget
+# assert_pathwise_equal allows for it. Relative bounds alone cannot hold there (g near 0).
+DEVICE_LOG2_ERROR = 2.0**-21 if DEVICE.type == "cuda" else 0.0
+
+
+def absolute_error(name: str) -> float:
+    """The absolute error in g (base-2 units) a map may add to its relative bound."""
+    return DEVICE_LOG2_ERROR if name.startswith("kernel") else 0.0
 
 
 # name -> (map under test, the logarithm it is defined with, nats per unit of its output)
@@ -250,7 +266,8 @@ def test_gumbel_map_matches_float64_in_both_tails(name):
 
 @pytest.mark.parametrize("name", GUMBEL_MAPS)
 def test_gumbel_map_is_monotone_and_resolves_the_upper_tail(name):
-    """g is non-decreasing in the bits up to one ulp of fp32 rounding, and strictly increasing
+    """g is non-decreasing in the bits up to one ulp of fp32 rounding (plus, on CUDA, the
+    device log2's absolute error near 1: ``DEVICE_LOG2_ERROR``), and strictly increasing
     over the top 2**16 values.
 
     In the upper tail g = -log(E) with E ~ (m + 0.5) / 2**32 for m = 2**32 - 1 - bits; there
@@ -261,7 +278,7 @@ def test_gumbel_map_is_monotone_and_resolves_the_upper_tail(name):
     """
     to_gumbel, _, _ = GUMBEL_MAPS[name]
     gumbel = to_gumbel(probe_bits().unique())  # sorted bits
-    one_ulp = torch.finfo(torch.float32).eps * gumbel[1:].abs()
+    one_ulp = torch.finfo(torch.float32).eps * gumbel[1:].abs() + absolute_error(name)
     assert bool((gumbel.diff() >= -one_ulp).all())
     top = to_gumbel(torch.arange(2**32 - 2**16, 2**32))
     assert bool((top.diff() > 0).all())
@@ -269,13 +286,15 @@ def test_gumbel_map_is_monotone_and_resolves_the_upper_tail(name):
 
 def test_kernel_noise_equals_reference_noise_elementwise():
     """The kernel's bits -> base-2 Gumbel map equals the reference's within 2 ulp of
-    max(|g|, 1), the same fp32 formula where only the outer ``log2`` may differ (libdevice or
-    MUFU on the GPU, numpy under the interpreter, torch on the CPU). An absolute error
-    2**-22 of the outer log2 near 1 (PTX lg2.approx on [0.5, 2]) fits; the same error in the
-    inner log2(1 - small) of the upper tail does not, since the tail amplifies it."""
+    max(|g|, 1), the same fp32 formula where only the logs and the division may differ (PTX
+    approximations on the GPU, numpy under the interpreter, torch on the CPU), plus on CUDA
+    the device's absolute error near 1 (``DEVICE_LOG2_ERROR``). That error in the outer
+    log2 fits; the same error in the inner log2(1 - small) of the upper tail does not, since
+    the tail amplifies it."""
     bits = probe_bits()
     kernel, reference = kernel_bits_to_log2_gumbel(bits), bits_to_log2_gumbel(bits)
     two_ulp = 2 * torch.finfo(torch.float32).eps * reference.abs().clamp_min(1)
+    two_ulp += absolute_error("kernel")
     excess = (kernel - reference).abs() - two_ulp
     worst = int(excess.argmax())
     assert excess[worst] <= 0, (hex(bits[worst].item()), kernel[worst].item(), reference[worst])
