@@ -1,6 +1,7 @@
 """Time candidate stage-1 configurations against cuBLAS, to choose ``default_config``.
 
     python benchmarks/sweep_configs.py [--batches 64,128,256] [--rounds 3] [--out-dir DIR]
+                                       [--shapes 2048x151936,64x151936]
 
 For each shape and batch size: cuBLAS ``hidden @ W.T`` and every candidate (the current
 default first), round-robin over several rounds so that clock drift hits all of them alike;
@@ -75,6 +76,10 @@ def sweep_point(hidden, weight, configs, rounds):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,32,64,128,256")
+    parser.add_argument(
+        "--shapes", default=",".join(f"{d}x{v}" for d, v in SHAPES),
+        help="DxV list; a tiny D (64x151936) times the noise and argmax almost alone",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -84,7 +89,8 @@ def main() -> None:
     print(gpu, f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
 
     rows = []
-    for dim, vocab in SHAPES:
+    shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
+    for dim, vocab in shapes:
         weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
         for batch in map(int, args.batches.split(",")):
             hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
