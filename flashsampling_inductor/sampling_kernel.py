@@ -54,8 +54,8 @@ def _mul_wide(a, b, FAST: tl.constexpr):
     if FAST:
         # One wide multiply (IMAD.WIDE.U32) instead of separate high and low ones. The noise
         # is bound by instruction issue (alone it runs at ~80% of an H200 SM's issue rate),
-        # and Philox is mostly these multiplies: a third fewer noise instructions with the
-        # division below.
+        # and Philox is mostly these multiplies: with the division below, 28% fewer noise
+        # instructions (benchmarks/kernel_sass.py).
         return tl.inline_asm_elementwise(
             "{ .reg .b64 p; mul.wide.u32 p, $2, $3; mov.b64 {$1, $0}, p; }",
             "=r,=r,r,r", [a, tl.full(a.shape, b, tl.uint32)], dtype=(tl.uint32, tl.uint32),
@@ -118,7 +118,8 @@ def _bits_to_log2_gumbel(bits, FAST_MATH: tl.constexpr):
     """
     upper = bits >= 0x80000000
     mirrored = tl.where(upper, ~bits, bits)
-    # (mirrored + 0.5) / 2**32 as one rounding (a fused multiply-add).
+    # (mirrored + 0.5) / 2**32 in one fused multiply-add: the product is exact, so this is
+    # the reference's value to the bit, one instruction fewer.
     small = mirrored.to(tl.float32) * TWO_POW_MINUS_32 + TWO_POW_MINUS_33
     t = _fast_divide(small, 2.0 - small, FAST_MATH)
     t2 = t * t
