@@ -7,6 +7,12 @@ an H100/H200 it prints, sampling at T = 1 and greedy (the same kernel with the n
 the registers and spill stack per thread, the shared memory and the SASS instructions per
 thread by opcode. Sampling minus greedy is the noise's cost per tile: the number to lower
 while the noise is bound by instruction issue (README, Performance).
+
+The counts come from the Triton installed here. Triton 3.9 (this repository's CPU set-up)
+does not software-pipeline the pointer-load path of the small-batch configs the way the GPU
+machine's Triton 3.6 does, so for those its registers and spills are not what runs. The
+large-batch (TMA) configs are pipelined by both, but spills still differ (128 against 16
+bytes of stack for the large-batch kernel before the cheaper noise): read them as relative.
 """
 
 from __future__ import annotations
