@@ -294,7 +294,7 @@ def test_kernel_noise_equals_reference_noise_elementwise():
     bits = probe_bits()
     kernel, reference = kernel_bits_to_log2_gumbel(bits), bits_to_log2_gumbel(bits)
     two_ulp = 2 * torch.finfo(torch.float32).eps * reference.abs().clamp_min(1)
-    two_ulp += absolute_error("kernel")
+    two_ulp += DEVICE_LOG2_ERROR
     excess = (kernel - reference).abs() - two_ulp
     worst = int(excess.argmax())
     assert excess[worst] <= 0, (hex(bits[worst].item()), kernel[worst].item(), reference[worst])
