@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .reference import reference_fused_sample
 
@@ -91,7 +92,7 @@ def fused_sample(
         seed_tensor = torch.randint(
             0, 2**62, (), dtype=torch.int64, device=hidden.device, generator=generator
         )
-    return torch.ops.flashsampling.fused_sample(
+    args = (
         hidden,
         weight,
         bias,
@@ -103,6 +104,12 @@ def fused_sample(
         logits_dtype,
         impl,
     )
+    if _plain_eager_call(hidden, weight, bias, temperature_tensor, seed_tensor):
+        # The dispatcher's custom-op layers cost more host time per call than both kernel
+        # launches together (benchmarks/results/stagger_and_host_h200_20261121.txt); plain
+        # eager tensors need none of them, so they go straight to the implementation.
+        return _fused_sample_impl(*args)
+    return torch.ops.flashsampling.fused_sample(*args)
 
 
 def _triton_interpreter_on() -> bool:
@@ -150,6 +157,21 @@ def _check_tensors(hidden, weight, bias) -> None:
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def _plain_eager_call(*tensors: torch.Tensor | None) -> bool:
+    """True when calling the op's implementation directly is indistinguishable from calling
+    the custom op: no compiler tracing, no Python dispatch or torch-function mode (fake
+    tensors, make_fx, functionalization, user modes), no functorch transform, and only plain
+    tensors (a subclass such as DTensor dispatches through the op). The outputs are integer
+    tokens, so autograd has nothing to record either way."""
+    return (
+        not _compiling()
+        and _get_current_dispatch_mode() is None
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+        and all(t is None or type(t) is torch.Tensor for t in tensors)
+    )
 
 
 def _is_cpu_scalar(value: torch.Tensor) -> bool:
@@ -220,8 +242,7 @@ def _normalize_seed(seed, hidden) -> tuple[torch.Tensor | None, int]:
     return None, seed - 2**64 if seed >= 2**63 else seed
 
 
-@torch.library.custom_op("flashsampling::fused_sample", mutates_args=())
-def _fused_sample_op(
+def _fused_sample_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -269,6 +290,11 @@ def _fused_sample_op(
         num_samples,
         logits_dtype,
     )
+
+
+_fused_sample_op = torch.library.custom_op(
+    "flashsampling::fused_sample", _fused_sample_impl, mutates_args=()
+)
 
 
 @_fused_sample_op.register_fake

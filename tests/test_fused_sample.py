@@ -12,8 +12,11 @@ import dataclasses
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from flashsampling_inductor import fused_sample
+from flashsampling_inductor import op as op_module
 
 from .sampling_oracle import DEVICE, assert_pathwise_equal, make_exact_problem, make_problem
 
@@ -429,6 +432,52 @@ def test_custom_op_passes_opcheck(impl, per_row):
     torch.library.opcheck(
         torch.ops.flashsampling.fused_sample.default, _op_arguments(impl, per_row)
     )
+
+
+class _RecordOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_eager_calls_skip_the_dispatcher_but_tracers_see_the_op(impl, monkeypatch):
+    """Plain eager calls run the op's implementation directly (host time), with exactly the
+    custom op's tokens; under a dispatch mode (what fake tensors and make_fx use) and in a
+    make_fx graph the call is still the one custom op."""
+    arguments = _op_arguments(impl, per_row=True)
+    expected = torch.ops.flashsampling.fused_sample(*arguments)
+    hidden, weight, bias, temperature, _, seed, _, num_samples, _, _ = arguments
+
+    def call(hidden, weight, bias, temperature, seed):
+        return fused_sample(
+            hidden, weight, bias=bias, temperature=temperature, seed=seed,
+            num_samples=num_samples, impl=impl,
+        )  # fmt: skip
+
+    direct_calls = []
+    implementation = op_module._fused_sample_impl
+    monkeypatch.setattr(
+        op_module,
+        "_fused_sample_impl",
+        lambda *args: direct_calls.append(args) or implementation(*args),
+    )
+    assert torch.equal(call(hidden, weight, bias, temperature, seed), expected)
+    assert len(direct_calls) == 1
+    with _RecordOps() as recorder:
+        assert torch.equal(call(hidden, weight, bias, temperature, seed), expected)
+    assert len(direct_calls) == 1
+    assert recorder.ops.count(torch.ops.flashsampling.fused_sample.default) == 1
+    # (scalar temperature and seed here: make_fx cannot read CPU tensors' values to check them)
+    graph = make_fx(lambda h, w: fused_sample(h, w, temperature=0.9, seed=42, impl=impl))(
+        hidden, weight
+    ).graph
+    targets = [node.target for node in graph.nodes if node.op == "call_function"]
+    assert targets == [torch.ops.flashsampling.fused_sample.default]
 
 
 def sample_next_token(hidden, weight, temperature, seed, impl):
