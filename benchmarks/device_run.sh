@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU-machine call: FlashInfer wheels, machine and versions, the gpu tests, the sweep.
+# One GPU-machine call: FlashInfer wheels, machine and versions, the sweep, the gpu tests.
 #
 #   bash benchmarks/device_run.sh [--skip-check] [--skip-bench] [--quick] [--total-s 540]
 #                                 [--check-timeout 200] [-- more bench_sampling.py arguments]
@@ -7,9 +7,10 @@
 # Needs `carry: [".whl"]` for FlashInfer (installed to /tmp/site unless it already imports).
 # Writes into $OUT (default benchmarks/results): device_run.log (everything printed),
 # gpu_check.log, gpu_check.xml, bench_sampling_<gpu>_<date>.csv and .png. A failing step
-# does not stop the next one; the exit code is 1 if any step failed. The gpu check is cut
-# at --check-timeout seconds and the sweep gets what is left of --total-s (it stops starting
-# new points in time, then writes its plot and table), so the whole call fits in --total-s.
+# does not stop the next one; the exit code is 1 if any step failed. The sweep gets what
+# --total-s leaves after --check-timeout (it stops starting new points in time, then writes
+# its plot and table) and the gpu check is cut at --check-timeout seconds, so the whole call
+# fits in --total-s.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -57,16 +58,16 @@ except Exception as error:
     print("flashinfer does not import:", error)
 EOF
 
-    if [ "$skip_check" = 0 ]; then
-        echo "== gpu_check ($(( $(date +%s) - start )) s in)"
-        timeout -k 10 $((check_timeout + 20)) \
-            python3 benchmarks/gpu_check.py --timeout "$check_timeout" \
-            || { echo "gpu_check exit code $?"; failed=1; }
-    fi
-
+    # The sweep runs before the gpu check: right after the check (its compile workers and
+    # their CPU load still winding down) the first shape's timings from Python were
+    # host-bound on both GPUs (compiled step without CUDA graphs 1.3-2x slower than minutes
+    # later, benchmarks/README.md).
     if [ "$skip_bench" = 0 ]; then
-        # Leave room for a point in flight (compiles) when the budget runs out, and the plot.
-        local budget=$((total_s - ($(date +%s) - start) - 90))
+        # Leave room for a point in flight (compiles) when the budget runs out and the plot
+        # (60 s with the check after it, which rarely needs all of its time; 90 s alone).
+        local reserved=90
+        [ "$skip_check" = 0 ] && reserved=$((60 + check_timeout))
+        local budget=$((total_s - ($(date +%s) - start) - reserved))
         echo "== bench_sampling ($(( $(date +%s) - start )) s in, budget ${budget} s)"
         if [ "$budget" -lt 30 ]; then
             echo "no time left for the sweep: run it alone with --skip-check"
@@ -77,6 +78,12 @@ EOF
                 ${bench_args[@]+"${bench_args[@]}"} \
                 || { echo "bench_sampling exit code $?"; failed=1; }
         fi
+    fi
+    if [ "$skip_check" = 0 ]; then
+        echo "== gpu_check ($(( $(date +%s) - start )) s in)"
+        timeout -k 10 $((check_timeout + 20)) \
+            python3 benchmarks/gpu_check.py --timeout "$check_timeout" \
+            || { echo "gpu_check exit code $?"; failed=1; }
     fi
     echo "== done in $(( $(date +%s) - start )) s; files in $OUT:"
     ls -la "$OUT"
