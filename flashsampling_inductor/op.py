@@ -2,8 +2,9 @@
 
 ``fused_sample`` validates and normalises its arguments, then calls the custom op
 ``torch.ops.flashsampling.fused_sample``, which picks the Triton kernel or the pure-PyTorch
-reference. The compiler pass (``graph_pass.py``) emits calls of the same custom op, so eager
-calls and compiled graphs share one implementation.
+reference (plain eager calls, which nothing traces, run the op's implementation directly to
+save host time). The compiler pass (``graph_pass.py``) emits calls of the same custom op, so
+eager calls and compiled graphs share one implementation.
 """
 
 from __future__ import annotations

@@ -416,7 +416,7 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
         return SampleConfig(64, 128, 64, swap_ab=False, num_stages=4)
     if batch > 128 and hidden_size >= 4096:
         # Long reductions: wider vocabulary tiles feed the MMAs better than a second program
-        # per SM overlaps the noise (1-5% on H100 and H200; kernel_sweep_*, stagger_and_host_*).
+        # per SM overlaps the noise (1-5% on H100 and H200; b256_tiles_and_host_h200_*).
         return SampleConfig(
             128, 256, 64, swap_ab=False, num_warps=8, num_stages=3,
             tma=True, programs_per_sm=1, epilogue_chunks=4,
