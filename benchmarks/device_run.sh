@@ -60,8 +60,8 @@ EOF
 
     # The sweep runs before the gpu check: right after the check (its compile workers and
     # their CPU load still winding down) the first shape's timings from Python were
-    # host-bound on both GPUs (compiled step without CUDA graphs 1.3-2x slower than minutes
-    # later, benchmarks/README.md).
+    # host-bound on both GPUs (compiled step without CUDA graphs up to 1.9x the fused op,
+    # against 1.0-1.16x with the sweep first: benchmarks/README.md).
     if [ "$skip_bench" = 0 ]; then
         # Leave room for a point in flight (compiles) when the budget runs out and the plot
         # (60 s with the check after it, which rarely needs all of its time; 90 s alone).
