@@ -51,7 +51,8 @@ def fused_sample(
             the argmax of the row's logits, ties to the lowest index as ``torch.argmax``.
             Python floats and CPU tensors are checked (>= 0, finite) with a ValueError; CUDA
             tensors with a device-side assert (no host sync), as ``torch.multinomial`` checks
-            its probabilities.
+            its probabilities, and tensors a tracer sees (torch.compile, make_fx) with an
+            assert op in the graph, a RuntimeError when the graph runs.
         num_samples: independent draws per row, with replacement.
         seed: int, 0-d int64 tensor or [B] int64 tensor (one per row). With a seed the
             result is deterministic and independent of tile sizes, launch grid and batch
@@ -194,7 +195,11 @@ def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, fl
     if isinstance(temperature, torch.Tensor):
         if not temperature.is_floating_point():
             raise TypeError(f"temperature must be a floating tensor, got {temperature.dtype}")
-        if _is_cpu_scalar(temperature) and hidden.device.type != "cpu" and not _compiling():
+        if (
+            _is_cpu_scalar(temperature)
+            and hidden.device.type != "cpu"
+            and _plain_eager_call(temperature)
+        ):
             temperature = temperature.item()  # a CPU scalar costs no device sync
         else:
             if temperature.shape not in ((), (batch,)):
@@ -203,12 +208,13 @@ def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, fl
                 )
             temperature = _on_device(temperature, hidden, "temperature")
             valid = ((temperature >= 0) & temperature.isfinite()).all()
-            if temperature.device.type == "cpu" and not _compiling():
+            if temperature.device.type == "cpu" and _plain_eager_call(temperature):
                 if not bool(valid):
                     raise ValueError("temperature must be finite and >= 0 in every row")
-            elif temperature.device.type == "cuda":
-                # Reading the values would sync with the host; a device-side assert fails as
-                # loudly as torch.multinomial does on bad probabilities, without one.
+            else:
+                # Reading CUDA values would sync with the host, and a tracer (torch.compile,
+                # make_fx) has no values to read; an assert op in the graph fails as loudly as
+                # torch.multinomial does on bad probabilities, when the values exist.
                 torch._assert_async(valid, "temperature must be finite and >= 0 in every row")
             return temperature.float(), 1.0
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
@@ -229,7 +235,7 @@ def _normalize_seed(seed, hidden) -> tuple[torch.Tensor | None, int]:
     if isinstance(seed, torch.Tensor):
         if seed.dtype != torch.int64:
             raise TypeError(f"seed must be an int64 tensor, got {seed.dtype}")
-        if _is_cpu_scalar(seed) and hidden.device.type != "cpu" and not _compiling():
+        if _is_cpu_scalar(seed) and hidden.device.type != "cpu" and _plain_eager_call(seed):
             seed = seed.item()  # a CPU scalar costs no device sync
         else:
             if seed.shape not in ((), (batch,)):

@@ -477,6 +477,38 @@ def register(idiom: str, target, check: Callable[[Walk], tuple[LMHead, int, bool
     register_graph_pattern(CallFunctionVarArgs(target), pass_dict=PASS)(handler)
 
 
+BAD_TEMPERATURE = (
+    "flashsampling: a rewritten sampling step divides its logits by a temperature of 0, inf or"
+    " NaN, or by a negative per-row temperature with a bias; the fused sampler cannot draw"
+    " from what those make of softmax (compile without backend='flashsampling' for them)"
+)
+
+
+def _positive_temperature(hidden, bias, t, rows):
+    """-> (hidden, bias, |t|) for a temperature tensor t (0-d or one value per row).
+
+    The program divides its logits by any T; the fused op samples for finite T > 0. For
+    T < 0, softmax(l / T) is softmax(-l / |T|), and -l is exactly what the matmul makes of
+    -hidden (and -bias: negation is exact and commutes with every rounding on the way), so
+    negative temperatures are folded into the operands instead of refused. A 0 or NaN makes
+    the program's probabilities NaN, where torch.multinomial fails; an infinite T (uniform
+    draws) and a negative per-row T with one shared bias have no such folding. Those fail
+    as loudly, through an assert in the graph (no host sync).
+    """
+    negative = t < 0
+    valid = t.isfinite() & (t != 0)
+    if bias is not None and t.dim() == 1:
+        valid = valid & ~negative
+    torch._assert_async(valid.all(), BAD_TEMPERATURE)
+    sign = torch.where(negative, -1.0, 1.0).to(hidden.dtype)
+    if t.dim() == 1:
+        hidden = hidden * sign.view(*rows, 1)
+    else:
+        hidden = hidden * sign
+        bias = None if bias is None else bias * sign.to(bias.dtype)
+    return hidden, bias, t.abs()
+
+
 def _rewrite(match: Match, walk: Walk, head: LMHead, num_samples: int, keep_dim: bool) -> None:
     inputs = [head.hidden, head.weight]
     for extra in (head.bias, head.temperature):
@@ -498,7 +530,9 @@ def _rewrite(match: Match, walk: Walk, head: LMHead, num_samples: int, keep_dim:
         temperature, scalar_temperature = None, head.temperature
         if isinstance(head.temperature, Node):
             t = values[position[head.temperature]].to(torch.float32)
-            temperature, scalar_temperature = t.reshape(-1 if head.temperature_per_row else ()), 1.0
+            t = t.reshape(-1 if head.temperature_per_row else ())
+            hidden, bias, temperature = _positive_temperature(hidden, bias, t, rows)
+            scalar_temperature = 1.0
         seed = None  # greedy rows draw no noise
         if scalar_temperature != 0.0 or temperature is not None:
             # Drawn by Inductor's RNG in the graph: each call and CUDA-graph replay differs.

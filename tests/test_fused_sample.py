@@ -472,12 +472,39 @@ def test_eager_calls_skip_the_dispatcher_but_tracers_see_the_op(impl, monkeypatc
         assert torch.equal(call(), expected)
     assert len(direct_calls) == 1
     assert recorder.ops.count(torch.ops.flashsampling.fused_sample.default) == 1
-    # (scalar temperature and seed here: make_fx cannot read CPU tensors' values to check them)
+    # (scalars here: a temperature tensor adds its check to the graph, as the next test shows)
     graph = make_fx(lambda h, w: fused_sample(h, w, temperature=0.9, seed=42, impl=impl))(
         hidden, weight
     ).graph
     targets = [node.target for node in graph.nodes if node.op == "call_function"]
     assert targets == [torch.ops.flashsampling.fused_sample.default]
+
+
+@pytest.mark.parametrize("tracing_mode", ["real", "fake", "symbolic"])
+def test_traced_temperature_tensor_is_checked_when_the_graph_runs(tracing_mode):
+    """A tracer has no values to check a temperature tensor with, so the check goes into the
+    graph as an assert op: make_fx traces a CPU temperature tensor, and the graph draws the
+    eager tokens and rejects a negative temperature when it runs; so does torch.compile.
+    (CPU only: on CUDA the same assert is a device-side one, which ends the CUDA context.)"""
+    hidden, weight = make_problem(3, 200, 32, device=torch.device("cpu"))
+
+    def step(h, w, t):
+        return fused_sample(h, w, temperature=t, seed=5, impl="torch")
+
+    temperature = torch.tensor([0.5, 1.0, 0.0])
+    expected = step(hidden, weight, temperature)
+    graph = make_fx(step, tracing_mode=tracing_mode)(hidden, weight, temperature)
+    targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    assert torch.ops.aten._assert_async.msg in targets
+    assert torch.equal(graph(hidden, weight, temperature), expected)
+    with pytest.raises(RuntimeError, match="temperature must be finite and >= 0"):
+        graph(hidden, weight, -temperature)
+    if tracing_mode == "real":
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="inductor", fullgraph=True)
+        assert torch.equal(compiled(hidden, weight, temperature), expected)
+        with pytest.raises(RuntimeError, match="temperature must be finite and >= 0"):
+            compiled(hidden, weight, torch.tensor([0.5, float("nan"), 1.0]))
 
 
 def sample_next_token(hidden, weight, temperature, seed, impl):

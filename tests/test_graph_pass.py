@@ -135,10 +135,27 @@ graph():
     %arg3_1 : [num_users=1] = placeholder[target=arg3_1]
     %arg4_1 : [num_users=1] = placeholder[target=arg4_1]
     %mul : [num_users=0] = call_function[target=operator.mul](args = (%arg1_1, %arg2_1), kwargs = {})
-    %convert_element_type_default_1 : [num_users=1] = call_function[target=torch.ops.prims.convert_element_type.default](args = (%arg4_1, torch.float32), kwargs = {})
+    %convert_element_type_default_1 : [num_users=5] = call_function[target=torch.ops.prims.convert_element_type.default](args = (%arg4_1, torch.float32), kwargs = {})
     %select_int : [num_users=1] = call_function[target=torch.ops.aten.select.int](args = (%arg3_1, 1, -1), kwargs = {})
+    %lt_scalar : [num_users=1] = call_function[target=torch.ops.aten.lt.Scalar](args = (%convert_element_type_default_1, 0), kwargs = {})
+    %abs_default : [num_users=1] = call_function[target=torch.ops.aten.abs.default](args = (%convert_element_type_default_1,), kwargs = {})
+    %ne_scalar : [num_users=1] = call_function[target=torch.ops.aten.ne.Scalar](args = (%abs_default, inf), kwargs = {})
+    %eq_tensor : [num_users=1] = call_function[target=torch.ops.aten.eq.Tensor](args = (%convert_element_type_default_1, %convert_element_type_default_1), kwargs = {})
+    %mul_tensor : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = (%eq_tensor, %ne_scalar), kwargs = {})
+    %ne_scalar_1 : [num_users=1] = call_function[target=torch.ops.aten.ne.Scalar](args = (%convert_element_type_default_1, 0), kwargs = {})
+    %bitwise_and_tensor : [num_users=1] = call_function[target=torch.ops.aten.bitwise_and.Tensor](args = (%mul_tensor, %ne_scalar_1), kwargs = {})
+    %logical_not_default : [num_users=1] = call_function[target=torch.ops.aten.logical_not.default](args = (%bitwise_and_tensor,), kwargs = {})
+    %any_dims : [num_users=1] = call_function[target=torch.ops.aten.any.dims](args = (%logical_not_default,), kwargs = {})
+    %logical_not_default_1 : [num_users=1] = call_function[target=torch.ops.aten.logical_not.default](args = (%any_dims,), kwargs = {})
+    %_assert_async_msg : [num_users=0] = call_function[target=torch.ops.aten._assert_async.msg](args = (%logical_not_default_1, flashsampling: a rewritten sampling step divides its logits by a temperature of 0, inf or NaN, or by a negative per-row temperature with a bias; the fused sampler cannot draw from what those make of softmax (compile without backend='flashsampling' for them)), kwargs = {})
+    %scalar_tensor_default : [num_users=1] = call_function[target=torch.ops.aten.scalar_tensor.default](args = (1.0,), kwargs = {dtype: torch.float32, layout: torch.strided, device: cpu})
+    %scalar_tensor_default_1 : [num_users=1] = call_function[target=torch.ops.aten.scalar_tensor.default](args = (-1.0,), kwargs = {dtype: torch.float32, layout: torch.strided, device: cpu})
+    %where_self : [num_users=1] = call_function[target=torch.ops.aten.where.self](args = (%lt_scalar, %scalar_tensor_default_1, %scalar_tensor_default), kwargs = {})
+    %mul_tensor_1 : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = (%select_int, %where_self), kwargs = {})
+    %abs_default_1 : [num_users=1] = call_function[target=torch.ops.aten.abs.default](args = (%convert_element_type_default_1,), kwargs = {})
     %randint_low : [num_users=1] = call_function[target=torch.ops.aten.randint.low](args = (0, 4611686018427387904, []), kwargs = {device: cpu, pin_memory: False})
-    %fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.fused_sample.default](args = (%select_int, %arg0_1, None, %convert_element_type_default_1, 1.0, %randint_low, 0, 1, None, auto), kwargs = {})
+    %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%mul_tensor_1, [-1, 24]), kwargs = {})
+    %fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.fused_sample.default](args = (%view_default, %arg0_1, None, %abs_default_1, 1.0, %randint_low, 0, 1, None, auto), kwargs = {})
     return (fused_sample_default,)""",
         )
 
@@ -171,7 +188,11 @@ def _chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
 # 40_000 draws over V = 12 give the test power against a 1% shift in any one token's
 # probability; p > 1e-4 keeps the fixed-seed test from flaking when the sampler is right.
 @pytest.mark.parametrize("step", [multinomial_step, race_step, gumbel_step, multi_sample_step])
-@pytest.mark.parametrize("temperature", [0.7, torch.tensor(1.3)], ids=["float-T", "tensor-T"])
+@pytest.mark.parametrize(
+    "temperature",
+    [0.7, torch.tensor(1.3), torch.tensor(-1.3)],
+    ids=["float-T", "tensor-T", "negative-tensor-T"],
+)
 def test_compiled_step_keeps_the_distribution(step, temperature):
     torch._dynamo.reset()
     counters.clear()
@@ -183,6 +204,51 @@ def test_compiled_step_keeps_the_distribution(step, temperature):
     assert sum(counters["flashsampling"].values()) == 1
     probs = torch.softmax((F.linear(row, WEIGHT, BIAS) / temperature).double(), -1)
     assert _chi_square_p(tokens, probs) > 1e-4
+
+
+def unbiased_multinomial_step(h, temperature):
+    probs = F.softmax(F.linear(h, WEIGHT) / temperature, dim=-1)
+    return torch.multinomial(probs, 20_000, replacement=True)
+
+
+def test_per_row_negative_temperature_keeps_the_distribution():
+    """softmax(l / T) with T < 0 favours the low logits; the rewrite folds the sign into the
+    row's hidden state (there is no bias to flip), so each row keeps its own distribution."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(2)
+    rows = torch.randn(2, 8)
+    temperature = torch.tensor([[-0.8], [1.1]])
+    with torch.no_grad():
+        tokens = torch.compile(unbiased_multinomial_step, backend="flashsampling")(
+            rows, temperature
+        )
+    assert counters["flashsampling"]["multinomial"] == 1
+    for row, t, drawn in zip(rows, temperature, tokens, strict=True):
+        probs = torch.softmax((F.linear(row, WEIGHT) / t).double(), -1)
+        assert _chi_square_p(drawn, probs) > 1e-4
+
+
+@pytest.mark.parametrize(
+    "step, temperature",
+    [
+        (unbiased_multinomial_step, [0.0, 1.0]),
+        (unbiased_multinomial_step, [float("nan"), 1.0]),
+        (unbiased_multinomial_step, [float("inf"), 1.0]),
+        (multinomial_step, [-1.0, 1.0]),
+    ],
+    ids=["zero", "nan", "inf", "negative-row-with-bias"],
+)
+def test_temperature_the_op_cannot_draw_from_fails_loudly(step, temperature):
+    """0 and NaN make the program's probabilities NaN (torch.multinomial raises), inf makes
+    them uniform, and one shared bias cannot take a per-row sign: the rewritten step raises
+    rather than draw from another distribution. (CPU: on CUDA it is a device-side assert.)"""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, backend="flashsampling")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="flashsampling: a rewritten"):
+        compiled(torch.randn(2, 8), torch.tensor(temperature)[:, None])
+    assert counters["flashsampling"]["multinomial"] == 1
 
 
 def test_greedy_matches_eager_bf16():
