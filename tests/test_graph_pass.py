@@ -315,13 +315,43 @@ def test_cuda_graph_replays_draw_fresh_tokens():
         assert f"{batch}, {vocab}" not in code  # no [B, V] buffer in the compiled step
         draws = torch.stack([compiled(h).clone() for _ in range(200)])
     assert (draws[1:] != draws[:1]).any(dim=1).all(), "a replay repeated the previous tokens"
-    probs = torch.softmax(F.linear(h[0], weight).double() / 0.8, -1).cpu()
-    top = probs.argsort(descending=True)[:20]
-    observed = torch.stack([(draws == t).sum() for t in top]).cpu().double()
-    expected = probs[top] * draws.numel()
-    rest = draws.numel() - observed.sum()
-    p = stats.chisquare(
-        np.append(observed.numpy(), rest.item()),
+    probs = torch.softmax(F.linear(h[0], weight).double() / 0.8, -1)
+    assert _top_tokens_chi_square_p(draws, probs) > 1e-4
+
+
+def _top_tokens_chi_square_p(draws: torch.Tensor, probs: torch.Tensor, top: int = 20) -> float:
+    """Chi-square p-value of the draws over the `top` likeliest tokens and one cell for the
+    rest (a large V leaves most tokens' cells nearly empty)."""
+    probs = probs.cpu()
+    likeliest = probs.argsort(descending=True)[:top]
+    observed = torch.stack([(draws == t).sum() for t in likeliest]).cpu().double()
+    expected = probs[likeliest] * draws.numel()
+    return stats.chisquare(
+        np.append(observed.numpy(), draws.numel() - observed.sum().item()),
         np.append(expected.numpy(), draws.numel() - expected.sum().item()),
     ).pvalue
-    assert p > 1e-4
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_with_row_temperatures():
+    """Per-row temperature tensors on the GPU, a negative one among them: under
+    mode="reduce-overhead" the temperature check and the sign folding replay with the
+    graph, and each row keeps its own distribution."""
+    vocab, dim = 4096, 128
+    weight = torch.randn(vocab, dim, device="cuda") * 0.15
+    h = torch.randn(2, dim, device="cuda")
+    temperature = torch.tensor([[-0.9], [1.2]], device="cuda")
+
+    def step(h, t):
+        probs = torch.softmax(F.linear(h, weight) / t, dim=-1)
+        return torch.multinomial(probs, 4096, replacement=True)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, backend="flashsampling", mode="reduce-overhead")
+    with torch.no_grad():
+        draws = torch.cat([compiled(h, temperature).clone() for _ in range(16)], dim=1)
+    assert counters["flashsampling"]["multinomial"] == 1
+    for row in range(2):
+        probs = torch.softmax(F.linear(h[row], weight).double() / temperature[row].double(), -1)
+        assert _top_tokens_chi_square_p(draws[row], probs) > 1e-4
