@@ -484,7 +484,7 @@ BAD_TEMPERATURE = (
 )
 
 
-def _positive_temperature(hidden, bias, t, rows):
+def _positive_temperature(hidden, bias, t):
     """-> (hidden, bias, |t|) for a temperature tensor t (0-d or one value per row).
 
     The program divides its logits by any T; the fused op samples for finite T > 0. For
@@ -502,7 +502,7 @@ def _positive_temperature(hidden, bias, t, rows):
     torch._assert_async(valid.all(), BAD_TEMPERATURE)
     sign = torch.where(negative, -1.0, 1.0).to(hidden.dtype)
     if t.dim() == 1:
-        hidden = hidden * sign.view(*rows, 1)
+        hidden = hidden * sign.view(*hidden.shape[:-1], 1)
     else:
         hidden = hidden * sign
         bias = None if bias is None else bias * sign.to(bias.dtype)
@@ -531,7 +531,7 @@ def _rewrite(match: Match, walk: Walk, head: LMHead, num_samples: int, keep_dim:
         if isinstance(head.temperature, Node):
             t = values[position[head.temperature]].to(torch.float32)
             t = t.reshape(-1 if head.temperature_per_row else ())
-            hidden, bias, temperature = _positive_temperature(hidden, bias, t, rows)
+            hidden, bias, temperature = _positive_temperature(hidden, bias, t)
             scalar_temperature = 1.0
         seed = None  # greedy rows draw no noise
         if scalar_temperature != 0.0 or temperature is not None:
