@@ -97,7 +97,7 @@ class LMHead:
     weight_transposed: bool
     bias: Node | None
     row_ops: list[tuple[Callable, tuple]]  # applied to ``hidden`` in order
-    temperature: float | Node  # a Python float or a tensor node
+    temperature: float | Node  # a Python float, a tensor, or a float Dynamo made dynamic
     temperature_per_row: bool  # a [*rows, 1] tensor rather than one value
     logits_dtype: torch.dtype | None
 
@@ -301,6 +301,10 @@ def _temperature(step: Node, greedy: bool) -> tuple[float | Node, bool]:
     if step.target != aten.div.Tensor:
         raise NoMatch(f"{step.name} multiplies the logits by a tensor")
     t, scores = val(factor), val(step)
+    if isinstance(t, (torch.SymFloat, torch.SymInt)):
+        # A float temperature that Dynamo made dynamic (``dynamic=True``, or once its value
+        # changed between calls): read from a 0-d CPU input with ``.item()``, any sign.
+        return factor, False
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
         raise NoMatch(f"{step.name} divides by {factor}, not a float tensor")
     if same(t.numel(), 1) and t.dim() <= scores.dim():
@@ -323,7 +327,9 @@ def _lm_head(matmul, bias, row_ops, temperature, per_row, half_dtypes) -> LMHead
         bias_val = val(bias)
         if bias_val.shape != (vocab_size,) or bias_val.dtype not in SUPPORTED_DTYPES:
             raise NoMatch(f"the bias is {tuple(bias_val.shape)} {bias_val.dtype}, not [V]")
-    if isinstance(temperature, Node) and val(temperature).device != hidden_val.device:
+    t = val(temperature)
+    if isinstance(t, torch.Tensor) and t.device != hidden_val.device and t.dim() > 0:
+        # A 0-d CPU tensor is a scalar to a CUDA op (how Dynamo passes a dynamic float).
         raise NoMatch("the temperature lives on another device than the logits")
     half_dtypes.add(val(matmul).dtype)
     half_dtypes &= {torch.bfloat16, torch.float16}
@@ -529,8 +535,14 @@ def _rewrite(match: Match, walk: Walk, head: LMHead, num_samples: int, keep_dim:
         rows = hidden.shape[:-1]
         temperature, scalar_temperature = None, head.temperature
         if isinstance(head.temperature, Node):
-            t = values[position[head.temperature]].to(torch.float32)
-            t = t.reshape(-1 if head.temperature_per_row else ())
+            t = values[position[head.temperature]]
+            # A symbolic float or a 0-d CPU tensor becomes a device tensor, without a copy
+            # that would sync: Inductor reads both on the host as a kernel argument.
+            if not isinstance(t, torch.Tensor):
+                t = torch.full((), t, dtype=torch.float32, device=hidden.device)
+            elif t.device != hidden.device:
+                t = t * torch.ones((), dtype=t.dtype, device=hidden.device)
+            t = t.to(torch.float32).reshape(-1 if head.temperature_per_row else ())
             hidden, bias, temperature = _positive_temperature(hidden, bias, t)
             scalar_temperature = 1.0
         seed = None  # greedy rows draw no noise

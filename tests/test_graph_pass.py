@@ -229,6 +229,32 @@ def test_per_row_negative_temperature_keeps_the_distribution():
         assert _chi_square_p(drawn, probs) > 1e-4
 
 
+@pytest.mark.parametrize("step", [multinomial_step, gumbel_step])
+@pytest.mark.parametrize(
+    "temperatures", [(0.7, 1.3, -0.9), (2, 3, -2)], ids=["float-T", "int-T"]
+)
+def test_dynamic_temperature_keeps_the_distribution(step, temperatures):
+    """A Python temperature that changes between calls (a decode loop serving each
+    request's temperature) becomes an input of the recompiled graph: a 0-d CPU tensor
+    (floats) or a symbolic int. That graph is rewritten too, and the temperature's value
+    and sign are taken when it runs."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(3)
+    row = torch.randn(8)
+    h = row.expand(40_000, 8).contiguous()
+    compiled = torch.compile(step, backend="flashsampling")
+    with torch.no_grad():
+        compiled(h, temperatures[0])  # specializes on the first value; the next is dynamic
+        for temperature in temperatures[1:]:
+            tokens = compiled(h, temperature)
+            probs = torch.softmax((F.linear(row, WEIGHT, BIAS) / temperature).double(), -1)
+            assert _chi_square_p(tokens, probs) > 1e-4
+        assert sum(counters["flashsampling"].values()) == 2
+        with pytest.raises(RuntimeError, match="flashsampling: a rewritten"):
+            compiled(h, type(temperatures[0])(0))
+
+
 @pytest.mark.parametrize(
     "step, temperature",
     [
@@ -355,3 +381,27 @@ def test_cuda_graph_replays_with_row_temperatures():
     for row in range(2):
         probs = torch.softmax(F.linear(h[row], weight).double() / temperature[row].double(), -1)
         assert _top_tokens_chi_square_p(draws[row], probs) > 1e-4
+
+
+@pytest.mark.gpu
+def test_dynamic_float_temperature_on_cuda():
+    """The symbolic temperature comes from a 0-d CPU input while the LM head runs on the
+    GPU: the rewrite makes it a device tensor in the graph, and the step samples right."""
+    vocab, dim, batch = 4096, 128, 8192
+    weight = torch.randn(vocab, dim, device="cuda") * 0.15
+    row = torch.randn(dim, device="cuda")
+    h = row.expand(batch, dim).contiguous()
+
+    def step(h, t):
+        return torch.multinomial(torch.softmax(F.linear(h, weight) / t, dim=-1), 1)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, backend="flashsampling", mode="reduce-overhead")
+    with torch.no_grad():
+        compiled(h, 0.8)
+        for temperature in (1.1, -0.9):
+            draws = torch.cat([compiled(h, temperature).clone() for _ in range(8)])
+            probs = torch.softmax(F.linear(row, weight).double() / temperature, -1)
+            assert _top_tokens_chi_square_p(draws, probs) > 1e-4
+    assert counters["flashsampling"]["multinomial"] == 2
