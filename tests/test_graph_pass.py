@@ -230,9 +230,7 @@ def test_per_row_negative_temperature_keeps_the_distribution():
 
 
 @pytest.mark.parametrize("step", [multinomial_step, gumbel_step])
-@pytest.mark.parametrize(
-    "temperatures", [(0.7, 1.3, -0.9), (2, 3, -2)], ids=["float-T", "int-T"]
-)
+@pytest.mark.parametrize("temperatures", [(0.7, 1.3, -0.9), (2, 3, -2)], ids=["float-T", "int-T"])
 def test_dynamic_temperature_keeps_the_distribution(step, temperatures):
     """A Python temperature that changes between calls (a decode loop serving each
     request's temperature) becomes an input of the recompiled graph: a 0-d CPU tensor
