@@ -20,7 +20,7 @@ setup() {
   if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     "$venv/bin/pip" install -q "${TORCH_SPEC:-torch==2.13.0}"
   fi
-  "$venv/bin/pip" install -q -e ".[test]"
+  "$venv/bin/pip" install -q -e ".[test,hf]"
 }
 
 case "${1:-}" in
