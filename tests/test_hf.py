@@ -130,3 +130,41 @@ def test_beam_search_raises(model):
             pad_token_id=0,
             custom_generate=fused_generate,
         )
+
+
+@pytest.mark.gpu
+def test_sampling_on_cuda_bf16():
+    """A bf16 Llama on the GPU at a real vocabulary size: the steps are rewritten and the
+    first sampled token follows generate's distribution (softmax of the bf16 logits)."""
+    from .test_graph_pass import _top_tokens_chi_square_p
+
+    vocab = 32_000
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)  # spread the logits: a few likely tokens to count
+        prompt = torch.randint(0, vocab, (1, 6), device="cuda").expand(16_384, 6)
+        logits = model(prompt[:1]).logits[0, -1].double()
+    counters.clear()
+    out = model.generate(
+        prompt,
+        do_sample=True,
+        temperature=0.8,
+        top_k=0,
+        max_new_tokens=3,
+        pad_token_id=0,
+        custom_generate=fused_generate,
+    )
+    assert counters["flashsampling"]["multinomial"] >= 2
+    assert bool((out >= 0).all()) and bool((out < vocab).all())
+    probs = torch.softmax(logits / 0.8, -1)
+    assert _top_tokens_chi_square_p(out[:, 6], probs) > 1e-4
