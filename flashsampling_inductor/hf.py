@@ -3,7 +3,8 @@
 ``generate`` runs the model's forward and the sampling in separate places (the sampling after
 the logits processors, outside anything compiled), so the pass never sees an LM head and its
 sampling in one graph. ``fused_generate`` is a drop-in decoding loop for transformers'
-``custom_generate`` hook (transformers >= 4.57): the same loop as ``generate``'s own, except
+``custom_generate`` hook (transformers 4.57; other versions run their own loop unfused, with
+a warning): the same loop as ``generate``'s own, except
 that each step's forward and its token choice are one function compiled with
 ``backend="flashsampling"``, so the logits of the step are never written::
 
@@ -69,6 +70,7 @@ def fused_generate(
     ``generate`` returns: the sequences, or a ``GenerateDecoderOnlyOutput`` with only
     ``sequences`` and ``past_key_values`` set when ``return_dict_in_generate=True``.
     """
+    import transformers
     from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
     mode = generation_config.get_generation_mode()
@@ -79,8 +81,17 @@ def fused_generate(
         )
     greedy = not generation_config.do_sample
     temperature, why_not = _fusable(model, logits_processor, generation_config, synced_gpus)
-    if why_not:
+    if not _loop_matches(transformers.__version__):
+        # The loop below follows 4.57's _sample and its helpers; 5.x restructured them.
+        log.warning(
+            "flashsampling: fused_generate follows transformers 4.57's decoding loop, not"
+            " %s's; generate runs transformers' own loop (nothing fused)",
+            transformers.__version__,
+        )
+        why_not = why_not or "unsupported transformers version"
+    elif why_not:
         log.info("flashsampling: generate runs transformers' own loop: %s", why_not)
+    if why_not:
         return GenerationMixin._sample(
             model,
             input_ids,
@@ -120,6 +131,11 @@ def fused_generate(
             sequences=input_ids, past_key_values=model_kwargs.get("past_key_values")
         )
     return input_ids
+
+
+def _loop_matches(version: str) -> bool:
+    """True for the transformers versions whose ``_sample`` loop ``fused_generate`` mirrors."""
+    return version.startswith("4.57.")
 
 
 class _StepOutput(dict):

@@ -11,7 +11,13 @@ from scipy import stats
 from torch._dynamo.utils import counters
 
 transformers = pytest.importorskip("transformers", minversion="4.57")
+from flashsampling_inductor import hf  # noqa: E402
 from flashsampling_inductor.hf import fused_generate  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not hf._loop_matches(transformers.__version__),
+    reason=f"fused_generate mirrors transformers 4.57, not {transformers.__version__}",
+)
 
 VOCAB = 48  # small enough for a full chi-square over the vocabulary
 
@@ -118,6 +124,23 @@ def test_what_is_not_fused_runs_generates_own_loop(model, caplog):
         )
     assert not counters["flashsampling"]
     assert "TopKLogitsWarper is not fused" in caplog.text
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_another_transformers_version_runs_its_own_loop(model, caplog, monkeypatch):
+    """A transformers whose decoding loop fused_generate does not mirror: generate's own
+    loop, the same tokens as without custom_generate, and a warning."""
+    monkeypatch.setattr(hf, "_loop_matches", lambda version: False)
+    prompt = torch.randint(0, VOCAB, (2, 5))
+    settings = dict(do_sample=True, temperature=0.7, top_k=0, max_new_tokens=4, pad_token_id=0)
+    torch.manual_seed(3)
+    expected = model.generate(prompt, **settings)
+    counters.clear()
+    torch.manual_seed(3)
+    with caplog.at_level("WARNING", logger="flashsampling_inductor"):
+        got = model.generate(prompt, custom_generate=fused_generate, **settings)
+    assert not counters["flashsampling"]
+    assert "nothing fused" in caplog.text
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
