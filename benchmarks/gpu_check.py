@@ -117,7 +117,7 @@ def print_summary(per_file: dict[str, Counter]) -> Counter:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--timeout", type=float, default=300, help="seconds (default 300)")
+    parser.add_argument("--timeout", type=float, default=540, help="seconds (default 540)")
     parser.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     args = parser.parse_args()
 
