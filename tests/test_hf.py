@@ -30,12 +30,11 @@ def _fresh_compile():
         yield
 
 
-@pytest.fixture(scope="module")
-def model():
+def _small_llama(vocab: int, dim: int):
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
+        vocab_size=vocab,
+        hidden_size=dim,
+        intermediate_size=2 * dim,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -43,6 +42,11 @@ def model():
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _small_llama(VOCAB, 32)
 
 
 def test_greedy_equals_generate(model):
@@ -163,17 +167,7 @@ def test_sampling_on_cuda():
     from .test_graph_pass import _top_tokens_chi_square_p
 
     vocab = 32_000
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to("cuda").eval()
+    model = _small_llama(vocab, 256).to("cuda")
     with torch.no_grad():
         # Logits with a spread of ~2: the likeliest tokens get 0.5-1.5% of the draws each.
         model.lm_head.weight.mul_(6)
