@@ -4,7 +4,9 @@ A small decoder-only transformer (written here, randomly initialised) samples a 
 with three sampling idioms as public code writes them. Each step is compiled with
 ``backend="flashsampling"``: the LM-head matmul and the sampling after it become one fused
 call that never writes the [batch, vocab] logits. The script prints which idioms were
-rewritten, the tokens drawn and, on a GPU, the time per step against stock Inductor.
+rewritten, the tokens drawn and, on a GPU, the time per step against stock Inductor. With
+transformers installed, a random Llama then samples through Hugging Face ``generate`` with
+``custom_generate=fused_generate``.
 
     python demo.py
 """
@@ -178,5 +180,48 @@ def main() -> None:
             )
 
 
+@torch.no_grad()
+def hf_generate() -> None:
+    """The same through Hugging Face ``generate``, when transformers is installed (4.57 is
+    fused; other versions run their own loop, with a warning)."""
+    try:
+        import transformers
+
+        from flashsampling_inductor.hf import fused_generate
+    except ImportError:
+        print("\nHugging Face generate: transformers is not installed, skipped")
+        return
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=DIM,
+        intermediate_size=4 * DIM,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(DEVICE, DTYPE).eval()
+    prompt = torch.randint(0, VOCAB, (BATCH, CONTEXT), device=DEVICE)
+    torch._dynamo.reset()
+    counters.clear()
+    start = time.perf_counter()
+    out = model.generate(
+        prompt,
+        do_sample=True,
+        temperature=0.8,
+        top_k=0,
+        max_new_tokens=NEW_TOKENS,
+        pad_token_id=0,
+        custom_generate=fused_generate,
+    )
+    seconds = time.perf_counter() - start
+    print(
+        f"\nHugging Face generate (random Llama, custom_generate=fused_generate): rewritten "
+        f"idioms {dict(counters['flashsampling']) or 'none'} (compile + run {seconds:.1f}s)"
+    )
+    print(f"  sampled tokens: {out[:, CONTEXT:].tolist()}")
+
+
 if __name__ == "__main__":
     main()
+    hf_generate()
