@@ -4,9 +4,9 @@
 the logits processors, outside anything compiled), so the pass never sees an LM head and its
 sampling in one graph. ``fused_generate`` is a drop-in decoding loop for transformers'
 ``custom_generate`` hook (transformers 4.57; other versions run their own loop unfused, with
-a warning): the same loop as ``generate``'s own, except
-that each step's forward and its token choice are one function compiled with
-``backend="flashsampling"``, so the logits of the step are never written::
+a warning): the same loop as ``generate``'s own, except that each step's forward and its
+token choice are one function compiled with ``backend="flashsampling"``, so the logits of the
+step are never written::
 
     from flashsampling_inductor.hf import fused_generate
 
@@ -79,8 +79,6 @@ def fused_generate(
             f"fused_generate runs sampling and greedy search, not {mode.name.lower()}; "
             "call generate without custom_generate for it"
         )
-    greedy = not generation_config.do_sample
-    temperature, why_not = _fusable(model, logits_processor, generation_config, synced_gpus)
     if not _loop_matches(transformers.__version__):
         # The loop below follows 4.57's _sample and its helpers; 5.x restructured them.
         log.warning(
@@ -88,9 +86,11 @@ def fused_generate(
             " %s's; generate runs transformers' own loop (nothing fused)",
             transformers.__version__,
         )
-        why_not = why_not or "unsupported transformers version"
-    elif why_not:
-        log.info("flashsampling: generate runs transformers' own loop: %s", why_not)
+        why_not = "unsupported transformers version"
+    else:
+        temperature, why_not = _fusable(model, logits_processor, generation_config, synced_gpus)
+        if why_not:
+            log.info("flashsampling: generate runs transformers' own loop: %s", why_not)
     if why_not:
         return GenerationMixin._sample(
             model,
@@ -103,6 +103,7 @@ def fused_generate(
             **model_kwargs,
         )
 
+    greedy = not generation_config.do_sample
     pad_token_id = generation_config._pad_token_tensor
     has_eos_stopping_criteria = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     batch_size, cur_len = input_ids.shape[:2]

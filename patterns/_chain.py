@@ -328,7 +328,8 @@ def _lm_head(matmul, bias, row_ops, temperature, per_row, half_dtypes) -> LMHead
         if bias_val.shape != (vocab_size,) or bias_val.dtype not in SUPPORTED_DTYPES:
             raise NoMatch(f"the bias is {tuple(bias_val.shape)} {bias_val.dtype}, not [V]")
     t = val(temperature)
-    if isinstance(t, torch.Tensor) and t.device != hidden_val.device and t.dim() > 0:
+    cpu_scalar = isinstance(t, torch.Tensor) and t.dim() == 0 and t.device.type == "cpu"
+    if isinstance(t, torch.Tensor) and t.device != hidden_val.device and not cpu_scalar:
         # A 0-d CPU tensor is a scalar to a CUDA op (how Dynamo passes a dynamic float).
         raise NoMatch("the temperature lives on another device than the logits")
     half_dtypes.add(val(matmul).dtype)
