@@ -27,8 +27,6 @@ import logging
 
 import torch
 
-from . import backend  # noqa: F401  (registers backend="flashsampling")
-
 __all__ = ["fused_generate"]
 
 log = logging.getLogger("flashsampling_inductor")
