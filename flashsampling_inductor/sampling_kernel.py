@@ -49,20 +49,27 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _mul_wide(a, b, FAST: tl.constexpr):
-    """High and low 32 bits of the uint32 product a * b."""
+def _mul_wide(a, MULTIPLIER: tl.constexpr, FAST: tl.constexpr):
+    """High and low 32 bits of the uint32 product a * MULTIPLIER (a Philox round constant)."""
     if FAST:
         # One wide multiply (IMAD.WIDE.U32) instead of separate high and low ones. The noise
         # is bound by instruction issue (alone it runs at ~80% of an H200 SM's issue rate),
         # and Philox is mostly these multiplies: with the division below, 28% fewer noise
-        # instructions (benchmarks/kernel_sass.py).
-        return tl.inline_asm_elementwise(
-            "{ .reg .b64 p; mul.wide.u32 p, $2, $3; mov.b64 {$1, $0}, p; }",
-            "=r,=r,r,r", [a, tl.full(a.shape, b, tl.uint32)], dtype=(tl.uint32, tl.uint32),
-            is_pure=True, pack=1,
-        )  # fmt: skip
+        # instructions (benchmarks/kernel_sass.py). The constant is an immediate operand, so
+        # no tensor is built here and the Gluon kernel (hopper_kernel.py) can call this too.
+        if MULTIPLIER == PHILOX_ROUND_A:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xD2511F53; mov.b64 {$1, $0}, p; }",
+                "=r,=r,r", [a], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            tl.static_assert(MULTIPLIER == PHILOX_ROUND_B)
+            return tl.inline_asm_elementwise(
+                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xCD9E8D57; mov.b64 {$1, $0}, p; }",
+                "=r,=r,r", [a], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+            )  # fmt: skip
     else:
-        return tl.umulhi(a, b), a * b
+        return tl.umulhi(a, MULTIPLIER), a * MULTIPLIER
 
 
 @triton.jit
@@ -124,8 +131,7 @@ def _bits_to_log2_gumbel(bits, FAST_MATH: tl.constexpr):
     t = _fast_divide(small, 2.0 - small, FAST_MATH)
     t2 = t * t
     # -log2(1 - s) = t * (2 / ln 2) * (1 + t2 / 3 + t2**2 / 5 + ...), Horner from the top.
-    series = tl.full(t2.shape, ATANH_LOG2_6, tl.float32)
-    series = series * t2 + ATANH_LOG2_5
+    series = t2 * ATANH_LOG2_6 + ATANH_LOG2_5
     series = series * t2 + ATANH_LOG2_4
     series = series * t2 + ATANH_LOG2_3
     series = series * t2 + ATANH_LOG2_2
@@ -401,6 +407,9 @@ class SampleConfig:
     tma: bool = False  # tiles through the copy engine (TMA descriptors) where the layout allows
     programs_per_sm: int = 0  # > 0: a persistent grid of this many programs per SM
     epilogue_chunks: int = 1  # noise and argmax over 1, 2 or 4 vocabulary chunks in turn
+    # > 0: on Hopper, stage 1 is the warp-specialized Gluon kernel (hopper_kernel.py) with
+    # this many rows (64 or 128) per tile; calls it cannot run take the Triton kernel above.
+    warp_specialized_rows: int = 0
 
 
 def default_config(batch: int, hidden_size: int, device: torch.device) -> SampleConfig:
@@ -412,14 +421,25 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
     if batch <= 32:
         # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
+    # From 33 to 128 rows on Hopper, the warp-specialized kernel: its loader warp keeps the
+    # copies going while a consumer warpgroup draws noise (1-9% under the Triton kernel on
+    # an H200, benchmarks/results/warp_specialized_h200_20261121.txt).
+    hopper_rows = 64 if batch <= 128 and _is_hopper(device) else 0
     if batch <= 64:
-        return SampleConfig(64, 128, 64, swap_ab=False, num_stages=4)
+        return SampleConfig(
+            64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
+        )
     if batch > 128 and hidden_size >= 4096:
         # Long reductions: wider vocabulary tiles feed the MMAs better than a second program
         # per SM overlaps the noise (1-5% on H100 and H200; b256_tiles_and_host_h200_*).
         return SampleConfig(
             128, 256, 64, swap_ab=False, num_warps=8, num_stages=3,
             tma=True, programs_per_sm=1, epilogue_chunks=4,
+        )  # fmt: skip
+    if batch <= 128 and hopper_rows:
+        return SampleConfig(
+            128, 128, 64, swap_ab=False, num_warps=8, num_stages=3, maxnreg=128,
+            tma=True, programs_per_sm=2, epilogue_chunks=4, warp_specialized_rows=hopper_rows,
         )  # fmt: skip
     # Compute-bound from here: the copy engine feeds the MMAs (TMA), a persistent grid of two
     # programs per SM (registers capped at 128) lets one program's noise overlap the other's
@@ -448,6 +468,11 @@ def _tma_compatible(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
         and t.data_ptr() % 16 == 0
         for t in (hidden, weight)
     )
+
+
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @functools.cache
@@ -501,6 +526,15 @@ def triton_fused_sample(
     if config.tma and _tma_compatible(hidden, weight):
         hidden_desc = TensorDescriptor.from_tensor(hidden, [config.block_b, config.block_d])
         weight_desc = TensorDescriptor.from_tensor(weight, [config.block_v, config.block_d])
+    temperature_mode = _temperature_mode(temperature, scalar_temperature)
+    seed_mode = 0 if seed is None else (1 if seed.dim() == 0 else 2)
+    from . import hopper_kernel  # imports this module's noise helpers
+
+    if config.warp_specialized_rows and hopper_kernel.supported(hidden, weight):
+        return _hopper_fused_sample(
+            hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64, num_samples,
+            logits_dtype, config, out, temperature_mode, seed_mode,
+        )  # fmt: skip
     num_tiles = triton.cdiv(batch, config.block_b) * num_v_tiles
     grid = num_tiles
     if config.programs_per_sm:
@@ -516,8 +550,8 @@ def triton_fused_sample(
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
             scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples,
             HAS_BIAS=bias is not None,
-            TEMPERATURE_MODE=_temperature_mode(temperature, scalar_temperature),
-            SEED_MODE=0 if seed is None else (1 if seed.dim() == 0 else 2),
+            TEMPERATURE_MODE=temperature_mode,
+            SEED_MODE=seed_mode,
             LOGITS_DTYPE=None if logits_dtype is None else _TL_DTYPES[logits_dtype],
             DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
             SWAP_AB=config.swap_ab,
@@ -530,11 +564,41 @@ def triton_fused_sample(
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )  # fmt: skip
-        _sample_stage2[(batch * num_samples,)](
-            cand_score,
-            cand_index,
-            out,
-            num_v_tiles,
-            BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
-        )
+        _launch_stage2(cand_score, cand_index, out)
+    return out
+
+
+def _launch_stage2(cand_score: torch.Tensor, cand_index: torch.Tensor, out: torch.Tensor) -> None:
+    batch, num_samples, num_v_tiles = cand_score.shape
+    _sample_stage2[(batch * num_samples,)](
+        cand_score,
+        cand_index,
+        out,
+        num_v_tiles,
+        BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
+    )
+
+
+def _hopper_fused_sample(
+    hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64, num_samples,
+    logits_dtype, config, out, temperature_mode, seed_mode,
+):  # fmt: skip
+    """Both stages with stage 1 in the warp-specialized Gluon kernel, which writes one
+    candidate per half of its hopper_kernel.BLOCK_V-wide tiles."""
+    from . import hopper_kernel
+
+    batch = hidden.shape[0]
+    num_v_tiles = 2 * triton.cdiv(weight.shape[0], hopper_kernel.BLOCK_V)  # half tiles
+    cand_score = torch.empty(
+        (batch, num_samples, num_v_tiles), dtype=torch.float32, device=hidden.device
+    )
+    cand_index = torch.empty_like(cand_score, dtype=torch.int32)
+    with torch.cuda.device(hidden.device):
+        hopper_kernel.launch_stage1(
+            hidden, weight, bias, temperature, scalar_temperature, seed,
+            seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, logits_dtype,
+            cand_score, cand_index, config.warp_specialized_rows, _num_sms(hidden.device),
+            temperature_mode, seed_mode,
+        )  # fmt: skip
+        _launch_stage2(cand_score, cand_index, out)
     return out

@@ -1,0 +1,433 @@
+"""Stage 1 of the fused sampler for Hopper at batches of 64 and up: warp-specialized, in Gluon.
+
+Why a second kernel. In ``sampling_kernel._sample_stage1`` each program computes a tile's
+logits and then draws the tile's noise; while it draws noise it issues no loads, and a
+second program per SM cannot keep enough bytes in flight to cover it (measurements in
+benchmarks/results/). From B = 64 up that costs 5-40% over cuBLAS. Here the roles are split
+inside one program per SM, as CUTLASS's "ping-pong" schedule does:
+
+* one loader warp only issues TMA copies of hidden and weight tiles into a ring of
+  shared-memory stages, so the copies never wait for the arithmetic;
+* two consumer warpgroups take the tiles in turn. While one runs a tile's MMAs (wgmma), the
+  other draws the noise of its previous tile. An mbarrier pair (``turn``) makes their main
+  loops alternate strictly: the tensor cores serve one tile at a time, and each consumer
+  waits on a ring stage only after the other has consumed the stage's previous fill, so no
+  wait on the shared ring can mistake an old phase for a new one.
+
+The result is the same as ``_sample_stage1``'s: per (row, sample, vocabulary tile) the best
+perturbed fp32 score and its global index, with the same noise stream (the shared Philox and
+Gumbel helpers), so stage 2 and every token are unchanged. Gluon needs a GPU (there is no
+interpreter), so the CPU tests run the Triton kernel and the GPU tests compare the two.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .sampling_kernel import LN2, _bits_to_log2_gumbel, _philox4x32
+
+try:  # Gluon is experimental: its API moves between Triton releases (written for 3.6).
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - depends on the Triton build
+    AVAILABLE = False
+
+__all__ = ["AVAILABLE", "launch_stage1", "supported"]
+
+# Tile of one consumer: BLOCK_B rows x BLOCK_V vocabulary entries, as two accumulators of
+# BLOCK_V / 2 columns so that the noise is drawn half a tile at a time (a whole tile's noise
+# next to its logits would not fit in registers).
+BLOCK_V = 128
+BLOCK_D = 64
+# Ring depth by batch tile: as many stages as fit next to the two staging buffers in the
+# 227 KB of shared memory (24 KB and 32 KB a stage); the copies in flight cover HBM latency.
+STAGES = {64: 8, 128: 5}
+CONSUMER_REGISTERS = 232
+LOADER_REGISTERS = 40
+
+
+def supported(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether this kernel can run the call: Gluon present, a Hopper GPU, 16-bit tensors that
+    TMA can read (unit inner stride, 16-byte aligned rows)."""
+    if not (AVAILABLE and hidden.is_cuda and weight.is_cuda):
+        return False
+    if torch.cuda.get_device_capability(hidden.device) != (9, 0):
+        return False
+    return all(
+        t.dtype in (torch.bfloat16, torch.float16)
+        and t.dtype == hidden.dtype
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        for t in (hidden, weight)
+    )
+
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _load_tiles(h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D,
+                    STAGES: gl.constexpr):  # fmt: skip
+        """The loader warp: every tile of this program, in order, stage by stage."""
+        BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
+        BLOCK_D: gl.constexpr = h_desc.block_type.shape[1]
+        BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
+        num_b_tiles = gl.cdiv(B, BLOCK_B)
+        num_tiles = num_b_tiles * gl.cdiv(V, BLOCK_V)
+        k_steps = gl.cdiv(D, BLOCK_D)
+        it = 0
+        for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+            b_start = (tile % num_b_tiles) * BLOCK_B
+            v_start = (tile // num_b_tiles) * BLOCK_V
+            for k in range(k_steps):
+                stage = it % STAGES
+                # Wait until the consumer of the stage's previous fill has released it (the
+                # first pass over the ring finds every stage free).
+                mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(
+                    ready.index(stage), h_desc.block_type.nbytes + w_desc.block_type.nbytes
+                )
+                tma.async_copy_global_to_shared(
+                    h_desc, [b_start, k * BLOCK_D], ready.index(stage), h_bufs.index(stage)
+                )
+                tma.async_copy_global_to_shared(
+                    w_desc, [v_start, k * BLOCK_D], ready.index(stage), w_bufs.index(stage)
+                )
+                it += 1
+
+    @gluon.jit
+    def _staged_words(staging, chunk, BLOCK_B: gl.constexpr, CHUNK_Q: gl.constexpr):
+        """The staged logits of one chunk as four [BLOCK_B, CHUNK_Q] tensors: word w holds the
+        columns 4 * quad + w, the tokens whose noise is word w of the quad's Philox output.
+        Each thread loads whole quads, so splitting them into words moves no data."""
+        layout: gl.constexpr = gl.BlockedLayout(
+            [1, 1, 2, 2], [32 // CHUNK_Q, CHUNK_Q, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0]
+        )
+        quads = staging.index(chunk).reshape([BLOCK_B, CHUNK_Q, 2, 2]).load(layout)
+        even, odd = gl.split(quads)
+        w0, w2 = gl.split(even)
+        w1, w3 = gl.split(odd)
+        return w0, w1, w2, w3
+
+    @gluon.jit
+    def _best_of_staged(staging, quad_start, b_start, V, bias_ptr, noise_scale,
+                        sample_index, k0, k1,
+                        HAS_BIAS: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
+                        GREEDY: gl.constexpr, EVEN_V: gl.constexpr, PER_ROW_SEED: gl.constexpr,
+                        BLOCK_B: gl.constexpr, NUM_CHUNKS: gl.constexpr,
+                        CHUNK_Q: gl.constexpr):  # fmt: skip
+        """Per row, the best perturbed score of the staged logits (vocab indices
+        4 * quad_start + 0..4 * NUM_CHUNKS * CHUNK_Q - 1) and its global index.
+
+        The chunks go by in a loop that is not unrolled: one copy of the noise code, which
+        keeps the instruction cache warm. NaN counts as -inf, columns past V never win, and
+        ties go to the lowest index.
+        """
+        QUAD_LAYOUT: gl.constexpr = _staged_words(staging, 0, BLOCK_B, CHUNK_Q)[0].type.layout
+        rows = b_start + gl.arange(0, BLOCK_B, gl.SliceLayout(1, QUAD_LAYOUT))
+        noise_scale = gl.convert_layout(noise_scale, gl.SliceLayout(1, QUAD_LAYOUT))[:, None]
+        if PER_ROW_SEED:
+            k0 = gl.convert_layout(k0, gl.SliceLayout(1, QUAD_LAYOUT))[:, None]
+            k1 = gl.convert_layout(k1, gl.SliceLayout(1, QUAD_LAYOUT))[:, None]
+            # Per-row seeds leave the row out of the counter (as in _sample_stage1).
+            row_counter = gl.zeros([BLOCK_B, 1], gl.uint32, QUAD_LAYOUT)
+        else:
+            row_counter = rows.to(gl.uint32)[:, None]
+        best = gl.full([BLOCK_B, CHUNK_Q], float("-inf"), gl.float32, QUAD_LAYOUT)
+        # A row of NaN reports the first column, as the Triton kernel's argmax does.
+        best_index = gl.full([BLOCK_B, CHUNK_Q], 4 * quad_start, gl.int32, QUAD_LAYOUT)
+        for chunk in range(NUM_CHUNKS):
+            col_quads = (
+                quad_start
+                + chunk * CHUNK_Q
+                + gl.arange(0, CHUNK_Q, gl.SliceLayout(0, QUAD_LAYOUT))[None, :]
+            )
+            words = _staged_words(staging, chunk, BLOCK_B, CHUNK_Q)
+            if not GREEDY:
+                # One Philox evaluation per (row, quad): the counter layout of reference.py.
+                # c0 and c2 start narrow, so the first round's products are computed once
+                # per column and once per chunk.
+                bits = _philox4x32(
+                    col_quads.to(gl.uint32), row_counter,
+                    gl.full([1, 1], sample_index, gl.uint32, QUAD_LAYOUT),
+                    gl.zeros([1, 1], gl.uint32, QUAD_LAYOUT), k0, k1, True,
+                )  # fmt: skip
+            for w in gl.static_range(4):
+                cols = 4 * col_quads + w
+                scores = words[w]
+                if HAS_BIAS:
+                    scores += gl.load(bias_ptr + cols, mask=cols < V, other=0.0).to(gl.float32)
+                if LOGITS_DTYPE is not None:
+                    scores = scores.to(LOGITS_DTYPE).to(gl.float32)
+                if not GREEDY:
+                    scores += noise_scale * _bits_to_log2_gumbel(bits[w], True)
+                keep = scores == scores
+                if not EVEN_V:
+                    keep = keep & (cols < V)
+                scores = gl.where(keep, scores, float("-inf"))
+                # Strictly better only: on a tie the earlier chunk or word, the lower index.
+                better = scores > best
+                best = gl.where(better, scores, best)
+                best_index = gl.where(better, cols, best_index)
+        row_best = gl.max(best, axis=1)
+        index = gl.min(gl.where(best == row_best[:, None], best_index, 2147483647), axis=1)
+        return row_best, index
+
+    @gluon.jit
+    def _consume_tiles(
+        parity, h_bufs, w_bufs, ready, empty, turn, staging,
+        bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
+        HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
+        LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
+    ):  # fmt: skip
+        """One consumer warpgroup: the program's tiles number parity, parity + 2, ..."""
+        BLOCK_B: gl.constexpr = h_bufs.shape[1]
+        BLOCK_D: gl.constexpr = h_bufs.shape[2]
+        BLOCK_V: gl.constexpr = w_bufs.shape[1]
+        HALF_V: gl.constexpr = BLOCK_V // 2
+        NUM_CHUNKS: gl.constexpr = staging.shape[0]
+        CHUNK_V: gl.constexpr = staging.shape[2]
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_V, 16]
+        )
+        row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+
+        num_b_tiles = gl.cdiv(B, BLOCK_B)
+        num_v_tiles = gl.cdiv(V, BLOCK_V)
+        num_tiles = num_b_tiles * num_v_tiles
+        k_steps = gl.cdiv(D, BLOCK_D)
+        num_programs = gl.num_programs(0)
+        n = 0
+        for tile in range(gl.program_id(0) + parity * num_programs, num_tiles, 2 * num_programs):
+            # This is the program's tile number j = 2n + parity. Its main loop starts when the
+            # other consumer's main loop of tile j - 1 has issued its last MMA.
+            j = 2 * n + parity
+            mbarrier.wait(turn.index(parity), (n + parity + 1) & 1, pred=j > 0)
+            it = j * k_steps
+            acc_lo = gl.zeros([BLOCK_B, HALF_V], gl.float32, acc_layout)
+            acc_hi = gl.zeros([BLOCK_B, HALF_V], gl.float32, acc_layout)
+            for k in range(k_steps):
+                stage = it % STAGES
+                mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+                h = h_bufs.index(stage)
+                w = w_bufs.index(stage)
+                acc_lo = warpgroup_mma(h, w.slice(0, HALF_V).permute((1, 0)), acc_lo,
+                                       is_async=True)  # fmt: skip
+                acc_hi = warpgroup_mma(h, w.slice(HALF_V, HALF_V).permute((1, 0)), acc_hi,
+                                       is_async=True)  # fmt: skip
+                # Only this step's two MMAs may still run: the previous stage is free.
+                acc_lo, acc_hi = warpgroup_mma_wait(2, deps=(acc_lo, acc_hi))
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+                it += 1
+            mbarrier.arrive(turn.index(1 - parity))
+            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+
+            # The epilogue, while the other consumer runs its MMAs.
+            b_start = (tile % num_b_tiles) * BLOCK_B
+            pid_v = tile // num_b_tiles
+            rows = b_start + gl.arange(0, BLOCK_B, row_layout)
+            row_mask = rows < B
+            if TEMPERATURE_MODE == 0:
+                noise_scale = gl.full([BLOCK_B], scalar_temperature * LN2, gl.float32, row_layout)
+            elif TEMPERATURE_MODE == 1:
+                noise_scale = gl.full([BLOCK_B], gl.load(temperature_ptr) * LN2, gl.float32,
+                                      row_layout)  # fmt: skip
+            elif TEMPERATURE_MODE == 2:
+                noise_scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
+            else:
+                noise_scale = gl.zeros([BLOCK_B], gl.float32, row_layout)  # unused: greedy
+            # One key for the whole batch where the seed is shared: per-row keys would make the
+            # compiler keep every row's ten round keys in registers.
+            if SEED_MODE == 0:
+                k0 = seed_lo.to(gl.uint32)
+                k1 = seed_hi.to(gl.uint32)
+            else:
+                if SEED_MODE == 1:
+                    seed = gl.load(seed_ptr)
+                else:
+                    seed = gl.load(seed_ptr + rows, mask=row_mask, other=0)
+                k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
+                k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+            for half in range(2):
+                # Each half of the tile goes through shared memory once, so that the noise
+                # side reads whole quads of tokens in its own layout.
+                gl.thread_barrier()  # the previous half's readers are done
+                logits = gl.where(half == 0, acc_lo, acc_hi)
+                if NUM_CHUNKS == 1:
+                    staging.index(0).store(logits)
+                else:
+                    gl.static_assert(NUM_CHUNKS == 2)
+                    left, right = gl.split(
+                        gl.permute(gl.reshape(logits, [BLOCK_B, 2, CHUNK_V]), (0, 2, 1))
+                    )
+                    staging.index(0).store(left)
+                    staging.index(1).store(right)
+                gl.thread_barrier()
+                # Candidates are per half tile: cand_* are [B, num_samples, V / HALF_V].
+                cand_tile = 2 * pid_v + half
+                for sample_index in range(num_samples):
+                    best, index = _best_of_staged(
+                        staging, (pid_v * BLOCK_V + half * HALF_V) // 4, b_start, V, bias_ptr,
+                        noise_scale, sample_index, k0, k1,
+                        HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,
+                        BLOCK_B, NUM_CHUNKS, CHUNK_V // 4,
+                    )  # fmt: skip
+                    best = gl.convert_layout(best, row_layout)
+                    index = gl.convert_layout(index, row_layout)
+                    out = (rows * num_samples + sample_index) * (2 * num_v_tiles) + cand_tile
+                    gl.store(cand_score_ptr + out, best, mask=row_mask)
+                    gl.store(cand_index_ptr + out, index, mask=row_mask)
+            n += 1
+
+    # A scalar seed or temperature equal to 1 must not become a compile-time constant.
+    @gluon.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi"])
+    def _hopper_stage1(
+        h_desc, w_desc, bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
+        HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
+        LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
+        CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    ):  # fmt: skip
+        h_bufs = gl.allocate_shared_memory(
+            h_desc.dtype, [STAGES] + h_desc.block_type.shape, h_desc.layout
+        )
+        w_bufs = gl.allocate_shared_memory(
+            w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
+        )
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        # Per consumer, half a tile of logits on its way to the noise side (fp32, no swizzle).
+        # Chunks of 4096 logits: eight rows of Philox evaluations per thread.
+        CHUNK_V: gl.constexpr = 4096 // h_desc.block_type.shape[0]
+        NUM_CHUNKS: gl.constexpr = w_desc.block_type.shape[0] // 2 // CHUNK_V
+        staging_shape: gl.constexpr = [NUM_CHUNKS, h_desc.block_type.shape[0], CHUNK_V]
+        staging_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        staging0 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
+        staging1 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        # Tuples cannot be concatenated inside a kernel: each partition's arguments in full.
+        gl.warp_specialize(
+            [
+                (
+                    _consume_tiles,
+                    (  # the default partition: the kernel's 4 warps
+                        0,
+                        h_bufs,
+                        w_bufs,
+                        ready,
+                        empty,
+                        turn,
+                        staging0,
+                        bias_ptr,
+                        temperature_ptr,
+                        seed_ptr,
+                        cand_score_ptr,
+                        cand_index_ptr,
+                        B,
+                        V,
+                        D,
+                        scalar_temperature,
+                        seed_lo,
+                        seed_hi,
+                        num_samples,
+                        HAS_BIAS,
+                        TEMPERATURE_MODE,
+                        SEED_MODE,
+                        LOGITS_DTYPE,
+                        EVEN_V,
+                        STAGES,
+                    ),
+                ),
+                (
+                    _consume_tiles,
+                    (
+                        1,
+                        h_bufs,
+                        w_bufs,
+                        ready,
+                        empty,
+                        turn,
+                        staging1,
+                        bias_ptr,
+                        temperature_ptr,
+                        seed_ptr,
+                        cand_score_ptr,
+                        cand_index_ptr,
+                        B,
+                        V,
+                        D,
+                        scalar_temperature,
+                        seed_lo,
+                        seed_hi,
+                        num_samples,
+                        HAS_BIAS,
+                        TEMPERATURE_MODE,
+                        SEED_MODE,
+                        LOGITS_DTYPE,
+                        EVEN_V,
+                        STAGES,
+                    ),
+                ),
+                (_load_tiles, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, STAGES)),
+            ],
+            [4, 1],
+            [CONSUMER_REGISTERS, LOADER_REGISTERS],
+        )
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+        for i in gl.static_range(2):
+            mbarrier.invalidate(turn.index(i))
+
+
+_GL_DTYPES = {}
+if AVAILABLE:
+    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def launch_stage1(
+    hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
+    num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
+    temperature_mode, seed_mode,
+):  # fmt: skip
+    """Run stage 1 on a persistent grid of one program per SM; arguments as in
+    ``sampling_kernel.triton_fused_sample``, which calls this and then stage 2."""
+    batch, hidden_size = hidden.shape
+    vocab_size = weight.shape[0]
+    dtype = _GL_DTYPES[hidden.dtype]
+    h_layout = gl.NVMMASharedLayout.get_default_for([block_b, BLOCK_D], dtype)
+    w_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_V, BLOCK_D], dtype)
+    h_desc = TensorDescriptor.from_tensor(hidden, [block_b, BLOCK_D], h_layout)
+    w_desc = TensorDescriptor.from_tensor(weight, [BLOCK_V, BLOCK_D], w_layout)
+    num_tiles = triton.cdiv(batch, block_b) * triton.cdiv(vocab_size, BLOCK_V)
+    _hopper_stage1[(min(num_tiles, num_sms),)](
+        h_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
+        batch, vocab_size, hidden_size, scalar_temperature, seed_lo, seed_hi, num_samples,
+        HAS_BIAS=bias is not None,
+        TEMPERATURE_MODE=temperature_mode,
+        SEED_MODE=seed_mode,
+        # Rounding fp32 logits to fp32 changes nothing.
+        LOGITS_DTYPE=_GL_DTYPES.get(logits_dtype),
+        EVEN_V=vocab_size % BLOCK_V == 0,
+        STAGES=STAGES[block_b],
+        CONSUMER_REGISTERS=CONSUMER_REGISTERS,
+        LOADER_REGISTERS=LOADER_REGISTERS,
+        num_warps=4,
+    )  # fmt: skip
