@@ -1,4 +1,6 @@
-"""Stage 1 of the fused sampler for Hopper at batches of 64 and up: warp-specialized, in Gluon.
+"""Stage 1 of the fused sampler for Hopper, warp-specialized, in Gluon (opt-in for now).
+
+Used from 33 to 128 rows when ``FLASHSAMPLING_WARP_SPECIALIZED=1`` (``default_config``).
 
 Why a second kernel. In ``sampling_kernel._sample_stage1`` each program computes a tile's
 logits and then draws the tile's noise; while it draws noise it issues no loads, and a
@@ -21,6 +23,8 @@ interpreter), so the CPU tests run the Triton kernel and the GPU tests compare t
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -402,6 +406,12 @@ if AVAILABLE:
     _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
+@functools.cache
+def _shared_layout(rows: int, dtype: torch.dtype):
+    """The swizzled shared-memory layout of a [rows, BLOCK_D] TMA tile (built once)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, BLOCK_D], _GL_DTYPES[dtype])
+
+
 def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
@@ -411,9 +421,8 @@ def launch_stage1(
     ``sampling_kernel.triton_fused_sample``, which calls this and then stage 2."""
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
-    dtype = _GL_DTYPES[hidden.dtype]
-    h_layout = gl.NVMMASharedLayout.get_default_for([block_b, BLOCK_D], dtype)
-    w_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_V, BLOCK_D], dtype)
+    h_layout = _shared_layout(block_b, hidden.dtype)
+    w_layout = _shared_layout(BLOCK_V, hidden.dtype)
     h_desc = TensorDescriptor.from_tensor(hidden, [block_b, BLOCK_D], h_layout)
     w_desc = TensorDescriptor.from_tensor(weight, [BLOCK_V, BLOCK_D], w_layout)
     num_tiles = triton.cdiv(batch, block_b) * triton.cdiv(vocab_size, BLOCK_V)

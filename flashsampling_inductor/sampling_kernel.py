@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 
 import torch
 import triton
@@ -28,6 +29,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 __all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
+
+_WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED") == "1"
 
 PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
 PHILOX_ROUND_B = tl.constexpr(0xCD9E8D57)
@@ -421,10 +424,12 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
     if batch <= 32:
         # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
-    # From 33 to 128 rows on Hopper, the warp-specialized kernel: its loader warp keeps the
-    # copies going while a consumer warpgroup draws noise (1-9% under the Triton kernel on
-    # an H200, benchmarks/results/warp_specialized_h200_20261121.txt).
-    hopper_rows = 64 if batch <= 128 and _is_hopper(device) else 0
+    # Opt-in (FLASHSAMPLING_WARP_SPECIALIZED=1), from 33 to 128 rows on Hopper: the
+    # warp-specialized kernel, whose loader warp keeps the copies going while a consumer
+    # warpgroup draws noise. On an H200 its GPU time is 1-9% under the Triton kernel's, but
+    # its launch from Python costs more host time than a D = 2048 matmul takes, so it is not
+    # the default yet (benchmarks/results/warp_specialized_h200_20261121.txt).
+    hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and _is_hopper(device) else 0
     if batch <= 64:
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
