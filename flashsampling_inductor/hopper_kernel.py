@@ -29,7 +29,13 @@ import functools
 import torch
 import triton
 
-from .sampling_kernel import LN2, _bits_to_log2_gumbel, _philox4x32
+from .sampling_kernel import (
+    LN2,
+    _bits_to_log2_gumbel,
+    _is_hopper,
+    _philox4x32,
+    _tma_compatible,
+)
 
 try:  # Gluon is experimental: its API moves between Triton releases (written for 3.6).
     from triton.experimental import gluon
@@ -61,19 +67,15 @@ LOADER_REGISTERS = 40
 
 
 def supported(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this kernel can run the call: Gluon present, a Hopper GPU, 16-bit tensors that
-    TMA can read (unit inner stride, 16-byte aligned rows)."""
-    if not (AVAILABLE and hidden.is_cuda and weight.is_cuda):
-        return False
-    if torch.cuda.get_device_capability(hidden.device) != (9, 0):
-        return False
-    return all(
-        t.dtype in (torch.bfloat16, torch.float16)
-        and t.dtype == hidden.dtype
-        and t.stride(1) == 1
-        and (t.stride(0) * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-        for t in (hidden, weight)
+    """Whether this kernel can run the call: Gluon present, a Hopper GPU, and tensors of one
+    16-bit dtype that TMA can read (the Triton kernel's TMA check)."""
+    return (
+        AVAILABLE
+        and hidden.is_cuda
+        and weight.is_cuda
+        and hidden.dtype == weight.dtype
+        and _is_hopper(hidden.device)
+        and _tma_compatible(hidden, weight)
     )
 
 

@@ -520,26 +520,27 @@ def triton_fused_sample(
             f"epilogue_chunks must be 1, 2 or 4 with block_v / epilogue_chunks >= 16, got"
             f" {config.epilogue_chunks} with block_v={config.block_v}"
         )
+    seed_u64 = scalar_seed % 2**64
+    temperature_mode = _temperature_mode(temperature, scalar_temperature)
+    seed_mode = 0 if seed is None else (1 if seed.dim() == 0 else 2)
+    if config.warp_specialized_rows:
+        from . import hopper_kernel  # imports this module's noise helpers
+
+        if hopper_kernel.supported(hidden, weight):
+            return _hopper_fused_sample(
+                hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64,
+                num_samples, logits_dtype, config, out, temperature_mode, seed_mode,
+            )  # fmt: skip
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
     # Per (row, sample, vocab tile): the tile's best score and index. Tiny next to [B, V].
     cand_score = torch.empty(
         (batch, num_samples, num_v_tiles), dtype=torch.float32, device=hidden.device
     )
     cand_index = torch.empty_like(cand_score, dtype=torch.int32)
-    seed_u64 = scalar_seed % 2**64
     hidden_desc = weight_desc = None
     if config.tma and _tma_compatible(hidden, weight):
         hidden_desc = TensorDescriptor.from_tensor(hidden, [config.block_b, config.block_d])
         weight_desc = TensorDescriptor.from_tensor(weight, [config.block_v, config.block_d])
-    temperature_mode = _temperature_mode(temperature, scalar_temperature)
-    seed_mode = 0 if seed is None else (1 if seed.dim() == 0 else 2)
-    from . import hopper_kernel  # imports this module's noise helpers
-
-    if config.warp_specialized_rows and hopper_kernel.supported(hidden, weight):
-        return _hopper_fused_sample(
-            hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64, num_samples,
-            logits_dtype, config, out, temperature_mode, seed_mode,
-        )  # fmt: skip
     num_tiles = triton.cdiv(batch, config.block_b) * num_v_tiles
     grid = num_tiles
     if config.programs_per_sm:

@@ -88,16 +88,20 @@ def gpu_case_arguments(case: GpuCase) -> dict:
     )
 
 
-@pytest.mark.parametrize("case", GPU_PATHWISE_CASES)
-def test_gpu_kernel_matches_reference_pathwise(case):
-    """Real-size kernel draws equal the reference's on the same seed, up to the documented
-    near-ties of ``assert_pathwise_equal`` (which reports how many)."""
+def assert_kernel_matches_reference(case: GpuCase) -> None:
     arguments = gpu_case_arguments(case)
     tokens = fused_sample(**arguments, impl="triton")
     expected = fused_sample(**arguments, impl="torch")
     checked = {k: v for k, v in arguments.items() if k != "num_samples"}
     near_ties = assert_pathwise_equal(tokens, expected, **checked)
     assert near_ties <= max(1, tokens.numel() // 100), near_ties
+
+
+@pytest.mark.parametrize("case", GPU_PATHWISE_CASES)
+def test_gpu_kernel_matches_reference_pathwise(case):
+    """Real-size kernel draws equal the reference's on the same seed, up to the documented
+    near-ties of ``assert_pathwise_equal`` (which reports how many)."""
+    assert_kernel_matches_reference(case)
 
 
 # The chi-square target: 300 head tokens spread over the vocabulary (every 506th from 7)
@@ -278,9 +282,4 @@ def test_gpu_warp_specialized_kernel_matches_reference_pathwise(case, block_b, m
 
     config = sampling_kernel.SampleConfig(64, 128, 64, warp_specialized_rows=block_b)
     monkeypatch.setattr(sampling_kernel, "default_config", lambda *args: config)
-    arguments = gpu_case_arguments(case)
-    tokens = fused_sample(**arguments, impl="triton")
-    expected = fused_sample(**arguments, impl="torch")
-    checked = {k: v for k, v in arguments.items() if k != "num_samples"}
-    near_ties = assert_pathwise_equal(tokens, expected, **checked)
-    assert near_ties <= max(1, tokens.numel() // 100), near_ties
+    assert_kernel_matches_reference(case)
