@@ -1,6 +1,7 @@
-"""Stage 1 of the fused sampler for Hopper, warp-specialized, in Gluon (opt-in for now).
+"""Stage 1 of the fused sampler for Hopper, warp-specialized, in Gluon.
 
-Used from 33 to 128 rows when ``FLASHSAMPLING_WARP_SPECIALIZED=1`` (``default_config``).
+``default_config`` uses it from 33 to 128 rows on sm_90 (``FLASHSAMPLING_WARP_SPECIALIZED=0``
+turns it off). Written for Triton 3.6's Gluon; it also compiles with 3.9's.
 
 Why a second kernel. In ``sampling_kernel._sample_stage1`` each program computes a tile's
 logits and then draws the tile's noise; while it draws noise it issues no loads, and a
@@ -25,6 +26,7 @@ interpreter), so the CPU tests run the Triton kernel and the GPU tests compare t
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import triton
@@ -48,11 +50,15 @@ try:  # Gluon is experimental: its API moves between Triton releases (written fo
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # Names that moved after Triton 3.6: the CTA-wide barrier (thread_barrier -> barrier)
+    # and the TMA load (async_copy_global_to_shared -> async_load).
+    _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the Triton build
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "launch_stage1", "supported"]
+__all__ = ["AVAILABLE", "disable", "launch_stage1", "supported"]
 
 # Tile of one consumer: BLOCK_B rows x BLOCK_V vocabulary entries, as two accumulators of
 # BLOCK_V / 2 columns so that the noise is drawn half a tile at a time (a whole tile's noise
@@ -66,11 +72,29 @@ CONSUMER_REGISTERS = 232
 LOADER_REGISTERS = 40
 
 
+_disabled_by: str | None = None  # why this process stopped using the kernel
+
+
+def disable(error: Exception) -> None:
+    """Stop using this kernel in this process, with one warning: the installed Triton's Gluon
+    could not compile it (its API moves between releases). The Triton kernel takes over."""
+    global _disabled_by
+    if _disabled_by is None:
+        _disabled_by = f"{type(error).__name__}: {error}".splitlines()[0]
+        warnings.warn(
+            f"flashsampling: the warp-specialized Hopper kernel does not compile with Triton"
+            f" {triton.__version__} ({_disabled_by}); using the Triton kernel instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def supported(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this kernel can run the call: Gluon present, a Hopper GPU, and tensors of one
-    16-bit dtype that TMA can read (the Triton kernel's TMA check)."""
+    """Whether this kernel can run the call: Gluon present and compiling, a Hopper GPU, and
+    tensors of one 16-bit dtype that TMA can read (the Triton kernel's TMA check)."""
     return (
         AVAILABLE
+        and _disabled_by is None
         and hidden.is_cuda
         and weight.is_cuda
         and hidden.dtype == weight.dtype
@@ -103,12 +127,8 @@ if AVAILABLE:
                 mbarrier.expect(
                     ready.index(stage), h_desc.block_type.nbytes + w_desc.block_type.nbytes
                 )
-                tma.async_copy_global_to_shared(
-                    h_desc, [b_start, k * BLOCK_D], ready.index(stage), h_bufs.index(stage)
-                )
-                tma.async_copy_global_to_shared(
-                    w_desc, [v_start, k * BLOCK_D], ready.index(stage), w_bufs.index(stage)
-                )
+                _tma_load(h_desc, [b_start, k * BLOCK_D], ready.index(stage), h_bufs.index(stage))
+                _tma_load(w_desc, [v_start, k * BLOCK_D], ready.index(stage), w_bufs.index(stage))
                 it += 1
 
     @gluon.jit
@@ -269,7 +289,7 @@ if AVAILABLE:
             for half in range(2):
                 # Each half of the tile goes through shared memory once, so that the noise
                 # side reads whole quads of tokens in its own layout.
-                gl.thread_barrier()  # the previous half's readers are done
+                _thread_barrier()  # the previous half's readers are done
                 logits = gl.where(half == 0, acc_lo, acc_hi)
                 if NUM_CHUNKS == 1:
                     staging.index(0).store(logits)
@@ -280,7 +300,7 @@ if AVAILABLE:
                     )
                     staging.index(0).store(left)
                     staging.index(1).store(right)
-                gl.thread_barrier()
+                _thread_barrier()
                 # Candidates are per half tile: cand_* are [B, num_samples, V / HALF_V].
                 cand_tile = 2 * pid_v + half
                 for sample_index in range(num_samples):

@@ -26,11 +26,13 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 __all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
 
-_WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED") == "1"
+# FLASHSAMPLING_WARP_SPECIALIZED=0 keeps Hopper on the Triton kernel (default_config).
+_WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
 
 PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
 PHILOX_ROUND_B = tl.constexpr(0xCD9E8D57)
@@ -424,11 +426,11 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
     if batch <= 32:
         # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
-    # Opt-in (FLASHSAMPLING_WARP_SPECIALIZED=1), from 33 to 128 rows on Hopper: the
-    # warp-specialized kernel, whose loader warp keeps the copies going while a consumer
-    # warpgroup draws noise. On an H200 its GPU time is 1-9% under the Triton kernel's, but
-    # its launch from Python costs more host time than a D = 2048 matmul takes, so it is not
-    # the default yet (benchmarks/results/warp_specialized_h200_20261121.txt).
+    # From 33 to 128 rows on Hopper: the warp-specialized kernel, whose loader warp keeps
+    # the copies going while a consumer warpgroup draws noise; 1-10% under the Triton
+    # kernel's time on an H200 (benchmarks/results/warp_specialized_h200_20261121.txt).
+    # 64-row tiles up to 128 rows too: 128-row ones are no faster there and spill with
+    # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
     hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and _is_hopper(device) else 0
     if batch <= 64:
         return SampleConfig(
@@ -527,10 +529,13 @@ def triton_fused_sample(
         from . import hopper_kernel  # imports this module's noise helpers
 
         if hopper_kernel.supported(hidden, weight):
-            return _hopper_fused_sample(
-                hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64,
-                num_samples, logits_dtype, config, out, temperature_mode, seed_mode,
-            )  # fmt: skip
+            try:
+                return _hopper_fused_sample(
+                    hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64,
+                    num_samples, logits_dtype, config, out, temperature_mode, seed_mode,
+                )  # fmt: skip
+            except CompilationError as error:  # raised before anything is launched
+                hopper_kernel.disable(error)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
     # Per (row, sample, vocab tile): the tile's best score and index. Tiny next to [B, V].
     cand_score = torch.empty(

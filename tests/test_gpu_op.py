@@ -275,11 +275,14 @@ def _warp_specialized_runs() -> bool:
 @pytest.mark.parametrize("block_b", [64, 128])  # rows per tile
 @pytest.mark.parametrize("case", GPU_PATHWISE_CASES[2:])
 def test_gpu_warp_specialized_kernel_matches_reference_pathwise(case, block_b, monkeypatch):
-    """The opt-in Gluon stage 1 (hopper_kernel.py) draws the reference's tokens too: the same
-    noise stream, per-half-tile candidates, bias, row temperatures and seeds, several samples,
-    rounded logits (fp32 and strided inputs fall back to the Triton kernel)."""
-    from flashsampling_inductor import sampling_kernel
+    """The Gluon stage 1 (hopper_kernel.py, the default from 33 to 128 rows on Hopper) draws
+    the reference's tokens too: the same noise stream, per-half-tile candidates, bias, row
+    temperatures and seeds, several samples, rounded logits (fp32 and strided inputs fall
+    back to the Triton kernel). It must also have compiled: a compile error would make it
+    hand over to the Triton kernel, whose tokens are the same."""
+    from flashsampling_inductor import hopper_kernel, sampling_kernel
 
     config = sampling_kernel.SampleConfig(64, 128, 64, warp_specialized_rows=block_b)
     monkeypatch.setattr(sampling_kernel, "default_config", lambda *args: config)
     assert_kernel_matches_reference(case)
+    assert hopper_kernel._disabled_by is None
