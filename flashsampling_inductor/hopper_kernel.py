@@ -80,7 +80,11 @@ def disable(error: Exception) -> None:
     could not compile it (its API moves between releases). The Triton kernel takes over."""
     global _disabled_by
     if _disabled_by is None:
-        _disabled_by = f"{type(error).__name__}: {error}".splitlines()[0]
+        # The cause is innermost; Gluon wraps it once per call level, with source excerpts.
+        while error.__cause__ is not None:
+            error = error.__cause__
+        lines = [line for line in str(error).splitlines() if line.strip()] or [""]
+        _disabled_by = f"{type(error).__name__}: {lines[-1].strip()}"
         warnings.warn(
             f"flashsampling: the warp-specialized Hopper kernel does not compile with Triton"
             f" {triton.__version__} ({_disabled_by}); using the Triton kernel instead",

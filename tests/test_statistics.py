@@ -343,3 +343,33 @@ def test_bad_epilogue_chunks_is_a_clear_error():
             None,
             SampleConfig(16, 32, 32, epilogue_chunks=4),
         )
+
+
+def test_gluon_compile_error_hands_over_to_the_triton_kernel_once(monkeypatch):
+    """A Triton whose Gluon cannot compile the warp-specialized kernel (its API moves between
+    releases) gets the Triton kernel's tokens and one warning, and no second attempt."""
+    from triton.compiler.errors import CompilationError
+
+    from flashsampling_inductor import hopper_kernel, sampling_kernel
+
+    attempts = []
+
+    def no_such_builtin(*args):
+        attempts.append(1)
+        raise CompilationError(None, None, "gl has no attribute 'some_builtin'")
+
+    monkeypatch.setattr(hopper_kernel, "_disabled_by", None)
+    # As on a Hopper GPU: supported() until the kernel is disabled.
+    monkeypatch.setattr(
+        hopper_kernel, "supported", lambda *args: hopper_kernel._disabled_by is None
+    )
+    monkeypatch.setattr(sampling_kernel, "_hopper_fused_sample", no_such_builtin)
+    hidden, weight = make_exact_problem(5, 300, 64)
+    config = SampleConfig(64, 128, 64, swap_ab=False, warp_specialized_rows=64)
+    expected = fused_sample(hidden, weight, seed=11, num_samples=2, impl="torch")
+    with pytest.warns(RuntimeWarning, match="warp-specialized Hopper kernel does not compile"):
+        first = triton_fused_sample(hidden, weight, None, None, 1.0, None, 11, 2, None, config)
+    second = triton_fused_sample(hidden, weight, None, None, 1.0, None, 11, 2, None, config)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert len(attempts) == 1
+    assert "some_builtin" in hopper_kernel._disabled_by
