@@ -1,0 +1,144 @@
+"""Power, SM clock and energy per call of the fused sampler and cuBLAS under sustained load.
+
+Why this exists. From B = 128 up, an H200 runs every provider, cuBLAS's matmul included, at
+its 700 W power limit, with the SM clock pulled down to whatever fits under it (the driver's
+"SW power cap" reason). There a call's time is its energy over the limit, so the fused op's
+ratio to the matmul is the ratio of their energies: the matmul's work plus the noise's (a
+Philox evaluation per four tokens and a logarithm per token) against the matmul's alone.
+``fused_greedy`` is the same kernel at T = 0, which draws no noise: fused minus fused_greedy
+is what the noise costs, in time and in millijoules.
+
+For each shape, batch size and provider: the do_bench median (as bench_sampling.py), then
+``--seconds`` of back-to-back calls while ``nvidia-smi`` samples power and SM clock every
+100 ms; energy per call = mean power x wall time per call of that loop. Prints a table and
+writes ``power_draw_<gpu>_<date>.csv`` into ``--out-dir``.
+
+    python benchmarks/power_draw.py              # D = 2048 and 4096, B = 64, 128, 256: ~2 min
+    python benchmarks/power_draw.py --shapes 8192x128256 --batches 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import functools
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a plain checkout, as bench_sampling.py
+
+from benchmarks.bench_sampling import parse_ints, parse_shapes, slug  # noqa: E402
+
+PROVIDERS = ("matmul", "fused", "fused_greedy")
+COLUMNS = (
+    "gpu", "torch", "triton", "date", "D", "V", "B", "provider", "median_us", "loop_us",
+    "power_w", "power_limit_w", "sm_mhz", "max_sm_mhz", "reasons", "energy_mj",
+    "time_ratio_to_matmul", "energy_ratio_to_matmul",
+)  # fmt: skip
+SMI_FIELDS = "power.draw,clocks.sm,clocks_event_reasons.active"
+
+
+def step(provider: str, weight: torch.Tensor):
+    from flashsampling_inductor import fused_sample
+
+    if provider == "matmul":
+        return lambda hidden: hidden @ weight.T
+    temperature = 0.0 if provider == "fused_greedy" else 1.0
+    return lambda hidden: fused_sample(hidden, weight, temperature=temperature)
+
+
+def smi(query: str) -> list[str]:
+    line = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [field.strip() for field in line.strip().split(",")]
+
+
+def sustained(fn, seconds: float) -> tuple[float, list[list[str]]]:
+    """Wall time per call over ``seconds`` of back-to-back calls, and nvidia-smi's samples
+    from that loop (the first half second left out: the clock settles)."""
+    sampler = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
+         "-i", "0", "-lms", "100"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    start = time.monotonic()
+    calls = 0
+    while time.monotonic() - start < seconds:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        calls += 20
+    elapsed = time.monotonic() - start
+    sampler.terminate()
+    lines = sampler.communicate()[0].strip().splitlines()
+    samples = [[f.strip() for f in line.split(",")] for line in lines]
+    samples = [s for s in samples if len(s) == 3][5:-1]  # settled, and not the loop's end
+    return elapsed / calls * 1e6, samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=parse_shapes, default=((2048, 151936), (4096, 151936)))
+    parser.add_argument("--batches", type=parse_ints, default=(64, 128, 256))
+    parser.add_argument("--seconds", type=float, default=2.5)
+    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure", flush=True)
+        return 2
+    import triton
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    gpu = torch.cuda.get_device_name()
+    meta = (gpu, torch.__version__, triton.__version__, now.strftime("%Y-%m-%d %H:%M UTC"))
+    power_limit, max_clock = smi("power.limit,clocks.max.sm")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"power_draw_{slug(gpu)}_{now.strftime('%Y%m%d-%H%M')}.csv"
+    print(f"{meta}, power limit {power_limit} W, max SM clock {max_clock} MHz\nwriting {path}")
+    print(f"{'D':>5} {'B':>4} {'provider':<13} {'us':>7} {'loop us':>8} {'W':>6} {'MHz':>5}"
+          f" {'mJ':>6} {'t/mm':>5} {'E/mm':>5}  reasons")  # fmt: skip
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(COLUMNS)
+        for dim, vocab in args.shapes:
+            weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
+            for batch in args.batches:
+                hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
+                base = None
+                for provider in PROVIDERS:
+                    call = functools.partial(step(provider, weight), hidden)
+                    call()  # compile
+                    median = triton.testing.do_bench(call, return_mode="median")
+                    loop_us, samples = sustained(call, args.seconds)
+                    power = statistics.fmean(float(s[0]) for s in samples)
+                    clock = statistics.median(float(s[1]) for s in samples)
+                    reasons = "|".join(sorted({s[2] for s in samples}))
+                    energy = power * loop_us * 1e-3  # W x us = uJ; in mJ
+                    base = base or (median * 1e3, energy)
+                    row = (
+                        *meta, dim, vocab, batch, provider, f"{median * 1e3:.2f}",
+                        f"{loop_us:.2f}", f"{power:.1f}", power_limit, f"{clock:.0f}",
+                        max_clock, reasons, f"{energy:.2f}",
+                        f"{median * 1e3 / base[0]:.4f}", f"{energy / base[1]:.4f}",
+                    )  # fmt: skip
+                    writer.writerow(row)
+                    file.flush()
+                    print(f"{dim:>5} {batch:>4} {provider:<13} {median * 1e3:7.1f} {loop_us:8.1f}"
+                          f" {power:6.1f} {clock:5.0f} {energy:6.1f} {row[-2][:5]:>5}"
+                          f" {row[-1][:5]:>5}  {reasons}", flush=True)  # fmt: skip
+            del weight
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
