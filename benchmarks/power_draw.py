@@ -10,8 +10,10 @@ is what the noise costs, in time and in millijoules.
 
 For each shape, batch size and provider: the do_bench median (as bench_sampling.py), then
 ``--seconds`` of back-to-back calls while ``nvidia-smi`` samples power and SM clock every
-100 ms; energy per call = mean power x wall time per call of that loop. Prints a table and
-writes ``power_draw_<gpu>_<date>.csv`` into ``--out-dir``.
+100 ms; energy per call = mean power x wall time per call of that loop. nvidia-smi's power
+reading trails the load by about a second (a 1 s loop read 500-560 W where 2 s loops read
+690-697 W on the same H200), so keep ``--seconds`` at 2 or more. Prints a table and writes
+``power_draw_<gpu>_<date>.csv`` into ``--out-dir``.
 
     python benchmarks/power_draw.py              # D = 2048 and 4096, B = 64, 128, 256: ~2 min
     python benchmarks/power_draw.py --shapes 8192x128256 --batches 128
@@ -85,6 +87,24 @@ def sustained(fn, seconds: float) -> tuple[float, list[list[str]]]:
     return elapsed / calls * 1e6, samples
 
 
+def summarize(samples: list[list[str]]) -> tuple[float, float, str]:
+    """Mean power (W), median SM clock (MHz) and the throttle reasons seen; NaN where
+    nvidia-smi gave no readable sample (a loop too short, or "[N/A]" fields)."""
+    readings = []
+    for power, clock, reason in samples:
+        try:
+            readings.append((float(power), float(clock), reason))
+        except ValueError:
+            continue
+    if not readings:
+        return float("nan"), float("nan"), "no samples"
+    return (
+        statistics.fmean(r[0] for r in readings),
+        statistics.median(r[1] for r in readings),
+        "|".join(sorted({r[2] for r in readings})),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shapes, default=((2048, 151936), (4096, 151936)))
@@ -119,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                     call()  # compile
                     median = triton.testing.do_bench(call, return_mode="median")
                     loop_us, samples = sustained(call, args.seconds)
-                    power = statistics.fmean(float(s[0]) for s in samples)
-                    clock = statistics.median(float(s[1]) for s in samples)
-                    reasons = "|".join(sorted({s[2] for s in samples}))
+                    power, clock, reasons = summarize(samples)
                     energy = power * loop_us * 1e-3  # W x us = uJ; in mJ
                     base = base or (median * 1e3, energy)
                     row = (
