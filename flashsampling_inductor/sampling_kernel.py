@@ -537,11 +537,7 @@ def triton_fused_sample(
             except CompilationError as error:  # raised before anything is launched
                 hopper_kernel.disable(error)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
-    # Per (row, sample, vocab tile): the tile's best score and index. Tiny next to [B, V].
-    cand_score = torch.empty(
-        (batch, num_samples, num_v_tiles), dtype=torch.float32, device=hidden.device
-    )
-    cand_index = torch.empty_like(cand_score, dtype=torch.int32)
+    cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
     hidden_desc = weight_desc = None
     if config.tma and _tma_compatible(hidden, weight):
         hidden_desc = TensorDescriptor.from_tensor(hidden, [config.block_b, config.block_d])
@@ -579,6 +575,15 @@ def triton_fused_sample(
     return out
 
 
+def _candidates(
+    batch: int, num_samples: int, num_v_tiles: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's output: per (row, sample, vocab tile) the tile's best score (fp32) and its
+    index. Tiny next to [B, V]."""
+    score = torch.empty((batch, num_samples, num_v_tiles), dtype=torch.float32, device=device)
+    return score, torch.empty_like(score, dtype=torch.int32)
+
+
 def _launch_stage2(cand_score: torch.Tensor, cand_index: torch.Tensor, out: torch.Tensor) -> None:
     batch, num_samples, num_v_tiles = cand_score.shape
     _sample_stage2[(batch * num_samples,)](
@@ -600,10 +605,7 @@ def _hopper_fused_sample(
 
     batch = hidden.shape[0]
     num_v_tiles = 2 * triton.cdiv(weight.shape[0], hopper_kernel.BLOCK_V)  # half tiles
-    cand_score = torch.empty(
-        (batch, num_samples, num_v_tiles), dtype=torch.float32, device=hidden.device
-    )
-    cand_index = torch.empty_like(cand_score, dtype=torch.int32)
+    cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
     with torch.cuda.device(hidden.device):
         hopper_kernel.launch_stage1(
             hidden, weight, bias, temperature, scalar_temperature, seed,
