@@ -6,5 +6,6 @@ is stock Inductor plus one graph pass that rewrites sampling idioms into calls o
 
 from .backend import flashsampling_backend
 from .op import fused_sample
+from .tp import tp_fused_sample
 
-__all__ = ["flashsampling_backend", "fused_sample"]
+__all__ = ["flashsampling_backend", "fused_sample", "tp_fused_sample"]

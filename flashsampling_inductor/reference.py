@@ -31,6 +31,7 @@ __all__ = [
     "bits_to_log2_gumbel",
     "gumbel_noise",
     "philox4x32",
+    "reference_candidates",
     "reference_fused_sample",
 ]
 
@@ -111,18 +112,23 @@ def gumbel_noise(
     row_counter: torch.Tensor,
     sample_index: int,
     vocab_size: int,
+    vocab_start: int = 0,
 ) -> torch.Tensor:
-    """Base-2 Gumbel noise [B, V] fp32 (``bits_to_log2_gumbel``) for one sample index.
+    """Base-2 Gumbel noise [B, vocab_size] fp32 (``bits_to_log2_gumbel``) for one sample
+    index, of the vocabulary indices ``vocab_start .. vocab_start + vocab_size - 1`` (a
+    tensor-parallel shard draws the noise of its global indices).
 
     seed_lo, seed_hi and row_counter are [B] int64.
     """
     device = row_counter.device
-    quad = torch.arange((vocab_size + 3) // 4, device=device, dtype=torch.int64)[None, :]
+    first_quad, stop = vocab_start // 4, vocab_start + vocab_size
+    quad = torch.arange(first_quad, (stop + 3) // 4, device=device, dtype=torch.int64)[None, :]
     k0, k1, rc = seed_lo[:, None], seed_hi[:, None], row_counter[:, None]
     zero = torch.zeros_like(quad)
     words = torch.broadcast_tensors(*philox4x32(quad, rc, zero + sample_index, zero, k0, k1))
     # Word w of quad q is the bits of token 4 * q + w.
-    bits = torch.stack(words, dim=-1).flatten(1)[:, :vocab_size]
+    skip = vocab_start - 4 * first_quad
+    bits = torch.stack(words, dim=-1).flatten(1)[:, skip : skip + vocab_size]
     return bits_to_log2_gumbel(bits)
 
 
@@ -148,6 +154,31 @@ def reference_fused_sample(
     ``logits + T * gumbel`` (up to a per-row constant), the same argmax as
     ``logits / T + gumbel`` for T > 0 and plain argmax for T = 0; NaN scores count as -inf.
     """
+    return reference_candidates(
+        hidden, weight, bias, temperature, seed, per_row_seed, num_samples, logits_dtype
+    )[1]
+
+
+def reference_candidates(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    per_row_seed: bool,
+    num_samples: int,
+    logits_dtype: torch.dtype | None = None,
+    vocab_start: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row and sample, the best perturbed score [B, num_samples] fp32 and its vocabulary
+    index [B, num_samples] int64, ties to the lowest index; arguments as in
+    ``reference_fused_sample``.
+
+    ``weight`` [V', D] holds the vocabulary rows ``vocab_start .. vocab_start + V' - 1`` (a
+    tensor-parallel shard; ``bias`` [V'] the same rows): the noise and the returned indices
+    are those of the global vocabulary, so the best of all shards' candidates is the token
+    the whole vocabulary draws.
+    """
     batch = hidden.shape[0]
     vocab_size = weight.shape[0]
     logits = hidden.float() @ weight.float().T
@@ -160,10 +191,12 @@ def reference_fused_sample(
         row_counter = torch.zeros(batch, dtype=torch.int64, device=hidden.device)
     else:
         row_counter = torch.arange(batch, dtype=torch.int64, device=hidden.device)
-    samples = []
+    best_scores, best_indices = [], []
     for sample_index in range(num_samples):
-        noise = gumbel_noise(seed_lo, seed_hi, row_counter, sample_index, vocab_size)
+        noise = gumbel_noise(seed_lo, seed_hi, row_counter, sample_index, vocab_size, vocab_start)
         scores = logits + (temperature * LN2)[:, None] * noise
         scores = scores.masked_fill(scores.isnan(), float("-inf"))
-        samples.append(scores.argmax(dim=-1))
-    return torch.stack(samples, dim=-1)
+        index = scores.argmax(dim=-1, keepdim=True)
+        best_scores.append(scores.gather(-1, index))
+        best_indices.append(index + vocab_start)
+    return torch.cat(best_scores, dim=-1), torch.cat(best_indices, dim=-1)

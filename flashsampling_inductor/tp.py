@@ -1,0 +1,245 @@
+"""Tensor-parallel sampling: ``tp_fused_sample`` over a vocabulary-sharded LM head.
+
+Each rank holds rows ``vocab_start .. vocab_start + V_r - 1`` of the LM-head weight. It
+computes, for its shard only, every row's best perturbed score and its GLOBAL vocabulary
+index (the noise is keyed on the global index, so it is the noise ``fused_sample`` draws
+for that token over the whole vocabulary), exchanges these few candidates with its peers
+(``exchange.py``: symmetric memory on CUDA, an all-gather of the candidates elsewhere) and
+keeps the best, ties to the lowest global index. Every rank returns the same tokens, and
+they are the tokens ``fused_sample`` draws over the full vocabulary with the same seed,
+whatever the number of ranks and however the vocabulary is cut (up to the near-ties the
+README documents). The [B, V] logits are never gathered.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+from .exchange import (
+    HEADER,
+    NO_INDEX,
+    gather_messages,
+    pack_message,
+    reduce_messages,
+    resolve_group,
+    symmetric_exchange,
+    use_symmetric_memory,
+)
+from .op import IMPLS, SUPPORTED_DTYPES, _check_tensors, _normalize_seed, _normalize_temperature
+from .reference import reference_candidates
+
+__all__ = ["tp_fused_sample"]
+
+# Consecutive seeds of the shared stream are this far apart (the 64-bit golden ratio), so
+# the Philox keys of nearby steps differ in many bits.
+_SEED_STRIDE = 0x9E3779B97F4A7C15 - 2**64
+
+
+def tp_fused_sample(
+    hidden: torch.Tensor,
+    weight_shard: torch.Tensor,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    group: dist.ProcessGroup | str | None = None,
+    bias_shard: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    num_samples: int = 1,
+    seed: int | torch.Tensor | None = None,
+    logits_dtype: torch.dtype | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Sample from ``softmax((hidden @ W.T + bias) / temperature)`` with W sharded by
+    vocabulary rows over the ranks of ``group``; every rank returns the same tokens.
+
+    Args:
+        hidden: [B, D], the same on every rank (the replicated input of the LM head).
+        weight_shard: [V_r, D], this rank's rows of W: global vocabulary indices
+            ``vocab_start .. vocab_start + V_r - 1``. Rows at or past ``vocab_size`` are
+            padding (vLLM and Megatron pad the vocabulary to a multiple of the ranks) and
+            are never drawn. Shards may differ in size (V % P != 0).
+        vocab_start: the global index of the shard's first row.
+        vocab_size: V, the real (unpadded) vocabulary size, the same on every rank.
+        group: the tensor-parallel process group (or its name); None is the default group.
+        bias_shard: optional [V_r], the shard's rows of the bias.
+        temperature, num_samples, logits_dtype, impl: as in ``fused_sample``.
+        seed: int, 0-d or [B] int64 tensor, the same on every rank: the tokens are then
+            those ``fused_sample`` draws with that seed. None: each call takes the next seed
+            of a stream all ranks share without communicating: a device counter, the same
+            on every rank, offsets a base seed that group rank 0 draws from its default
+            generator at the group's first call and broadcasts once
+            (``torch.manual_seed`` on rank 0 before that call fixes the stream). No host
+            sync, and a CUDA graph that captured the call draws fresh tokens per replay.
+
+    Returns:
+        [B, num_samples] int64 global token ids in [0, vocab_size), equal on every rank.
+        The call fails with an error naming the rank when a rank does not arrive in time
+        (``FLASHSAMPLING_TP_TIMEOUT_MS`` for symmetric memory, the process group's timeout
+        for collectives) or arrives with another batch size, number of samples, vocabulary
+        size, seed or a shard that does not fit the others'.
+    """
+    _check_tensors(hidden, weight_shard, bias_shard)
+    for name, value in (("vocab_start", vocab_start), ("vocab_size", vocab_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if vocab_size < 1 or vocab_size >= 2**31:
+        raise ValueError(f"vocab_size must be in [1, 2**31), got {vocab_size}")
+    if not 0 <= vocab_start <= vocab_size:
+        raise ValueError(
+            f"vocab_start must be in [0, vocab_size = {vocab_size}], got {vocab_start}"
+        )
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
+    group_name = _group_name(group)
+    temperature_tensor, scalar_temperature = _normalize_temperature(temperature, hidden)
+    seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
+    if hidden.shape[0] == 0:
+        return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
+    return torch.ops.flashsampling.tp_fused_sample(
+        hidden,
+        weight_shard,
+        bias_shard,
+        temperature_tensor,
+        scalar_temperature,
+        seed_tensor,
+        scalar_seed,
+        num_samples,
+        logits_dtype,
+        impl,
+        vocab_start,
+        vocab_size,
+        group_name,
+        seed is None,
+    )
+
+
+def _group_name(group: dist.ProcessGroup | str | None) -> str:
+    if isinstance(group, str):
+        return group
+    if group is None:
+        group = dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup, its name or None, got {type(group)}")
+    return group.group_name
+
+
+def _tp_fused_sample_impl(
+    hidden: torch.Tensor,
+    weight_shard: torch.Tensor,
+    bias_shard: torch.Tensor | None,
+    temperature: torch.Tensor | None,
+    scalar_temperature: float,
+    seed: torch.Tensor | None,
+    scalar_seed: int,
+    num_samples: int,
+    logits_dtype: torch.dtype | None,
+    impl: str,
+    vocab_start: int,
+    vocab_size: int,
+    group_name: str,
+    shared_seed: bool,
+) -> torch.Tensor:
+    """The custom op behind ``tp_fused_sample``; arguments are already validated.
+
+    ``shared_seed``: draw the seed from the group's shared stream (``seed`` is then None).
+    """
+    device, batch = hidden.device, hidden.shape[0]
+    if shared_seed:
+        seed = _seed_stream(group_name, device).next()
+    if seed is None:
+        seed = torch.full((), scalar_seed, dtype=torch.int64, device=device)
+    stop = min(vocab_start + weight_shard.shape[0], vocab_size)
+    score, index = _shard_candidates(
+        hidden,
+        weight_shard[: stop - vocab_start],
+        None if bias_shard is None else bias_shard[: stop - vocab_start],
+        temperature,
+        scalar_temperature,
+        seed,
+        num_samples,
+        logits_dtype,
+        impl,
+        vocab_start,
+    )
+    # The seed travels in the header: ranks seeded apart would draw wrong tokens.
+    seed_key = seed.sum() if seed.dim() else seed
+    fields = _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device)
+    header = torch.cat([fields[:3], seed_key.view(1), fields[3:]])
+    message = pack_message(score, index, header)
+    where = f"group {group_name}"
+    if use_symmetric_memory(group_name, device):
+        messages = symmetric_exchange(group_name, device).exchange(message)
+    else:
+        messages = gather_messages(message, group_name)
+    return reduce_messages(messages, header, batch, num_samples, where)
+
+
+@functools.cache
+def _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device) -> torch.Tensor:
+    """The header's fields other than the seed, made once per shape (no copy per call)."""
+    assert HEADER == ("batch", "num_samples", "vocab_size", "seed", "shard_start", "shard_stop")
+    return torch.tensor(
+        [batch, num_samples, vocab_size, vocab_start, stop], dtype=torch.int64, device=device
+    )
+
+
+def _shard_candidates(
+    hidden, weight, bias, temperature, scalar_temperature, seed, num_samples, logits_dtype,
+    impl, vocab_start,
+):  # fmt: skip
+    """Per row and sample, the shard's best score [B, S] fp32 and its global index [B, S]."""
+    batch = hidden.shape[0]
+    if weight.shape[0] == 0:  # a shard of padding rows only
+        score = torch.full((batch, num_samples), float("-inf"), device=hidden.device)
+        return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
+    if temperature is None:
+        temperature = torch.full((batch,), scalar_temperature, device=hidden.device)
+    return reference_candidates(
+        hidden,
+        weight,
+        bias,
+        temperature.float().expand(batch),
+        seed.expand(batch),
+        seed.dim() == 1,
+        num_samples,
+        logits_dtype,
+        vocab_start,
+    )
+
+
+class _SeedStream:
+    """Seeds equal on every rank without per-step communication: ``base + n * stride`` at
+    the group's n-th call, with ``base`` broadcast from group rank 0 once."""
+
+    def __init__(self, group_name: str, device: torch.device) -> None:
+        group = resolve_group(group_name)
+        self.base = torch.randint(0, 2**62, (), dtype=torch.int64, device=device)
+        dist.broadcast(self.base, src=dist.get_global_rank(group, 0), group=group)
+        self.calls = torch.zeros((), dtype=torch.int64, device=device)
+
+    def next(self) -> torch.Tensor:
+        seed = self.base + self.calls * _SEED_STRIDE
+        self.calls.add_(1)
+        return seed
+
+
+@functools.cache
+def _seed_stream(group_name: str, device: torch.device) -> _SeedStream:
+    return _SeedStream(group_name, device)
+
+
+_tp_op = torch.library.custom_op(
+    "flashsampling::tp_fused_sample", _tp_fused_sample_impl, mutates_args=()
+)
+
+
+@_tp_op.register_fake
+def _(hidden, weight_shard, bias_shard, temperature, scalar_temperature, seed, scalar_seed, n, *_):
+    return hidden.new_empty((hidden.shape[0], n), dtype=torch.int64)

@@ -1,0 +1,276 @@
+"""Tensor-parallel sampling on the CPU: gloo process groups of 2, 3 and 4 spawned ranks.
+
+The contract: on one seed, every rank returns the tokens ``fused_sample`` draws over the
+whole vocabulary (pathwise, up to the near-ties ``assert_pathwise_equal`` allows), however
+the vocabulary is cut: even, uneven (V % P != 0) and padded shards, per-row temperatures
+with greedy rows, per-row seeds, a bias with masked tokens, several samples, bf16 logits.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+from scipy import stats
+
+from flashsampling_inductor import fused_sample, tp_fused_sample
+from flashsampling_inductor.exchange import HEADER, pack_message, reduce_messages
+from flashsampling_inductor.tp import _shard_candidates
+
+from .sampling_oracle import ALPHA, assert_pathwise_equal, make_problem
+from .tp_ranks import run_ranks
+
+PAD_LOGIT = 1e4  # padding rows would win every draw if they were ever sampled
+
+
+def shard_bounds(vocab_size: int, world_size: int, layout: str) -> list[tuple[int, int]]:
+    """[start, stop) of every rank's weight rows (stop may pass V: padding rows)."""
+    if layout == "chunk":  # torch.chunk / DTensor Shard(0): ceil(V / P), the last shorter
+        size = -(-vocab_size // world_size)
+    else:  # "padded": vLLM / Megatron pad V to a multiple of 8 P, every shard one size
+        size = -(-vocab_size // (8 * world_size)) * 8
+        return [(r * size, (r + 1) * size) for r in range(world_size)]
+    return [(min(r * size, vocab_size), min((r + 1) * size, vocab_size)) for r in range(world_size)]
+
+
+CASES = {
+    "plain": dict(batch=5, vocab_size=1000, hidden_size=24, kwargs=dict(seed=3)),
+    "per_row": dict(
+        batch=6,
+        vocab_size=1001,
+        hidden_size=17,
+        kwargs=dict(
+            seed=torch.tensor([5, -1, 2**62, 7, 7, 0]),
+            temperature=torch.tensor([1.0, 0.0, 0.5, 2.0, 0.0, 1.3]),
+            num_samples=3,
+        ),
+    ),
+    "bias_bf16": dict(
+        batch=3,
+        vocab_size=997,
+        hidden_size=32,
+        dtype=torch.bfloat16,
+        bias=True,
+        kwargs=dict(seed=11, temperature=0.7, logits_dtype=torch.bfloat16, num_samples=2),
+    ),
+    "greedy": dict(batch=4, vocab_size=1000, hidden_size=8, kwargs=dict(temperature=0.0)),
+}
+
+
+def build_case(case: dict):
+    """hidden [B, D], weight [V, D], bias [V] or None: the same on every rank."""
+    hidden, weight = make_problem(
+        case["batch"],
+        case["vocab_size"],
+        case["hidden_size"],
+        case.get("dtype", torch.float32),
+        device=torch.device("cpu"),
+    )
+    bias = None
+    if case.get("bias"):
+        bias = torch.randn(case["vocab_size"], generator=torch.Generator().manual_seed(1))
+        bias[::7] = float("-inf")  # masked tokens
+        bias = bias.to(weight.dtype)
+    return hidden, weight, bias
+
+
+def shard_of(weight, bias, start: int, stop: int):
+    """This rank's rows; rows past V are padding whose logits would win every draw."""
+    vocab_size, hidden_size = weight.shape
+    pad = max(0, stop - vocab_size)
+    weight_shard = weight[start:stop]
+    bias_shard = None if bias is None else bias[start:stop]
+    if pad:
+        padding = torch.full((pad, hidden_size), PAD_LOGIT, dtype=weight.dtype)
+        weight_shard = torch.cat([weight_shard, padding])
+        if bias is not None:
+            bias_shard = torch.cat([bias_shard, torch.full((pad,), PAD_LOGIT, dtype=bias.dtype)])
+    return weight_shard, bias_shard
+
+
+def _pathwise_worker(rank, world_size, layouts):
+    out = {}
+    for name, case in CASES.items():
+        hidden, weight, bias = build_case(case)
+        for layout in layouts:
+            start, stop = shard_bounds(case["vocab_size"], world_size, layout)[rank]
+            weight_shard, bias_shard = shard_of(weight, bias, start, stop)
+            out[name, layout] = tp_fused_sample(
+                hidden,
+                weight_shard,
+                bias_shard=bias_shard,
+                vocab_start=start,
+                vocab_size=case["vocab_size"],
+                **case["kwargs"],
+            )
+    return out
+
+
+def assert_same_as_tp1(per_rank: list[dict]) -> None:
+    for key in per_rank[0]:
+        name, _ = key
+        case = CASES[name]
+        hidden, weight, bias = build_case(case)
+        expected = fused_sample(hidden, weight, bias=bias, impl="torch", **case["kwargs"])
+        for rank, tokens in enumerate(per_rank):
+            assert torch.equal(tokens[key], per_rank[0][key]), (key, rank)
+        assert_pathwise_equal(
+            per_rank[0][key],
+            expected,
+            hidden,
+            weight,
+            bias=bias,
+            temperature=case["kwargs"].get("temperature", 1.0),
+            seed=case["kwargs"].get("seed", 0),
+            logits_dtype=case["kwargs"].get("logits_dtype"),
+        )
+
+
+@pytest.mark.parametrize(
+    "world_size, layouts",
+    [
+        pytest.param(2, ("chunk", "padded"), id="tp2"),
+        pytest.param(3, ("chunk", "padded"), id="tp3-uneven"),
+        pytest.param(4, ("chunk", "padded"), id="tp4"),
+    ],
+)
+def test_tp_draws_the_tokens_of_tp1(world_size, layouts):
+    assert_same_as_tp1(run_ranks(world_size, _pathwise_worker, layouts))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("layout", ["chunk", "padded"])
+def test_the_reduction_of_any_number_of_shards_is_the_full_draw(world_size, layout):
+    """One process plays every rank: the shards' messages, reduced, give TP = 1's tokens."""
+    for name, case in CASES.items():
+        hidden, weight, bias = build_case(case)
+        kwargs = case["kwargs"]
+        seed = kwargs.get("seed", 0)
+        seed = seed if isinstance(seed, torch.Tensor) else torch.tensor(seed)
+        temperature = torch.as_tensor(kwargs.get("temperature", 1.0)).float()
+        num_samples, vocab_size = kwargs.get("num_samples", 1), case["vocab_size"]
+        messages = []
+        for start, stop in shard_bounds(vocab_size, world_size, layout):
+            weight_shard, bias_shard = shard_of(weight, bias, start, stop)
+            stop = min(stop, vocab_size)
+            score, index = _shard_candidates(
+                hidden, weight_shard[: stop - start],
+                None if bias_shard is None else bias_shard[: stop - start],
+                temperature, 1.0, seed, num_samples, kwargs.get("logits_dtype"), "torch", start,
+            )  # fmt: skip
+            header = torch.tensor([case["batch"], num_samples, vocab_size, 0, start, stop])
+            messages.append(pack_message(score, index, header))
+        tokens = reduce_messages(
+            torch.stack(messages), messages[0][: len(HEADER)], case["batch"], num_samples, name
+        )
+        expected = fused_sample(hidden, weight, bias=bias, impl="torch", **kwargs)
+        assert torch.equal(tokens, expected), (name, tokens, expected)
+
+
+def _shared_seed_worker(rank, world_size):
+    torch.manual_seed(1000 + rank)  # ranks seeded apart: the op must agree anyway
+    hidden, weight = make_problem(8, 1000, 16, logit_std=0.1, device=torch.device("cpu"))
+    start, stop = shard_bounds(1000, world_size, "chunk")[rank]
+    return [
+        tp_fused_sample(hidden, weight[start:stop], vocab_start=start, vocab_size=1000)
+        for _ in range(3)
+    ]
+
+
+def _skewed_worker(rank, world_size, steps):
+    delay = random.Random(rank)
+    hidden, weight = make_problem(4, 1000, 16, device=torch.device("cpu"))
+    start, stop = shard_bounds(1000, world_size, "chunk")[rank]
+    tokens = []
+    for step in range(steps):
+        time.sleep(delay.random() * 0.02)
+        tokens.append(
+            tp_fused_sample(
+                hidden, weight[start:stop], vocab_start=start, vocab_size=1000, seed=step
+            )
+        )
+    return torch.stack(tokens)
+
+
+def _disagreeing_worker(rank, world_size):
+    """Rank 1 comes with another seed, then with a shard overlapping rank 0's."""
+    hidden, weight = make_problem(2, 100, 8, device=torch.device("cpu"))
+    errors = []
+    for seed, start in ((rank, 50 * rank), (0, 40 * rank)):
+        try:
+            tp_fused_sample(
+                hidden, weight[start : start + 50], vocab_start=start, vocab_size=100, seed=seed
+            )
+        except RuntimeError as error:
+            errors.append(str(error))
+    return errors
+
+
+def test_shared_seed_stream_needs_no_seeding_alike():
+    per_rank = run_ranks(2, _shared_seed_worker)
+    for step in range(3):
+        assert torch.equal(per_rank[0][step], per_rank[1][step])
+    # Fresh tokens per call (8 rows over 1000 near-uniform tokens: a repeat is ~1e-24).
+    assert not torch.equal(per_rank[0][0], per_rank[0][1])
+
+
+def test_skewed_ranks_agree_on_every_step():
+    steps = 20
+    per_rank = run_ranks(3, _skewed_worker, steps)
+    hidden, weight = make_problem(4, 1000, 16, device=torch.device("cpu"))
+    for step in range(steps):
+        expected = fused_sample(hidden, weight, seed=step, impl="torch")
+        for tokens in per_rank:
+            assert torch.equal(tokens[step], expected), step
+
+
+def test_ranks_that_disagree_fail_naming_them():
+    rank0, rank1 = run_ranks(2, _disagreeing_worker)
+    assert len(rank0) == len(rank1) == 2, (rank0, rank1)
+    assert "rank(s) [1] sampled something else" in rank0[0]
+    assert "rank(s) [0] sampled something else" in rank1[0]
+    assert "do not tile the vocabulary" in rank0[1] and "do not tile" in rank1[1]
+
+
+def _missing_rank_worker(rank, world_size, wait_s):
+    hidden, weight = make_problem(2, 100, 8, device=torch.device("cpu"))
+    if rank == 1:
+        time.sleep(wait_s)  # never calls
+        return None
+    try:
+        tp_fused_sample(hidden, weight[:50], vocab_start=0, vocab_size=100, seed=1)
+    except RuntimeError as error:
+        return str(error)
+    return "returned tokens"
+
+
+def test_a_missing_rank_fails_the_call_after_the_timeout():
+    rank0, _ = run_ranks(2, _missing_rank_worker, 6.0, timeout_s=2.0)
+    assert "a rank did not arrive" in rank0, rank0
+
+
+def _chi_square_worker(rank, world_size, logits):
+    vocab_size = logits.shape[1]
+    start, stop = shard_bounds(vocab_size, world_size, "chunk")[rank]
+    # hidden = I, weight = logits.T: the logits of every row are the given ones.
+    rows, samples = 400, 50
+    hidden = torch.eye(logits.shape[0]).repeat(rows, 1)
+    weight = logits.T.contiguous()
+    tokens = tp_fused_sample(
+        hidden, weight[start:stop], vocab_start=start, vocab_size=vocab_size,
+        temperature=0.8, num_samples=samples, seed=12345,
+    )  # fmt: skip
+    return tokens
+
+
+def test_tp_draws_follow_the_float64_softmax():
+    """20,000 draws at V = 30 over 3 ranks: chi-square (29 df) at level ALPHA = 1e-3 has
+    power > 0.99 against a 10% relative bias on half the mass (noncentrality 20000 * 0.01)."""
+    logits = torch.linspace(-2.0, 2.0, 30)[None, :]
+    tokens = run_ranks(3, _chi_square_worker, logits)[0]
+    counts = torch.bincount(tokens.flatten(), minlength=30).double()
+    probabilities = torch.softmax(logits[0].double() / 0.8, dim=0)
+    _, p_value = stats.chisquare(counts.numpy(), (probabilities * counts.sum()).numpy())
+    assert p_value > ALPHA, p_value
