@@ -1,9 +1,17 @@
 """The pattern catalog: one module per sampling idiom, all registered on ``PASS``.
 
-Each idiom module holds the idiom as users write it (``search``), the strict ``check`` that
-accepts a match, and its terminal op (``TARGET``); ``_chain.py`` holds what they share
-(the walk back to the LM head and the rewrite into one ``fused_sample`` call). Adding an
-idiom means adding a module here and to ``IDIOMS``.
+Two kinds of module:
+
+* terminal idioms (``IDIOMS``) hold the idiom as users write it (``search``), its example
+  inputs, the strict ``check`` that accepts a match and returns a ``SamplingMatch``, and
+  the terminal op it is anchored on (``TARGET``);
+* truncation masks (``MASKS``) hold the ``condition`` of a top-k / top-p mask on the
+  LM-head chain, which every terminal idiom reaches through ``match_lm_head``.
+
+What they share is split by concept: ``_walk.py`` (the walk and its predicates),
+``_lm_head.py`` (the chain back to the matmul), ``_tails.py`` (softmax, noise, argmax,
+multinomial), ``_truncation.py`` (the masks' shell) and ``_rewrite.py`` (the match result
+and the one fused-op call). Adding an idiom means adding a module here and to a tuple below.
 """
 
 from __future__ import annotations
@@ -12,14 +20,26 @@ import hashlib
 from pathlib import Path
 
 from . import exponential_race, greedy, gumbel, multinomial
-from ._chain import PASS, register
+from ._rewrite import PASS, SamplingMatch, SamplingSite, recording, register
+from ._truncation import CONDITIONS
 
-# The argmax idioms share their anchor: the noisy ones are tried before greedy.
+# Tried in this order on a shared anchor: the noisy argmax idioms before greedy.
 IDIOMS = (multinomial, exponential_race, gumbel, greedy)
-for _idiom in IDIOMS:
-    register(_idiom.IDIOM, _idiom.TARGET, _idiom.check)
+MASKS = ()
 
-__all__ = ["IDIOMS", "PASS", "source_hash"]
+for _idiom in IDIOMS:
+    register(_idiom.IDIOM, _idiom.TARGET, _idiom.check, sampling=_idiom is not greedy)
+CONDITIONS.extend(mask.condition for mask in MASKS)
+
+__all__ = [
+    "IDIOMS",
+    "MASKS",
+    "PASS",
+    "SamplingMatch",
+    "SamplingSite",
+    "recording",
+    "source_hash",
+]
 
 
 def source_hash() -> str:

@@ -11,17 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._chain import (
-    LMHead,
-    Walk,
-    argmax_keepdim,
-    is_call,
-    match_lm_head,
-    match_noise,
-    match_softmax,
-    strip_converts,
-    val,
-)
+from ._lm_head import match_lm_head
+from ._rewrite import SamplingMatch
+from ._tails import argmax_keepdim, match_noise, match_softmax
+from ._walk import Walk, is_call, strip_converts, val
 
 IDIOM = "exponential_race"
 TARGET = torch.ops.aten.argmax.default
@@ -34,7 +27,12 @@ def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> to
     return torch.argmax(probs / q, dim=-1, keepdim=True)
 
 
-def check(walk: Walk) -> tuple[LMHead, int, bool] | None:
+def example_inputs() -> tuple:
+    """Arguments ``search`` is traced with in the tests."""
+    return torch.randn(3, 24), torch.randn(1000, 24), 0.8
+
+
+def check(walk: Walk) -> SamplingMatch | None:
     race = strip_converts(walk, walk.terminal.args[0])
     if not is_call(race, torch.ops.aten.div.Tensor):
         return None
@@ -43,4 +41,5 @@ def check(walk: Walk) -> tuple[LMHead, int, bool] | None:
         return None
     walk.take(race)
     keepdim = argmax_keepdim(walk)
-    return match_lm_head(walk, match_softmax(walk, probs)), 1, keepdim
+    head = match_lm_head(walk, match_softmax(walk, probs))
+    return SamplingMatch.of(head, keep_dim=keepdim)

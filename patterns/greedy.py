@@ -3,7 +3,8 @@
 ``logits_dtype`` is the dtype of the matmul's output, so ties break as ``torch.argmax`` on
 the program's bf16/fp16 logits does. ``argmax(softmax(logits))`` is the same argmax and is
 accepted too; a scale by a positive constant changes nothing and is dropped, a tensor
-temperature (which may hold 0) is refused.
+temperature (which may hold 0) is refused, and top-k / top-p masks (which always keep the
+largest logit) are dropped.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._chain import LMHead, NoMatch, Walk, argmax_keepdim, match_lm_head, match_softmax
+from ._lm_head import match_lm_head
+from ._rewrite import SamplingMatch
+from ._tails import argmax_keepdim, match_softmax
+from ._walk import NoMatch, Walk
 
 IDIOM = "greedy"
 TARGET = torch.ops.aten.argmax.default
@@ -22,7 +26,12 @@ def search(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.argmax(F.linear(hidden, weight), dim=-1)
 
 
-def check(walk: Walk) -> tuple[LMHead, int, bool]:
+def example_inputs() -> tuple:
+    """Arguments ``search`` is traced with in the tests."""
+    return torch.randn(3, 24), torch.randn(1000, 24)
+
+
+def check(walk: Walk) -> SamplingMatch:
     keepdim = argmax_keepdim(walk)
     scores = walk.terminal.args[0]
     probe = Walk(walk.terminal)
@@ -31,4 +40,4 @@ def check(walk: Walk) -> tuple[LMHead, int, bool]:
         walk.owned += probe.owned
     except NoMatch:
         pass  # the argmax of the logits themselves
-    return match_lm_head(walk, scores, greedy=True), 1, keepdim
+    return SamplingMatch.of(match_lm_head(walk, scores, greedy=True), keep_dim=keepdim)

@@ -11,16 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
-from ._chain import (
-    LMHead,
-    Walk,
-    argmax_keepdim,
-    is_call,
-    match_lm_head,
-    match_noise,
-    strip_converts,
-    val,
-)
+from ._lm_head import match_lm_head
+from ._rewrite import SamplingMatch
+from ._tails import argmax_keepdim, match_noise
+from ._walk import Walk, is_call, strip_converts, val
 
 IDIOM = "gumbel"
 aten = torch.ops.aten
@@ -34,14 +28,19 @@ def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> to
     return torch.argmax(logits / temperature - torch.log(-torch.log(u)), dim=-1)
 
 
-def check(walk: Walk) -> tuple[LMHead, int, bool] | None:
+def example_inputs() -> tuple:
+    """Arguments ``search`` is traced with in the tests."""
+    return torch.randn(3, 24), torch.randn(1000, 24), 0.8
+
+
+def check(walk: Walk) -> SamplingMatch | None:
     scores = strip_converts(walk, walk.terminal.args[0])
     logits = _perturbed_logits(walk, scores)
     if logits is None:
         return None
     walk.take(scores)
     keepdim = argmax_keepdim(walk)
-    return match_lm_head(walk, logits), 1, keepdim
+    return SamplingMatch.of(match_lm_head(walk, logits), keep_dim=keepdim)
 
 
 def _perturbed_logits(walk: Walk, scores: Node) -> Node | None:

@@ -2,7 +2,8 @@
 
 The softmax may be ``F.softmax``, ``Tensor.softmax``, ``softmax(dtype=torch.float32)`` or
 ``log_softmax(...).exp()``; ``n > 1`` draws need ``replacement=True`` (the fused op draws
-with replacement; without it the draws are not independent).
+with replacement; without it the draws are not independent). Top-k / top-p masks on the
+logits (``_truncation.py``) ride along.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._chain import LMHead, NoMatch, Walk, match_lm_head, match_softmax
+from ._lm_head import match_lm_head
+from ._rewrite import SamplingMatch
+from ._tails import match_softmax, multinomial_draws
+from ._walk import Walk
 
 IDIOM = "multinomial"
 TARGET = torch.ops.aten.multinomial.default
@@ -23,16 +27,13 @@ def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> to
     return torch.multinomial(probs, num_samples=1)
 
 
-def check(walk: Walk) -> tuple[LMHead, int, bool]:
+def example_inputs() -> tuple:
+    """Arguments ``search`` is traced with in the tests."""
+    return torch.randn(3, 5, 24), torch.randn(1000, 24), 0.8
+
+
+def check(walk: Walk) -> SamplingMatch:
     multinomial = walk.terminal
-    names = ("num_samples", "replacement")
-    args = dict(zip(names, multinomial.args[1:], strict=False), **multinomial.kwargs)
-    num_samples, replacement = args["num_samples"], args.get("replacement", False)
-    if args.get("generator") is not None:
-        raise NoMatch("it draws from a user's torch.Generator")
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise NoMatch(f"num_samples={num_samples} is not a positive Python int")
-    if num_samples > 1 and not replacement:
-        raise NoMatch("it draws several samples without replacement")
+    num_samples = multinomial_draws(multinomial)
     logits = match_softmax(walk, walk.take(multinomial.args[0]))
-    return match_lm_head(walk, logits), num_samples, True
+    return SamplingMatch.of(match_lm_head(walk, logits), num_samples=num_samples)

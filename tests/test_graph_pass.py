@@ -147,15 +147,16 @@ graph():
     %logical_not_default : [num_users=1] = call_function[target=torch.ops.aten.logical_not.default](args = (%bitwise_and_tensor,), kwargs = {})
     %any_dims : [num_users=1] = call_function[target=torch.ops.aten.any.dims](args = (%logical_not_default,), kwargs = {})
     %logical_not_default_1 : [num_users=1] = call_function[target=torch.ops.aten.logical_not.default](args = (%any_dims,), kwargs = {})
-    %_assert_async_msg : [num_users=0] = call_function[target=torch.ops.aten._assert_async.msg](args = (%logical_not_default_1, flashsampling: a rewritten sampling step divides its logits by a temperature of 0, inf or NaN, or by a negative per-row temperature with a bias; the fused sampler cannot draw from what those make of softmax (compile without backend='flashsampling' for them)), kwargs = {})
+    %_assert_async_msg : [num_users=0] = call_function[target=torch.ops.aten._assert_async.msg](args = (%logical_not_default_1, flashsampling: a rewritten sampling step divides its logits by a temperature of 0, inf or NaN, or by a negative temperature it cannot fold (per row with a bias, or after a top-k / top-p mask); the fused sampler cannot draw from what those make of softmax (compile without backend='flashsampling' for them)), kwargs = {})
     %scalar_tensor_default : [num_users=1] = call_function[target=torch.ops.aten.scalar_tensor.default](args = (1.0,), kwargs = {dtype: torch.float32, layout: torch.strided, device: cpu})
     %scalar_tensor_default_1 : [num_users=1] = call_function[target=torch.ops.aten.scalar_tensor.default](args = (-1.0,), kwargs = {dtype: torch.float32, layout: torch.strided, device: cpu})
     %where_self : [num_users=1] = call_function[target=torch.ops.aten.where.self](args = (%lt_scalar, %scalar_tensor_default_1, %scalar_tensor_default), kwargs = {})
     %mul_tensor_1 : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = (%select_int, %where_self), kwargs = {})
     %abs_default_1 : [num_users=1] = call_function[target=torch.ops.aten.abs.default](args = (%convert_element_type_default_1,), kwargs = {})
+    %mul_tensor_2 : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = (%abs_default_1, 1.0), kwargs = {})
     %randint_low : [num_users=1] = call_function[target=torch.ops.aten.randint.low](args = (0, 4611686018427387904, []), kwargs = {device: cpu, pin_memory: False})
     %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%mul_tensor_1, [-1, 24]), kwargs = {})
-    %fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.fused_sample.default](args = (%view_default, %arg0_1, None, %abs_default_1, 1.0, %randint_low, 0, 1, None, auto), kwargs = {})
+    %fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.fused_sample.default](args = (%view_default, %arg0_1, None, %mul_tensor_2, 1.0, %randint_low, 0, 1, None, auto), kwargs = {})
     return (fused_sample_default,)""",
         )
 

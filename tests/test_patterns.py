@@ -279,9 +279,6 @@ def test_fallback_random_turns_the_pass_off():
 @pytest.mark.parametrize("idiom", IDIOMS, ids=lambda idiom: idiom.IDIOM)
 def test_each_catalog_entry_rewrites_its_own_search_function(idiom):
     """Every module's ``search`` (the idiom as users write it) becomes one fused call."""
-    weight = torch.randn(1000, 24)
-    x = hidden(3, 5, 24) if idiom.IDIOM == "multinomial" else hidden(3, 24)
-    args = (x, weight) if idiom.IDIOM == "greedy" else (x, weight, 0.8)
-    graph, rewrites = graph_after_pass(idiom.search, *args)
+    graph, rewrites = graph_after_pass(idiom.search, *idiom.example_inputs())
     assert rewrites == {idiom.IDIOM: 1}
     assert "fused_sample" in graph and "aten.mm" not in graph

@@ -1,0 +1,308 @@
+"""The LM-head chain: from the scores a sampling tail reads back to the ``mm``/``addmm``.
+
+Between the matmul and the tail, user code puts a variety of steps that are all the same to
+the fused op: last-token selection (``h[:, -1]``, ``logits[:, -1, :]``, ``x[:, [-1], :]``),
+views, ``.float()`` upcasts, a bias, one temperature division, top-k / top-p masks. A
+pre-traced template would need one variant per combination of these; a walk over the aten
+graph covers them all and checks each step's literals on the way, so the idiom modules match
+only their tail and leave the chain to ``match_lm_head``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx import Node
+
+from ._truncation import MASKING_OPS, match_mask
+from ._walk import (
+    CONVERTS,
+    COPIES,
+    RESHAPES,
+    ROW_OPS,
+    SQUEEZES,
+    NoMatch,
+    Walk,
+    aten,
+    is_call,
+    last_dim,
+    same,
+    val,
+)
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SUPPORTED_DEVICES = ("cuda", "cpu")
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class LMHead:
+    """``logits = (hidden[rows] @ weight.T + bias) / temperature``, maybe truncated, as found
+    in the graph."""
+
+    hidden: Node  # [*S, D] before the row selection
+    weight: Node  # [V, D], or [D, V] when ``weight_transposed``
+    weight_transposed: bool
+    bias: Node | None
+    row_ops: list[tuple[Callable, tuple]]  # applied to ``hidden`` in order
+    temperature: float | Node  # a Python float, a tensor, or a float Dynamo made dynamic
+    temperature_per_row: bool  # a [*rows, 1] tensor rather than one value
+    logits_dtype: torch.dtype | None
+    top_k: int | Node | None = None  # from a top-k mask on the chain
+    top_p: float | None = None  # from a top-p mask on the chain
+    temperature_after_mask: bool = False  # -inf / T: only T > 0 keeps the program's meaning
+
+
+def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
+    """Walk from the (scaled, truncated) logits back to the ``mm``/``addmm`` of the LM head.
+
+    ``greedy``: the scores only feed an argmax, so a positive constant scale and the masks
+    (which always keep the largest logit) are dropped, and a tensor temperature (which might
+    hold 0 or negative values) is refused.
+    """
+    node, walked, masks = logits, [], {}
+    while not is_call(node, aten.mm.default, aten.addmm.default):
+        if not isinstance(node, Node) or node.op != "call_function":
+            raise NoMatch(f"the logits come from {node}, not from an LM-head matmul")
+        walked.append(walk.take(node))
+        if is_call(node, *MASKING_OPS):
+            masks[node] = match_mask(walk, node)
+            node = masks[node].source
+        else:
+            node = _chain_input(node)
+    matmul = walk.take(node)
+
+    head = _Chain()
+    if is_call(matmul, aten.addmm.default):
+        head.bias = _check_addmm(matmul)
+    for step in reversed(walked):  # from the matmul to the tail
+        if step in masks:
+            head.mask(step, masks[step])
+        elif is_call(step, *CONVERTS):
+            head.convert(step)
+        elif is_call(step, aten.add.Tensor):
+            if head.bias is not None:
+                raise NoMatch(f"{step.name} adds a second bias")
+            head.bias = _bias_operand(step)
+        elif is_call(step, aten.div.Tensor, aten.mul.Tensor):
+            head.scale(step, greedy)
+        elif is_call(step, *ROW_OPS):
+            if head.per_row:
+                raise NoMatch(f"{step.name} selects rows after a per-row temperature")
+            head.row_ops.append(step)
+    # The flatten of the hidden states and the transpose of the weight, once unused.
+    walk.leftovers.extend(
+        a
+        for a in matmul.args[-2:]
+        if is_call(a, *RESHAPES, aten.unsqueeze.default, aten.permute.default)
+    )
+    if greedy:
+        head.temperature, head.top_k, head.top_p = 0.0, None, None
+    return _lm_head(matmul, head)
+
+
+@dataclass
+class _Chain:
+    """What the walk from the matmul to the tail has seen so far, and the order it came in:
+    the op applies temperature, then top-k, then top-p, so the program must not differ."""
+
+    bias: Node | None = None
+    row_ops: list[Node] = field(default_factory=list)
+    temperature: float | Node = 1.0
+    per_row: bool = False
+    scaled: Node | None = None
+    top_k: int | Node | None = None
+    top_p: float | None = None
+    masked: Node | None = None
+    half_dtypes: set[torch.dtype] = field(default_factory=set)
+    temperature_after_mask: bool = False
+
+    def convert(self, step: Node) -> None:
+        dtype = val(step).dtype
+        if not val(step).is_floating_point():
+            raise NoMatch(f"{step.name} casts the logits to {dtype}")
+        if dtype in HALF_DTYPES and self.masked is not None:
+            raise NoMatch(f"{step.name} rounds the logits to {dtype} after the mask")
+        if dtype in HALF_DTYPES and self.scaled is None:
+            self.half_dtypes.add(dtype)
+
+    def scale(self, step: Node, greedy: bool) -> None:
+        if self.scaled is not None:
+            raise NoMatch(f"{step.name} scales the logits a second time")
+        if self.top_p is not None:
+            raise NoMatch(f"{step.name} divides by the temperature after the top-p mask")
+        self.scaled = step
+        self.temperature, self.per_row = _temperature(step, greedy)
+        self.temperature_after_mask = self.masked is not None
+
+    def mask(self, step: Node, mask) -> None:
+        if mask.top_k is not None:
+            if self.top_k is not None or self.top_p is not None:
+                raise NoMatch(f"{step.name} is a top-k mask after another mask")
+            self.top_k = mask.top_k
+        else:
+            if self.top_p is not None:
+                raise NoMatch(f"{step.name} is a second top-p mask")
+            self.top_p = mask.top_p
+        self.masked = step
+
+
+def _chain_input(node: Node) -> Node:
+    """The operand of ``node`` that carries the logits, if ``node`` may sit in the chain."""
+    if is_call(node, *CONVERTS, *COPIES, *ROW_OPS, aten.div.Tensor):
+        return node.args[0]
+    if is_call(node, aten.mul.Tensor, aten.add.Tensor):
+        if "alpha" in node.kwargs:
+            raise NoMatch(f"{node.name} uses alpha")
+        a, b = node.args
+        # The chain continues through the operand that has the [..., V] shape of the logits.
+        if isinstance(b, Node) and not isinstance(a, Node):
+            return b
+        if isinstance(a, Node) and isinstance(b, Node) and val(b).dim() > val(a).dim():
+            return b
+        return a
+    raise NoMatch(f"{node.name} ({node.target}) sits between the LM head and the sampling")
+
+
+def _check_addmm(matmul: Node) -> Node:
+    if matmul.kwargs.get("beta", 1) != 1 or matmul.kwargs.get("alpha", 1) != 1:
+        raise NoMatch(f"{matmul.name} scales its bias or product")
+    return matmul.args[0]
+
+
+def _bias_operand(step: Node) -> Node:
+    a, b = step.args
+    bias = b if not is_call(b, aten.mm.default) and val(b).dim() <= val(a).dim() else a
+    if not isinstance(bias, Node) or val(bias).dim() != 1 or not _is_input(bias):
+        raise NoMatch(f"{step.name} adds {bias}, not a [V] bias parameter")
+    return bias
+
+
+def _is_input(node: Node) -> bool:
+    """A graph input (a parameter), maybe cast: a bias, not noise or a mask computed here."""
+    while is_call(node, *CONVERTS, *COPIES):
+        node = node.args[0]
+    return node.op in ("placeholder", "get_attr")
+
+
+def _temperature(step: Node, greedy: bool) -> tuple[float | Node, bool]:
+    """-> (temperature, per_row) for ``logits / T`` or ``logits * (1 / T)``."""
+    logits, factor = step.args
+    if isinstance(logits, Node) and not isinstance(factor, Node):
+        pass
+    elif isinstance(factor, Node) and isinstance(logits, Node) and step.target == aten.mul.Tensor:
+        if val(logits).dim() < val(factor).dim():
+            logits, factor = factor, logits
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+        temperature = float(factor) if step.target == aten.div.Tensor else 1.0 / float(factor)
+        if not (0.0 < temperature < math.inf):
+            raise NoMatch(f"{step.name} scales by {factor}, not a positive finite temperature")
+        return (0.0 if greedy else temperature), False
+    if greedy:
+        raise NoMatch(f"{step.name} scales greedy scores by a tensor (may hold T <= 0)")
+    if step.target != aten.div.Tensor:
+        raise NoMatch(f"{step.name} multiplies the logits by a tensor")
+    t, scores = val(factor), val(step)
+    if isinstance(t, (torch.SymFloat, torch.SymInt)):
+        # A float temperature that Dynamo made dynamic (``dynamic=True``, or once its value
+        # changed between calls): read from a 0-d CPU input with ``.item()``, any sign.
+        return factor, False
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise NoMatch(f"{step.name} divides by {factor}, not a float tensor")
+    if same(t.numel(), 1) and t.dim() <= scores.dim():
+        return factor, False
+    rows = scores.shape[:-1]
+    if t.dim() == scores.dim() and same(t.shape[-1], 1) and all(map(same, t.shape[:-1], rows)):
+        return factor, True
+    raise NoMatch(f"{step.name} divides by a {tuple(t.shape)} tensor, not one value per row")
+
+
+def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
+    lhs, rhs = matmul.args[-2:]
+    hidden_val, rhs_val = val(lhs), val(rhs)
+    vocab_size = rhs_val.shape[1]
+    if hidden_val.dtype not in SUPPORTED_DTYPES or hidden_val.dtype != rhs_val.dtype:
+        raise NoMatch(f"the LM head runs in {hidden_val.dtype}, not bf16/fp16/fp32")
+    if hidden_val.device.type not in SUPPORTED_DEVICES:
+        raise NoMatch(f"the LM head runs on {hidden_val.device.type}")
+    if chain.bias is not None:
+        bias_val = val(chain.bias)
+        if bias_val.shape != (vocab_size,) or bias_val.dtype not in SUPPORTED_DTYPES:
+            raise NoMatch(f"the bias is {tuple(bias_val.shape)} {bias_val.dtype}, not [V]")
+    t = val(chain.temperature)
+    cpu_scalar = isinstance(t, torch.Tensor) and t.dim() == 0 and t.device.type == "cpu"
+    if isinstance(t, torch.Tensor) and t.device != hidden_val.device and not cpu_scalar:
+        # A 0-d CPU tensor is a scalar to a CUDA op (how Dynamo passes a dynamic float).
+        raise NoMatch("the temperature lives on another device than the logits")
+    half_dtypes = (chain.half_dtypes | {val(matmul).dtype}) & set(HALF_DTYPES)
+    if len(half_dtypes) > 1:
+        raise NoMatch("the logits are rounded to both bf16 and fp16")
+    if half_dtypes and chain.top_p is not None:
+        # top_p_mask.py: ties at the crossing token are common there, and the op keeps
+        # them all where transformers keeps those its sort puts last.
+        raise NoMatch(f"top-p on logits rounded to {next(iter(half_dtypes))}: ties at p")
+    hidden, replay = _undo_flatten(lhs, chain.row_ops)
+    replay = [_row_op(step, vocab_size) for step in replay]
+    weight, transposed = rhs, True
+    if is_call(rhs, aten.permute.default) and list(rhs.args[1]) == [1, 0]:
+        weight, transposed = rhs.args[0], False
+    return LMHead(
+        hidden=hidden,
+        weight=weight,
+        weight_transposed=transposed,
+        bias=chain.bias,
+        row_ops=replay,
+        temperature=chain.temperature,
+        temperature_per_row=chain.per_row,
+        logits_dtype=next(iter(half_dtypes), None),
+        top_k=chain.top_k,
+        top_p=chain.top_p,
+        temperature_after_mask=chain.temperature_after_mask,
+    )
+
+
+def _undo_flatten(lhs: Node, row_ops: list[Node]) -> tuple[Node, list[Node]]:
+    """``linear`` on [*S, D] flattens to [N, D] before the mm and unflattens the logits after.
+
+    When both are there, start from the [*S, D] hidden and drop the unflatten, so no view
+    with symbolic sizes has to be replayed.
+    """
+    if (
+        row_ops
+        and is_call(lhs, *RESHAPES, aten.unsqueeze.default)
+        and is_call(row_ops[0], *RESHAPES, *SQUEEZES)
+    ):
+        original, unflattened = val(lhs.args[0]), val(row_ops[0])
+        if original.dim() == unflattened.dim() and all(
+            map(same, original.shape[:-1], unflattened.shape[:-1])
+        ):
+            return lhs.args[0], row_ops[1:]
+    return lhs, row_ops
+
+
+def _row_op(step: Node, vocab_size: int) -> tuple[Callable, tuple]:
+    """A row selection on the logits, as the same selection on the hidden states."""
+    source, out = val(step.args[0]), val(step)
+    if step.target in RESHAPES:
+        shape = step.args[1]
+        if any(isinstance(s, Node) for s in shape) or not (
+            same(source.shape[-1], vocab_size) and same(shape[-1], vocab_size)
+        ):
+            raise NoMatch(f"{step.name} reshapes across the vocabulary dim")
+        return step.target, (tuple(shape[:-1]) + (-1,),)
+    if step.target == aten.index.Tensor:
+        indices = step.args[1]
+        if len(indices) >= source.dim() and indices[source.dim() - 1] is not None:
+            raise NoMatch(f"{step.name} indexes the vocabulary dim")
+        return step.target, (list(indices),)
+    args = step.args[1:]
+    if any(isinstance(a, Node) for a in args):
+        raise NoMatch(f"{step.name} selects rows with a symbolic index")
+    dims = args[0] if step.target == aten.squeeze.dims else [args[0]]
+    ndim = out.dim() if step.target == aten.unsqueeze.default else source.dim()
+    if any(last_dim(d, ndim) for d in dims):
+        raise NoMatch(f"{step.name} works on the vocabulary dim")
+    return step.target, tuple(args)

@@ -1,0 +1,269 @@
+"""The rewrite: an idiom's ``SamplingMatch`` becomes one ``flashsampling::fused_sample`` call.
+
+Every idiom registers its terminal node (``aten.multinomial``, ``aten.argmax``, ...) with
+Inductor's pattern matcher on ``PASS``; the handler runs the idiom's check, and a match
+replaces the terminal and everything the walk owns by one call traced with
+``Match.replace_by_example`` (so symbolic batch sizes need no special handling). What the
+handler decided about each terminal is recorded as a ``SamplingSite`` for the pass's
+warning and ``flashsampling_inductor.explain``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.pattern_matcher import (
+    CallFunctionVarArgs,
+    Match,
+    PatternMatcherPass,
+    register_graph_pattern,
+)
+from torch.fx import Node
+from torch.utils._pytree import tree_map
+
+from ._lm_head import LMHead
+from ._walk import NoMatch, Walk
+
+log = logging.getLogger("flashsampling_inductor")
+
+# Every idiom registers its terminal op here; ``graph_pass.py`` applies it.
+PASS = PatternMatcherPass(pass_name="flashsampling")
+
+# Seeds are drawn on the device from Inductor's RNG; 62 bits keep randint's range in int64.
+SEED_RANGE = 2**62
+
+
+@dataclass
+class SamplingMatch:
+    """What an idiom's check found: the parameters of one ``fused_sample`` call.
+
+    The output is ``[*rows, num_samples]`` if ``keep_dim`` else ``[*rows]``. ``top_k`` is a
+    Python int or a node (a SymInt, or a [B] int64 tensor), ``top_p`` a float or a node (a
+    [B] fp32 tensor); None is off. ``temperature`` is the sampling op's own, applied on top
+    of the LM-head chain's. ``seed`` None draws a fresh seed in the graph.
+    """
+
+    lm_head: LMHead
+    num_samples: int = 1
+    keep_dim: bool = True
+    top_k: int | Node | None = None
+    top_p: float | Node | None = None
+    temperature: float | Node = 1.0
+    seed: int | Node | None = None
+    impl: str = "auto"
+
+    @classmethod
+    def of(cls, head: LMHead, **fields) -> SamplingMatch:
+        """A match that carries the chain's own truncation (its top-k / top-p masks)."""
+        return cls(head, top_k=head.top_k, top_p=head.top_p, **fields)
+
+
+@dataclass(frozen=True)
+class SamplingSite:
+    """One sampling op of a compiled graph and what the pass made of it."""
+
+    op: str  # the terminal op, e.g. "aten.multinomial"
+    node: str  # its name in the aten graph
+    idiom: str  # the idiom that rewrote it, or the first whose check refused it
+    rewritten: bool
+    reason: str = ""  # why it was not rewritten
+    sampling: bool = True  # a random draw (False: an argmax only the greedy idiom knows)
+
+    def __str__(self) -> str:
+        if self.rewritten:
+            return f"{self.node} ({self.op}): rewritten by {self.idiom}"
+        return f"{self.node} ({self.op}): not rewritten ({self.idiom}): {self.reason}"
+
+
+_sites: dict[Node, SamplingSite] | None = None
+
+
+@contextmanager
+def recording() -> Iterator[dict[Node, SamplingSite]]:
+    """Collect the handlers' decisions, per terminal node, while the pass runs."""
+    global _sites
+    outer, _sites = _sites, {}
+    try:
+        yield _sites
+    finally:
+        _sites = outer
+
+
+def _record(terminal: Node, site: SamplingSite) -> None:
+    if _sites is None:
+        return
+    first = _sites.get(terminal)
+    if first is None or site.rewritten:
+        _sites[terminal] = replace(site, sampling=site.sampling or (first or site).sampling)
+    elif site.sampling and not first.sampling:
+        _sites[terminal] = replace(first, sampling=True)
+
+
+def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], *, sampling=True):
+    """Register ``check`` for the terminal op ``target``; a match becomes one fused-op call.
+
+    ``check(walk)`` returns None if the terminal is not this idiom, raises NoMatch (recorded
+    as a near miss) if it is but cannot be rewritten, else a ``SamplingMatch``.
+    ``sampling``: the idiom draws at random (an unrewritten site is worth a warning).
+    """
+    op = str(target).rsplit(".", 1)[0]
+
+    def handler(match: Match, *args, **kwargs) -> None:
+        terminal = match.output_node()
+        site = SamplingSite(op, terminal.name, idiom, rewritten=False, sampling=sampling)
+        walk = Walk(terminal)
+        try:
+            found = check(walk)
+            if found is None:
+                return
+            walk.check_private()
+            if torch._inductor.config.fallback_random:
+                raise NoMatch("fallback_random is set: the program asked for eager's RNG")
+        except NoMatch as why:
+            log.debug("flashsampling: %s at %s not rewritten: %s", idiom, terminal.name, why)
+            _record(terminal, replace(site, reason=str(why)))
+            return
+        _rewrite(match, walk, found)
+        _record(terminal, replace(site, rewritten=True))
+        counters["flashsampling"][idiom] += 1
+        log.debug("flashsampling: rewrote %s at %s", idiom, terminal.name)
+
+    register_graph_pattern(CallFunctionVarArgs(target), pass_dict=PASS)(handler)
+
+
+BAD_TEMPERATURE = (
+    "flashsampling: a rewritten sampling step divides its logits by a temperature of 0, inf or"
+    " NaN, or by a negative temperature it cannot fold (per row with a bias, or after a top-k"
+    " / top-p mask); the fused sampler cannot draw from what those make of softmax (compile"
+    " without backend='flashsampling' for them)"
+)
+
+
+def _positive_temperature(hidden, bias, t, negative_allowed: bool):
+    """-> (hidden, bias, |t|) for a temperature tensor t (0-d or one value per row).
+
+    The program divides its logits by any T; the fused op samples for finite T > 0. For
+    T < 0, softmax(l / T) is softmax(-l / |T|), and -l is exactly what the matmul makes of
+    -hidden (and -bias: negation is exact and commutes with every rounding on the way), so
+    negative temperatures are folded into the operands instead of refused. A 0 or NaN makes
+    the program's probabilities NaN, where torch.multinomial fails; an infinite T (uniform
+    draws), a negative per-row T with one shared bias, and a negative T dividing masked
+    logits (-inf / T = +inf) have no such folding. Those fail as loudly, through an assert
+    in the graph (no host sync).
+    """
+    negative = t < 0
+    valid = t.isfinite() & (t != 0)
+    if not negative_allowed or (bias is not None and t.dim() == 1):
+        valid = valid & ~negative
+    torch._assert_async(valid.all(), BAD_TEMPERATURE)
+    sign = torch.where(negative, -1.0, 1.0).to(hidden.dtype)
+    if t.dim() == 1:
+        hidden = hidden * sign.view(*hidden.shape[:-1], 1)
+    else:
+        hidden = hidden * sign
+        bias = None if bias is None else bias * sign.to(bias.dtype)
+    return hidden, bias, t.abs()
+
+
+def _as_device_float(t, device) -> torch.Tensor:
+    """A symbolic float or a 0-d CPU tensor as an fp32 tensor on ``device``, without a copy
+    that would sync: Inductor reads both on the host as a kernel argument."""
+    if not isinstance(t, torch.Tensor):
+        return torch.full((), t, dtype=torch.float32, device=device)
+    if t.device != device:
+        t = t * torch.ones((), dtype=t.dtype, device=device)
+    return t.to(torch.float32)
+
+
+def _rewrite(match: Match, walk: Walk, found: SamplingMatch) -> None:
+    head = found.lm_head
+    inputs = [head.hidden, head.weight]
+    for extra in (head.bias, head.temperature, found.top_k, found.top_p):
+        if isinstance(extra, Node):
+            inputs.append(extra)
+    for extra in (found.temperature, found.seed):
+        if isinstance(extra, Node):
+            inputs.append(extra)
+    for _, args in head.row_ops:
+        tree_map(lambda a: inputs.append(a) if isinstance(a, Node) else None, args)
+    position = {node: i for i, node in enumerate(inputs)}
+
+    def replacement(*values):
+        def value(x):
+            return values[position[x]] if isinstance(x, Node) else x
+
+        hidden, weight, bias = values[0], values[1], value(head.bias)
+        if head.weight_transposed:
+            weight = weight.t()
+        for target, args in head.row_ops:
+            hidden = target(hidden, *tree_map(value, args))
+        rows = hidden.shape[:-1]
+        temperature, scalar_temperature = None, head.temperature
+        if isinstance(head.temperature, Node):
+            t = _as_device_float(value(head.temperature), hidden.device)
+            t = t.reshape(-1 if head.temperature_per_row else ())
+            hidden, bias, temperature = _positive_temperature(
+                hidden, bias, t, negative_allowed=not head.temperature_after_mask
+            )
+            scalar_temperature = 1.0
+        # The sampling op's own temperature divides logits already divided by the chain's
+        # (> 0 once folded): the two multiply.
+        own = value(found.temperature)
+        if isinstance(own, torch.Tensor):
+            temperature = own.float() * (scalar_temperature if temperature is None else temperature)
+            scalar_temperature = 1.0
+        elif temperature is None:
+            scalar_temperature = scalar_temperature * own
+        else:
+            temperature = temperature * own
+        seed, scalar_seed = value(found.seed), 0
+        if not isinstance(seed, torch.Tensor):
+            seed, scalar_seed = None, 0 if seed is None else seed
+            if found.seed is None and (scalar_temperature != 0.0 or temperature is not None):
+                # Drawn by Inductor's RNG in the graph: each call and CUDA-graph replay
+                # differs. Greedy rows draw no noise.
+                seed = torch.randint(0, SEED_RANGE, (), device=hidden.device)
+        tokens = torch.ops.flashsampling.fused_sample(
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            bias,
+            temperature,
+            scalar_temperature,
+            seed,
+            scalar_seed,
+            found.num_samples,
+            head.logits_dtype,
+            found.impl,
+            **_truncation(value(found.top_k), value(found.top_p)),
+        )
+        if found.keep_dim:
+            return tokens.view(*rows, found.num_samples)
+        return tokens.view(rows)
+
+    # Erase what the fused op replaces; replace_by_example only erases nodes left unused.
+    order = {node: i for i, node in enumerate(walk.terminal.graph.nodes)}
+    erase = set(walk.owned) | set(walk.leftovers) | set(match.nodes)
+    match.nodes = sorted(erase, key=order.__getitem__)
+    match.replace_by_example(replacement, inputs)
+
+
+def _truncation(top_k, top_p) -> dict:
+    """The op's top-k / top-p arguments; none at all when both are off, so an untruncated
+    rewrite is the call it always was."""
+    kwargs = {}
+    if top_k is not None:
+        if isinstance(top_k, torch.Tensor):
+            kwargs.update(top_k=top_k, scalar_top_k=0)
+        else:
+            kwargs.update(top_k=None, scalar_top_k=top_k)
+    if top_p is not None:
+        if isinstance(top_p, torch.Tensor):
+            kwargs.update(top_p=top_p.float(), scalar_top_p=1.0)
+        else:
+            kwargs.update(top_p=None, scalar_top_p=float(top_p))
+    return kwargs

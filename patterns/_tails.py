@@ -1,0 +1,157 @@
+"""The sampling tails the idioms end in: softmax, Exp(1) noise, ``argmax``, ``multinomial``.
+
+Each matcher takes the node where the tail starts and either returns what feeds it (the
+logits under a softmax) or says it is not this tail (False / None) or raises ``NoMatch``
+when it is but cannot be rewritten.
+"""
+
+from __future__ import annotations
+
+from torch.fx import Node
+
+from ._walk import (
+    ROW_OPS,
+    NoMatch,
+    Walk,
+    arguments,
+    aten,
+    is_call,
+    keepdim_of,
+    last_dim,
+    over_last_dim,
+    same_shape,
+    strip_converts,
+    val,
+)
+
+
+def match_softmax(walk: Walk, probs: Node) -> Node:
+    """``softmax(x, -1)`` in any of its decomposed spellings -> ``x``.
+
+    Accepted: ``exp(x - amax) / sum``, ``exp(x) / sum``, ``exp(log_softmax(x))`` and the
+    undecomposed ``_softmax`` / ``_log_softmax``; the max and sum must run over the last dim.
+    Row selections after the softmax (``probs.squeeze(1)``) commute with it and are kept
+    in ``walk.tail_rows``. Raises NoMatch if ``probs`` is none of them.
+    """
+    node = strip_converts(walk, probs)
+    while is_call(node, *ROW_OPS):
+        walk.tail_rows.insert(0, walk.take(node))
+        node = strip_converts(walk, node.args[0])
+    if is_call(node, aten._softmax.default):
+        return _softmax_input(walk, node, node.args[0], node.args[1])
+    if is_call(node, aten.div.Tensor) and is_call(node.args[1], aten.sum.dim_IntList):
+        exp, total = node.args
+        if total.args[0] is exp and is_call(exp, aten.exp.default):
+            if not over_last_dim(total.args[1], keepdim_of(total), val(exp).dim()):
+                raise NoMatch("the softmax does not normalize over the vocabulary dim")
+            walk.take(node), walk.take(total), walk.take(exp)
+            return _unshift(walk, exp.args[0])
+    if is_call(node, aten.exp.default):
+        log_probs = walk.take(node).args[0]
+        if is_call(log_probs, aten._log_softmax.default):
+            return _softmax_input(walk, log_probs, log_probs.args[0], log_probs.args[1])
+        if is_call(log_probs, aten.sub.Tensor) and is_call(log_probs.args[1], aten.log.default):
+            shifted, log_total = log_probs.args
+            total = log_total.args[0]
+            if (
+                is_call(total, aten.sum.dim_IntList)
+                and is_call(total.args[0], aten.exp.default)
+                and total.args[0].args[0] is shifted
+            ):
+                if not over_last_dim(total.args[1], keepdim_of(total), val(total).dim()):
+                    raise NoMatch("the log_softmax does not normalize over the vocabulary dim")
+                for n in (log_probs, log_total, total, total.args[0]):
+                    walk.take(n)
+                return _unshift(walk, shifted)
+    raise NoMatch(f"{probs.name} is not a softmax of the logits")
+
+
+def _softmax_input(walk: Walk, node: Node, x: Node, dim) -> Node:
+    if not last_dim(dim, val(x).dim()):
+        raise NoMatch(f"{node.name} is not over the vocabulary dim")
+    walk.take(node)
+    return x
+
+
+def _unshift(walk: Walk, node: Node) -> Node:
+    """``x - amax(x, -1, keepdim=True)`` -> ``x`` (the shift leaves the softmax unchanged)."""
+    if is_call(node, aten.sub.Tensor) and is_call(node.args[1], aten.amax.default):
+        x, amax = node.args
+        if amax.args[0] is not x or not over_last_dim(amax.args[1], keepdim_of(amax), val(x).dim()):
+            raise NoMatch("the softmax subtracts a max over another dim")
+        walk.take(node), walk.take(amax)
+        return x
+    return node
+
+
+def match_noise(walk: Walk, node: Node, scores) -> bool:
+    """True if ``node`` is Exp(1) noise of exactly ``scores``' shape, drawn by Inductor.
+
+    Accepted: ``exponential_(1)`` as Inductor decomposes it, ``-log(U)``, ``-log(U + eps)``
+    and ``-log(1 - U)``, with ``U`` from ``rand``/``rand_like``/``uniform_`` (no generator).
+    Shared noise broadcast across rows would sample correlated rows: refused.
+    """
+    node = strip_converts(walk, node)
+    if is_call(node, aten.mul.Tensor) and node.args[1] == -1.0:
+        # exponential_(1) decomposes to -1 * where(u >= 1 - eps/2, -eps/2, log(u))
+        where = node.args[0]
+        if not is_call(where, aten.where.self) or not is_call(where.args[2], aten.log.default):
+            return False
+        ge, _, log_u = where.args
+        uniform = log_u.args[0]
+        if not (is_call(ge, aten.ge.Scalar) and ge.args[0] is uniform):
+            return False
+        for n in (node, where, ge, log_u, where.args[1]):
+            if isinstance(n, Node):
+                walk.take(n)
+    elif is_call(node, aten.neg.default) and is_call(node.args[0], aten.log.default):
+        walk.take(node)
+        uniform = walk.take(node.args[0]).args[0]
+    else:
+        return False
+    if not _match_uniform(walk, uniform):
+        return False
+    if not same_shape(val(node).shape, scores.shape):
+        raise NoMatch(f"the noise {node.name} is not drawn per token and row")
+    return True
+
+
+def _match_uniform(walk: Walk, node: Node) -> bool:
+    """``U`` in (0, 1], optionally ``U + eps`` or ``1 - U``, from Inductor's RNG."""
+    if is_call(node, aten.add.Tensor) and isinstance(node.args[1], float):
+        if not 0.0 <= node.args[1] <= 1e-3:
+            return False
+        node = walk.take(node).args[0]
+    elif is_call(node, aten.rsub.Scalar) and node.args[1] == 1:
+        node = walk.take(node).args[0]
+    elif is_call(node, aten.sub.Tensor) and node.args[0] == 1:
+        node = walk.take(node).args[1]
+    node = strip_converts(walk, node)
+    if not is_call(node, aten.rand.default) or node.kwargs.get("generator") is not None:
+        return False
+    walk.take(node)
+    return True
+
+
+def argmax_keepdim(walk: Walk) -> bool:
+    """Check the terminal ``argmax`` reduces the vocabulary dim; -> its ``keepdim``."""
+    argmax = walk.terminal
+    args = arguments(argmax, "dim", "keepdim")
+    dim, ndim = args.get("dim"), val(argmax.args[0]).dim()
+    if not (last_dim(dim, ndim) or (dim is None and ndim == 1)):
+        raise NoMatch(f"{argmax.name} reduces dim {dim}, not the vocabulary dim")
+    return bool(args.get("keepdim", False))
+
+
+def multinomial_draws(multinomial: Node) -> int:
+    """-> ``num_samples`` of a ``torch.multinomial`` the fused op can draw: independent
+    draws (``replacement=True`` when there are several) from Inductor's RNG."""
+    args = arguments(multinomial, "num_samples", "replacement")
+    num_samples, replacement = args["num_samples"], args.get("replacement", False)
+    if args.get("generator") is not None:
+        raise NoMatch("it draws from a user's torch.Generator")
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise NoMatch(f"num_samples={num_samples} is not a positive Python int")
+    if num_samples > 1 and not replacement:
+        raise NoMatch("it draws several samples without replacement")
+    return num_samples

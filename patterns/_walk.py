@@ -1,0 +1,120 @@
+"""The walk over the aten graph: what a match owns, why it stops, and the small predicates.
+
+Every idiom's check walks back from its terminal node (``aten.multinomial``,
+``aten.argmax``, ...) and ``take``s each node it consumes. A walk raises ``NoMatch`` with the
+reason as soon as one step is not one it can prove safe: an intermediate read by another
+node, a reduction over another dim, a dtype or device the op does not take, an op it does
+not know. Once the walk is complete, ``check_private`` proves that nothing outside the match
+reads what the rewrite erases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+CONVERTS = (prims.convert_element_type.default, aten._to_copy.default)
+COPIES = (aten.clone.default, aten.alias.default)
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+SQUEEZES = (aten.squeeze.dim, aten.squeeze.dims)
+ROW_OPS = (
+    aten.select.int,
+    aten.slice.Tensor,
+    aten.index.Tensor,
+    aten.unsqueeze.default,
+    *SQUEEZES,
+    *RESHAPES,
+)
+
+
+class NoMatch(Exception):
+    """A step of the chain that cannot be proved safe to rewrite; the message says why."""
+
+
+@dataclass
+class Walk:
+    """The nodes a match consumes. All but the terminal must be read only inside the match."""
+
+    terminal: Node
+    owned: list[Node] = field(default_factory=list)
+    tail_rows: list[Node] = field(default_factory=list)  # row selections after the softmax
+    leftovers: list[Node] = field(default_factory=list)  # erased too, if nothing else reads them
+
+    def take(self, node: Node) -> Node:
+        if node not in self.owned:
+            self.owned.append(node)
+        return node
+
+    def check_private(self) -> None:
+        inside = set(self.owned) | {self.terminal}
+        for node in self.owned:
+            outside = [user for user in node.users if user not in inside]
+            if outside:
+                raise NoMatch(f"{node.name} is also read by {outside[0].name}")
+
+
+def val(node):
+    return node.meta.get("val") if isinstance(node, Node) else None
+
+
+def is_call(node, *targets) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def same(a, b) -> bool:
+    return statically_known_true(a == b)
+
+
+def same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(map(same, a, b))
+
+
+def last_dim(dim, ndim: int) -> bool:
+    return isinstance(dim, int) and ndim > 0 and dim % ndim == ndim - 1
+
+
+def arguments(node: Node, *names: str) -> dict:
+    """``node``'s arguments after the first, by name (positional or keyword)."""
+    return dict(zip(names, node.args[1:], strict=False), **node.kwargs)
+
+
+def keepdim_of(reduction: Node):
+    return reduction.args[2] if len(reduction.args) > 2 else reduction.kwargs.get("keepdim")
+
+
+def over_last_dim(dims, keepdim, ndim: int) -> bool:
+    return keepdim is True and len(dims) == 1 and last_dim(dims[0], ndim)
+
+
+def strip_converts(walk: Walk, node: Node) -> Node:
+    """Skip dtype casts between float dtypes (``.float()``, ``softmax(dtype=...)``)."""
+    while is_call(node, *CONVERTS) and val(node).is_floating_point():
+        node = walk.take(node).args[0]
+    return node
+
+
+def constant(node) -> float | None:
+    """The value of a Python number or of a one-element constant tensor made in the graph
+    (``scalar_tensor``, ``full``, a lifted ``torch.tensor`` literal); None otherwise."""
+    if isinstance(node, (bool, int, float)):
+        return float(node)
+    if is_call(node, aten.scalar_tensor.default):
+        return constant(node.args[0])
+    if is_call(node, aten.full.default) and len(node.args[0]) == 0:
+        return constant(node.args[1])
+    if is_call(node, aten.lift_fresh_copy.default, *CONVERTS, *COPIES):
+        return constant(node.args[0])
+    if isinstance(node, Node) and node.op == "get_attr":
+        module = node.graph.owning_module
+        tensor = getattr(module, node.target, None) if module is not None else None
+        if isinstance(tensor, torch.Tensor) and tensor.numel() == 1:
+            # The pass runs under the graph's fake mode; the constant is a real tensor.
+            with unset_fake_temporarily():
+                return float(tensor.item())
+    return None

@@ -1,0 +1,110 @@
+"""Misses explained: ``explain()`` per sampling site, and the pass's one WARNING per compiled
+graph that leaves a sampling op unfused, also when the caches are on."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._inductor.utils import fresh_cache
+
+import flashsampling_inductor
+from flashsampling_inductor import explain
+
+torch.manual_seed(0)
+WEIGHT = torch.randn(12, 8)
+
+
+def fused_step(h):
+    return torch.multinomial(F.softmax(h @ WEIGHT.T / 0.7, dim=-1), 1)
+
+
+def logits_returned(h):
+    logits = h @ WEIGHT.T
+    return torch.multinomial(F.softmax(logits, dim=-1), 1), logits
+
+
+def classifier(h):  # an argmax no sampling idiom claims: not a sampling op, no warning
+    return torch.argmax(h @ WEIGHT.T / torch.tensor(0.5), dim=-1)
+
+
+def _warnings(caplog) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "flashsampling_inductor" and record.levelno == logging.WARNING
+    ]
+
+
+def test_explain_lists_each_site_with_its_reason():
+    h = torch.randn(3, 8)
+    with torch.no_grad():
+        fused, missed = explain(fused_step, h), explain(logits_returned, h)
+    assert [(s.op, s.idiom, s.rewritten) for s in fused] == [
+        ("aten.multinomial", "multinomial", True)
+    ]
+    assert str(fused).splitlines() == [
+        "flashsampling: 1 of 1 sampling op(s) fused",
+        "  multinomial (aten.multinomial): rewritten by multinomial",
+    ]
+    (site,) = missed
+    assert not site.rewritten and site.reason == "mm is also read by output"
+    assert "not rewritten (multinomial): mm is also read by output" in str(missed)
+    assert flashsampling_inductor.explain is explain
+
+
+def test_one_warning_per_compiled_graph_with_a_miss(caplog):
+    h = torch.randn(3, 8)
+    caplog.set_level(logging.WARNING, logger="flashsampling_inductor")
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        for step in (fused_step, classifier):
+            torch._dynamo.reset()
+            torch.compile(step, backend="flashsampling")(h)
+        assert _warnings(caplog) == []
+        torch._dynamo.reset()
+        compiled = torch.compile(logits_returned, backend="flashsampling")
+        compiled(h)
+        compiled(h)  # the same compiled graph: no second warning
+    (warning,) = _warnings(caplog)
+    assert "1 sampling op(s) of this compiled graph left unfused" in warning
+    assert "mm is also read by output" in warning
+
+
+def _cache_hits() -> int:
+    return (
+        counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+    )
+
+
+def test_caches_on_a_miss_warns_again_and_explain_still_sees_a_hit(caplog):
+    """A graph with a miss never enters the caches, so compiling it again warns again; a
+    fused graph is cached, and explain() still reports it rewritten after the cache hit."""
+    h = torch.randn(3, 8)
+    caplog.set_level(logging.WARNING, logger="flashsampling_inductor")
+    with (
+        fresh_cache(),
+        torch._inductor.config.patch(fx_graph_cache=True),
+        torch._functorch.config.patch(enable_autograd_cache=True),
+        torch.no_grad(),
+    ):
+        for expected_hit in (False, True):
+            torch._dynamo.reset()
+            counters.clear()
+            torch.compile(fused_step, backend="flashsampling")(h)
+            assert bool(_cache_hits()) == expected_hit
+        (site,) = explain(fused_step, h)
+        assert site.rewritten
+        for _ in range(2):
+            torch._dynamo.reset()
+            counters.clear()
+            caplog.clear()
+            torch.compile(logits_returned, backend="flashsampling")(h)
+            assert _cache_hits() == 0 and len(_warnings(caplog)) == 1
+
+
+def test_fallback_random_is_a_reason():
+    with torch.no_grad(), torch._inductor.config.patch(fallback_random=True):
+        (site,) = explain(fused_step, torch.randn(3, 8))
+    assert not site.rewritten and "fallback_random" in site.reason
