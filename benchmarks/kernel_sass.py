@@ -48,6 +48,7 @@ RUNTIME_SIGNATURE = {
     "B": "i32", "V": "i32", "D": "i32",
     "stride_hb": "i32", "stride_hd": "i32", "stride_wv": "i32", "stride_wd": "i32",
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "num_samples": "i32",
+    "vocab_offset": "i32",
 }  # fmt: skip
 
 

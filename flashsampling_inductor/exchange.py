@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -156,8 +157,10 @@ class SymmetricExchange:
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.row = len(HEADER) + SYMMETRIC_CAPACITY
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_forresolve_group(group_name)
-        self.buffer = symm_mem.empty((2 * self.world * self.row,), dtype=torch.int64, device=device)
+            with warnings.catch_warnings():  # needed on older torch, deprecated on newer
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(group_name)
+        self.buffer = symm_mem.empty(2 * self.world * self.row, dtype=torch.int64, device=device)
         self.buffer.zero_()
         self.handle = symm_mem.rendezvous(self.buffer, group_name)
         self.peers = [
@@ -175,16 +178,18 @@ class SymmetricExchange:
                 f"B * num_samples = {length - len(HEADER)} exceeds the symmetric exchange's "
                 f"capacity of {SYMMETRIC_CAPACITY} candidates per rank"
             )
-        slot = self.step.remainder(2)
-        slot_start = slot * (self.world * self.row)
-        positions = slot_start + self.rank * self.row + torch.arange(length, device=slot.device)
+        # Positions of every rank's message in this step's slot (the slot is read on the
+        # device: no host sync, and CUDA-graph replays alternate slots).
+        offsets = torch.arange(length, device=message.device)
+        ranks = torch.arange(self.world, device=message.device)[:, None] * self.row
+        slot_start = self.step.remainder(2) * (self.world * self.row)
         for peer in self.peers:
-            peer.index_copy_(0, positions, message)
+            peer.index_copy_(0, slot_start + self.rank * self.row + offsets, message)
         self.handle.barrier(channel=0, timeout_ms=EXCHANGE_TIMEOUT_MS)
-        rows = slot_start + torch.arange(self.world * self.row, device=slot.device)
-        mine = self.buffer.index_select(0, rows).view(self.world, self.row)[:, :length]
+        # A copy, taken before the next step's barrier lets a peer reuse the other slot.
+        mine = self.buffer.index_select(0, (slot_start + ranks + offsets).flatten())
         self.step.add_(1)
-        return mine
+        return mine.view(self.world, length)
 
 
 @functools.cache
@@ -192,12 +197,18 @@ def symmetric_exchange(group_name: str, device: torch.device) -> SymmetricExchan
     return SymmetricExchange(group_name, device)
 
 
-@functools.cache
 def use_symmetric_memory(group_name: str, device: torch.device) -> bool:
-    """Whether every rank of the group can take the symmetric-memory path: all on one host,
-    CUDA devices with peer access (agreed by one all-reduce, once per group and device)."""
+    """Whether the call takes the symmetric-memory path: CUDA, every rank of the group on
+    this host with peer access, and ``FLASHSAMPLING_TP_EXCHANGE`` not ``collective`` (set it
+    alike on every rank)."""
     if device.type != "cuda" or os.environ.get("FLASHSAMPLING_TP_EXCHANGE") == "collective":
         return False
+    return _peers_reachable(group_name, device)
+
+
+@functools.cache
+def _peers_reachable(group_name: str, device: torch.device) -> bool:
+    """Agreed by one all-reduce, once per group and device."""
     group = resolve_group(group_name)
     local = dist.get_world_size(group) <= torch.cuda.device_count()
     if local:

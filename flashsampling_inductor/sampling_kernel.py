@@ -244,13 +244,13 @@ def _best_of_two_chunks(
     return _better(s0, i0, s1, i1)
 
 
-@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi"])
+@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "vocab_offset"])
 def _sample_stage1(
     hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
     cand_score_ptr, cand_index_ptr,
     B, V, D,
     stride_hb, stride_hd, stride_wv, stride_wd,
-    scalar_temperature, seed_lo, seed_hi, num_samples,
+    scalar_temperature, seed_lo, seed_hi, num_samples, vocab_offset,
     HAS_BIAS: tl.constexpr,
     TEMPERATURE_MODE: tl.constexpr,  # 0: scalar, 1: 0-d tensor, 2: [B] tensor, 3: greedy
     SEED_MODE: tl.constexpr,  # 0: scalar argument, 1: 0-d tensor, 2: [B] tensor (per row)
@@ -356,28 +356,34 @@ def _sample_stage1(
             row_counter = tl.zeros((BLOCK_B,), tl.uint32)
         else:
             row_counter = offs_b.to(tl.uint32)
+        # A tensor-parallel shard's columns are the global vocabulary indices from
+        # vocab_offset (a multiple of 4, so quads of tokens stay aligned): its noise and its
+        # candidates' indices are those of the whole vocabulary.
+        noise_start = v_start + vocab_offset
+        noise_stop = V + vocab_offset
         for sample_index in range(num_samples):
             # The epilogue in vocabulary chunks keeps fewer noise values live at once (a whole
             # 128 x 256 tile of them spills registers); the tile's best is the best chunk's best.
             if EPILOGUE_CHUNKS == 1:
                 tile_score, tile_index = _best_of_chunk(
-                    logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    logits, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
                     TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
                 )  # fmt: skip
             elif EPILOGUE_CHUNKS == 2:
                 tile_score, tile_index = _best_of_two_chunks(
-                    logits, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    logits, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
                     TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
                 )  # fmt: skip
             else:
                 lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
                 half: tl.constexpr = BLOCK_V // 2
                 s0, i0 = _best_of_two_chunks(
-                    lo, v_start, V, noise_scale, row_counter, sample_index, k0, k1,
+                    lo, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
                     TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
                 )  # fmt: skip
                 s1, i1 = _best_of_two_chunks(
-                    hi, v_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
+                    hi, noise_start + half, noise_stop, noise_scale, row_counter, sample_index,
+                    k0, k1,
                     TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
                 )  # fmt: skip
                 tile_score, tile_index = _better(s0, i0, s1, i1)
@@ -387,15 +393,21 @@ def _sample_stage1(
 
 
 @triton.jit
-def _sample_stage2(cand_score_ptr, cand_index_ptr, out_ptr, num_candidates, BLOCK_C: tl.constexpr):
-    """One program per (row, sample): the argmax over its candidates, ties to the lowest."""
+def _sample_stage2(
+    cand_score_ptr, cand_index_ptr, out_ptr, out_score_ptr, num_candidates,
+    HAS_SCORE: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """One program per (row, sample): the argmax over its candidates, ties to the lowest;
+    with HAS_SCORE also the winning score (a tensor-parallel shard's candidate)."""
     pid = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
     mask = offs < num_candidates
     scores = tl.load(cand_score_ptr + pid * num_candidates + offs, mask=mask, other=float("-inf"))
-    _, winner = tl.max(scores, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    best, winner = tl.max(scores, axis=0, return_indices=True, return_indices_tie_break_left=True)
     index = tl.load(cand_index_ptr + pid * num_candidates + winner)
     tl.store(out_ptr + pid, index.to(tl.int64))
+    if HAS_SCORE:
+        tl.store(out_score_ptr + pid, best)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,12 +515,18 @@ def triton_fused_sample(
     num_samples: int,
     logits_dtype: torch.dtype | None = None,
     config: SampleConfig | None = None,
+    vocab_offset: int = 0,
+    out_score: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch both stages; arguments as validated by ``op.fused_sample``.
 
     ``config`` overrides the tile shapes (tests use it to show the tokens do not depend on
-    them).
+    them). A tensor-parallel shard (``tp.py``) passes ``vocab_offset``, the global index of
+    ``weight``'s first row (a multiple of 4), and ``out_score`` [B, num_samples] fp32, which
+    receives each winner's perturbed score; the returned indices are then global.
     """
+    if vocab_offset % 4:
+        raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     out = torch.empty((batch, num_samples), dtype=torch.int64, device=hidden.device)
@@ -525,7 +543,7 @@ def triton_fused_sample(
     seed_u64 = scalar_seed % 2**64
     temperature_mode = _temperature_mode(temperature, scalar_temperature)
     seed_mode = 0 if seed is None else (1 if seed.dim() == 0 else 2)
-    if config.warp_specialized_rows:
+    if config.warp_specialized_rows and not vocab_offset and out_score is None:
         from . import hopper_kernel  # imports this module's noise helpers
 
         if hopper_kernel.supported(hidden, weight):
@@ -555,7 +573,7 @@ def triton_fused_sample(
             cand_score, cand_index,
             batch, vocab_size, hidden_size,
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
-            scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples,
+            scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, vocab_offset,
             HAS_BIAS=bias is not None,
             TEMPERATURE_MODE=temperature_mode,
             SEED_MODE=seed_mode,
@@ -571,7 +589,7 @@ def triton_fused_sample(
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )  # fmt: skip
-        _launch_stage2(cand_score, cand_index, out)
+        _launch_stage2(cand_score, cand_index, out, out_score)
     return out
 
 
@@ -584,13 +602,20 @@ def _candidates(
     return score, torch.empty_like(score, dtype=torch.int32)
 
 
-def _launch_stage2(cand_score: torch.Tensor, cand_index: torch.Tensor, out: torch.Tensor) -> None:
+def _launch_stage2(
+    cand_score: torch.Tensor,
+    cand_index: torch.Tensor,
+    out: torch.Tensor,
+    out_score: torch.Tensor | None = None,
+) -> None:
     batch, num_samples, num_v_tiles = cand_score.shape
     _sample_stage2[(batch * num_samples,)](
         cand_score,
         cand_index,
         out,
+        out_score,
         num_v_tiles,
+        HAS_SCORE=out_score is not None,
         BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
     )
 

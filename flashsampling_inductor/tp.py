@@ -28,7 +28,14 @@ from .exchange import (
     symmetric_exchange,
     use_symmetric_memory,
 )
-from .op import IMPLS, SUPPORTED_DTYPES, _check_tensors, _normalize_seed, _normalize_temperature
+from .op import (
+    IMPLS,
+    SUPPORTED_DTYPES,
+    _check_tensors,
+    _normalize_seed,
+    _normalize_temperature,
+    _triton_interpreter_on,
+)
 from .reference import reference_candidates
 
 __all__ = ["tp_fused_sample"]
@@ -95,6 +102,10 @@ def tp_fused_sample(
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "triton" and hidden.device.type == "cpu" and not _triton_interpreter_on():
+        raise ValueError(
+            "impl='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1)"
+        )
     if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
     group_name = _group_name(group)
@@ -199,6 +210,22 @@ def _shard_candidates(
     if weight.shape[0] == 0:  # a shard of padding rows only
         score = torch.full((batch, num_samples), float("-inf"), device=hidden.device)
         return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
+    use_triton = impl == "triton" or (impl == "auto" and hidden.device.type == "cuda")
+    if use_triton and vocab_start % 4 == 0:
+        from .sampling_kernel import triton_fused_sample
+
+        score = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
+        index = triton_fused_sample(
+            hidden, weight, bias, temperature, scalar_temperature, seed, 0, num_samples,
+            logits_dtype, vocab_offset=vocab_start, out_score=score,
+        )  # fmt: skip
+        return score, index
+    if impl == "triton":
+        raise ValueError(
+            f"impl='triton' needs a shard that starts at a multiple of 4 (the kernel draws "
+            f"noise for aligned quads of tokens), got vocab_start={vocab_start}"
+        )
+    # The reference: CPU tensors, and CUDA shards that start off a multiple of 4 (slow).
     if temperature is None:
         temperature = torch.full((batch,), scalar_temperature, device=hidden.device)
     return reference_candidates(

@@ -44,7 +44,7 @@ def run_ranks(world_size: int, worker, *args, backend: str = "gloo", timeout_s: 
                 outcomes[rank] = (ok, value)
         finally:
             for process in processes:
-                process.join(timeout=30)
+                process.join(timeout=10)
                 if process.is_alive():
                     process.kill()
     for rank in range(world_size):

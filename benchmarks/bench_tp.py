@@ -1,0 +1,283 @@
+"""Time one tensor-parallel sampling step on the GPUs of one host (2 by default).
+
+Each rank holds a V/P shard of the LM-head weight (bf16) and the same hidden [B, D]; one
+token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Providers:
+
+    fused_tp              flashsampling_inductor.tp_fused_sample: the fused kernel on the
+                          shard, candidates to every peer through symmetric memory
+    fused_tp_collective   the same, candidates through an NCCL all-gather
+    shard_matmul          cuBLAS hidden @ W_shard.T alone (what the TP step cannot beat)
+    shard_allgather       + NCCL all-gather of the [B, V/P] logits and the re-layout to [B, V]
+    allgather_fi2         + FlashInfer sampling_from_logits (Gumbel-max) on the [B, V] logits
+    allgather_multinomial + eager softmax and torch.multinomial
+    tp1_fused             fused_sample over the whole V on one GPU (the TP = 1 line)
+    tp1_matmul            cuBLAS over the whole V on one GPU
+
+How it times: every rank runs the same fixed number of calls (a collective must be called
+the same number of times everywhere, so no adaptive do_bench), CUDA events around
+``--iters`` calls after a barrier, five repeats, median per step. Two modes: "events" (calls
+from Python) and "graph" (``--iters`` calls captured in one CUDA graph, the replay timed).
+
+    python -m torch.distributed.run --nproc_per_node=2 benchmarks/bench_tp.py --out-dir DIR
+
+Writes ``bench_tp_<gpu>_tp<P>_<date>.csv`` and a PNG, prints a markdown table last (rank 0).
+Always exports NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import statistics
+import sys
+from pathlib import Path
+
+for _name, _value in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
+    os.environ[_name] = _value  # never multicast (../shared/gpu/README.md)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+import flashsampling_inductor as fs  # noqa: E402
+
+PROVIDERS = (
+    "tp1_matmul",
+    "tp1_fused",
+    "shard_matmul",
+    "shard_allgather",
+    "allgather_fi2",
+    "allgather_multinomial",
+    "fused_tp_collective",
+    "fused_tp",
+)
+PEERS = ("shard_allgather", "allgather_fi2", "allgather_multinomial", "fused_tp_collective")
+
+
+def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, world):
+    """-> a step() callable for the provider."""
+    if provider == "tp1_matmul":
+        return lambda: hidden @ weight_full.T
+    if provider == "tp1_fused":
+        return lambda: fs.fused_sample(hidden, weight_full)
+    if provider == "shard_matmul":
+        return lambda: hidden @ weight_shard.T
+    if provider.startswith("fused_tp"):
+        exchange = "collective" if provider == "fused_tp_collective" else "auto"
+
+        def fused_step():
+            os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
+            return fs.tp_fused_sample(
+                hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size
+            )
+
+        return fused_step
+    batch, shard = hidden.shape[0], weight_shard.shape[0]
+    gathered = torch.empty((world * batch, shard), dtype=hidden.dtype, device=hidden.device)
+
+    def logits():
+        # vLLM's / Megatron's gather: [P * B, V/P] -> [B, P * V/P], then the real V.
+        dist.all_gather_into_tensor(gathered, hidden @ weight_shard.T)
+        full = gathered.view(world, batch, shard).movedim(0, 1).reshape(batch, world * shard)
+        return full[:, :vocab_size]
+
+    if provider == "shard_allgather":
+        return logits
+    if provider == "allgather_fi2":
+        import flashinfer.sampling as fi
+
+        seed = torch.tensor([1234], dtype=torch.int64, device=hidden.device)
+        offset = torch.zeros(1, dtype=torch.int64, device=hidden.device)
+        return lambda: fi.sampling_from_logits(logits(), seed=seed, offset=offset)
+    if provider == "allgather_multinomial":
+        return lambda: torch.multinomial(torch.softmax(logits().float(), dim=-1), 1)
+    raise ValueError(provider)
+
+
+def time_step(step, mode: str, iters: int, repeats: int = 5) -> float:
+    """Median us per step over ``repeats`` runs of ``iters`` steps (same count on all ranks)."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    if mode == "graph":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                step()
+        run = graph.replay
+    else:
+
+        def run():
+            for _ in range(iters):
+                step()
+
+    run()
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) * 1e3 / iters)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="4096x151936,8192x128256")
+    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--providers", default=",".join(PROVIDERS))
+    parser.add_argument("--modes", default="events,graph")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out-dir", default="benchmarks/results")
+    args = parser.parse_args()
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", device_id=device)
+    providers = args.providers.split(",")
+    if any(p in providers for p in ("allgather_fi2",)):
+        try:
+            import flashinfer.sampling as fi
+
+            fi.sampling_from_logits(torch.randn(4, 4096, device=device, dtype=torch.bfloat16))
+        except Exception as error:  # noqa: BLE001 - a missing peer is a note, not a failure
+            print(f"rank {rank}: FlashInfer unavailable: {error}", flush=True)
+            providers = [p for p in providers if p != "allgather_fi2"]
+    meta = {
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M"),
+    }
+    rows = []
+    for shape in args.shapes.split(","):
+        dim, vocab = map(int, shape.split("x"))
+        generator = torch.Generator(device=device).manual_seed(0)
+        weight_full = torch.randn(
+            vocab, dim, device=device, dtype=torch.bfloat16, generator=generator
+        )
+        weight_full *= dim**-0.5
+        shard = -(-vocab // world)
+        vocab_start = rank * shard
+        weight_shard = weight_full[vocab_start : vocab_start + shard].contiguous()
+        for batch in map(int, args.batches.split(",")):
+            hidden = torch.randn(
+                batch, dim, device=device, dtype=torch.bfloat16, generator=generator
+            )
+            for provider in providers:
+                step = build(provider, hidden, weight_shard, weight_full, vocab_start, vocab, world)
+                for mode in args.modes.split(","):
+                    note = ""
+                    try:
+                        us = time_step(step, mode, args.iters)
+                    except Exception as error:  # noqa: BLE001 - recorded in the CSV
+                        us, note = float("nan"), f"{type(error).__name__}: {error}"[:200]
+                    rows.append((dim, vocab, batch, provider, mode, us, note))
+                    if rank == 0:
+                        print(f"D={dim} V={vocab} B={batch:<4d} {provider:<22s} {mode:<6s}"
+                              f" {us:8.1f} us {note}", flush=True)  # fmt: skip
+            del hidden
+        del weight_full, weight_shard
+        torch.cuda.empty_cache()
+    if rank == 0:
+        write_results(rows, meta, world, Path(args.out_dir))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def write_results(rows, meta, world: int, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_tp_{meta['gpu'].lower().replace(' ', '-')}_tp{world}_{meta['date']}"
+    with (out_dir / f"{stem}.csv").open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["gpu", "torch", "triton", "date", "tp", "D", "V", "B", "provider",
+                         "timing", "median_us", "note"])  # fmt: skip
+        for dim, vocab, batch, provider, mode, us, note in rows:
+            writer.writerow([meta["gpu"], meta["torch"], meta["triton"], meta["date"], world,
+                             dim, vocab, batch, provider, mode, f"{us:.2f}", note])  # fmt: skip
+    table = {(d, v, b, p, m): us for d, v, b, p, m, us, _ in rows}
+    points = sorted({(d, v, b) for d, v, b, *_ in rows})
+    modes = sorted({m for *_, m, _, _ in rows})
+    lines = []
+    for mode in modes:
+        lines += [
+            f"\n{mode}: us per step, TP = {world}; peers as their time over fused_tp's",
+            "| D, V | B | shard matmul | fused_tp | fused_tp / (matmul + 10 us) | "
+            + " | ".join(PEERS)
+            + " | TP1 fused | scaling TP1 -> TP"
+            + str(world)
+            + " |",
+            "|---" * (6 + len(PEERS)) + "|",
+        ]
+        for d, v, b in points:
+            time_of = {p: table.get((d, v, b, p, mode), float("nan")) for p in PROVIDERS}
+            fused, matmul = time_of["fused_tp"], time_of["shard_matmul"]
+            tp1 = time_of["tp1_fused"]
+            peers = " | ".join(f"{time_of[p] / fused:.2f}x" for p in PEERS)
+            lines.append(
+                f"| {d}, {v} | {b} | {matmul:.0f} | {fused:.0f} | {fused / (matmul + 10):.2f} | "
+                f"{peers} | {tp1:.0f} | {tp1 / (world * fused):.2f} |"
+            )
+    text = "\n".join(lines)
+    (out_dir / f"{stem}.md").write_text(text + "\n")
+    print(text, flush=True)
+    try:
+        plot(rows, points, modes, world, out_dir / f"{stem}.png", meta)
+    except Exception as error:  # noqa: BLE001 - the CSV and table are what matter
+        print(f"no plot: {error}", flush=True)
+
+
+def plot(rows, points, modes, world, path, meta) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(d, v) for d, v, _ in points})
+    figure, axes = plt.subplots(len(modes), len(shapes), figsize=(6 * len(shapes), 4 * len(modes)),
+                                squeeze=False)  # fmt: skip
+    for i, mode in enumerate(modes):
+        for j, (d, v) in enumerate(shapes):
+            ax = axes[i][j]
+            batches = sorted({b for dd, vv, b in points if (dd, vv) == (d, v)})
+            for provider in sorted({r[3] for r in rows}):
+                us = [next((r[5] for r in rows if r[:5] == (d, v, b, provider, mode)), None)
+                      for b in batches]  # fmt: skip
+                ax.plot(batches, us, marker="o", label=provider)
+            tp1 = [next((r[5] for r in rows if r[:5] == (d, v, b, "tp1_fused", mode)), None)
+                   for b in batches]  # fmt: skip
+            ideal = [None if t is None else t / world for t in tp1]
+            ax.plot(
+                batches, ideal, linestyle=":", color="black", label=f"ideal (TP1 fused / {world})"
+            )
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("B")
+            ax.set_ylabel("us per step")
+            ax.set_title(f"D={d}, V={v}, TP={world}, {mode}")
+            ax.legend(fontsize=7)
+    figure.suptitle(
+        f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

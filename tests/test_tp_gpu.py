@@ -1,0 +1,186 @@
+"""Tensor-parallel sampling on CUDA: the kernel on shards (one GPU) and the symmetric-memory
+exchange (two GPUs or more, ``multigpu``), at real size.
+
+Run on the 2-GPU machine with ``python -m pytest -m "gpu or multigpu" tests/test_tp_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+import torch
+
+from flashsampling_inductor import fused_sample, tp_fused_sample
+from flashsampling_inductor.exchange import HEADER, pack_message, reduce_messages
+from flashsampling_inductor.tp import _shard_candidates
+
+from .sampling_oracle import assert_pathwise_equal, make_problem
+from .tp_ranks import run_ranks
+
+VOCAB = 151936
+
+
+def world_size() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 64, 256])
+@pytest.mark.parametrize("shards", [2, 4, 8])
+def test_gpu_kernel_on_shards_draws_the_full_vocabulary_tokens(batch, shards):
+    """The fused kernel with a vocabulary offset, one GPU playing every rank (bf16)."""
+    hidden, weight = make_problem(batch, VOCAB, 512, torch.bfloat16)
+    seed = 2024 + batch
+    size = VOCAB // shards
+    messages = []
+    for start in range(0, VOCAB, size):
+        score, index = _shard_candidates(
+            hidden, weight[start : start + size], None, None, 1.0,
+            torch.tensor(seed, device=hidden.device), 1, None, "triton", start,
+        )  # fmt: skip
+        header = torch.tensor([batch, 1, VOCAB, 0, start, start + size], device=hidden.device)
+        messages.append(pack_message(score, index, header))
+    tokens = reduce_messages(torch.stack(messages), messages[0][: len(HEADER)], batch, 1, "test")
+    expected = fused_sample(hidden, weight, seed=seed, impl="torch")
+    assert_pathwise_equal(tokens, expected, hidden, weight, seed=seed)
+
+
+def _symmetric_worker(rank, world, batches):
+    from flashsampling_inductor.exchange import use_symmetric_memory
+
+    device = torch.device("cuda", rank)
+    out = {"symmetric": None, "tokens": {}}
+    for batch in batches:
+        hidden, weight = make_problem(batch, VOCAB, 512, torch.bfloat16, device=device)
+        shard = -(-VOCAB // world)
+        start = rank * shard
+        for seed in (7, 8):
+            tokens = tp_fused_sample(
+                hidden, weight[start : start + shard], vocab_start=start, vocab_size=VOCAB,
+                seed=seed,
+            )  # fmt: skip
+            out["tokens"][batch, seed] = tokens.cpu()
+            if rank == 0:
+                expected = fused_sample(hidden, weight, seed=seed, impl="torch")
+                assert_pathwise_equal(tokens, expected, hidden, weight, seed=seed)
+    group = torch.distributed.group.WORLD.group_name
+    out["symmetric"] = use_symmetric_memory(group, device)
+    return out
+
+
+@pytest.mark.multigpu
+def test_symmetric_exchange_tokens_equal_on_ranks_and_tp1():
+    per_rank = run_ranks(world_size(), _symmetric_worker, (1, 64, 256), backend="nccl")
+    assert all(r["symmetric"] for r in per_rank), "the symmetric-memory path was not taken"
+    for key, tokens in per_rank[0]["tokens"].items():
+        for other in per_rank[1:]:
+            assert torch.equal(other["tokens"][key], tokens), key
+
+
+def _skewed_worker(rank, world, steps):
+    """One rank is delayed at random (host sleeps and device spins) for ``steps`` steps."""
+    device = torch.device("cuda", rank)
+    batch = 4
+    hidden, weight = make_problem(batch, VOCAB, 256, torch.bfloat16, device=device)
+    shard = -(-VOCAB // world)
+    start = rank * shard
+    seeds = torch.arange(steps, device=device)
+    tokens = torch.empty((steps, batch), dtype=torch.int64, device=device)
+    delay = random.Random(rank)
+    for step in range(steps):
+        if rank == world - 1:
+            if delay.random() < 0.01:
+                torch.cuda.synchronize()
+                time.sleep(delay.random() * 0.005)
+            if delay.random() < 0.1:
+                torch.cuda._sleep(delay.randrange(1, 200_000))  # device spin, cycles
+        tokens[step] = tp_fused_sample(
+            hidden, weight[start : start + shard], vocab_start=start, vocab_size=VOCAB,
+            seed=seeds[step],
+        )[:, 0]  # fmt: skip
+    tokens = tokens.cpu()
+    if rank == 0:  # TP = 1 on a subset of steps
+        for step in range(0, steps, 97):
+            expected = fused_sample(hidden, weight, seed=step, impl="torch")
+            assert_pathwise_equal(tokens[step, :, None], expected.cpu(), hidden, weight, seed=step)
+    return tokens
+
+
+@pytest.mark.multigpu
+def test_10000_skewed_steps_agree_on_every_rank():
+    per_rank = run_ranks(world_size(), _skewed_worker, 10_000, backend="nccl", timeout_s=300)
+    for other in per_rank[1:]:
+        assert torch.equal(other, per_rank[0])
+
+
+def _graph_worker(rank, world):
+    device = torch.device("cuda", rank)
+    batch = 8
+    hidden, weight = make_problem(batch, VOCAB, 512, torch.bfloat16, device=device)
+    shard = -(-VOCAB // world)
+    start = rank * shard
+    torch.manual_seed(100 + rank)  # ranks seeded apart: the shared seed stream must agree
+
+    def step():
+        return tp_fused_sample(hidden, weight[start : start + shard], vocab_start=start,
+                               vocab_size=VOCAB)  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    replays = []
+    for _ in range(4):
+        graph.replay()
+        replays.append(out.clone())
+    compiled = torch.compile(step, mode="reduce-overhead")
+    compiled_tokens = [compiled().clone() for _ in range(5)]
+    return torch.stack(replays).cpu(), torch.stack(compiled_tokens).cpu()
+
+
+@pytest.mark.multigpu
+def test_cuda_graph_replays_draw_fresh_tokens_equal_on_ranks():
+    per_rank = run_ranks(world_size(), _graph_worker, backend="nccl")
+    replays, compiled = per_rank[0]
+    for other_replays, other_compiled in per_rank[1:]:
+        assert torch.equal(other_replays, replays)
+        assert torch.equal(other_compiled, compiled)
+    # 8 rows over 151936 tokens: two replays drawing the same tokens would be a stale seed.
+    for draws in (replays, compiled):
+        assert all(not torch.equal(draws[i], draws[i + 1]) for i in range(len(draws) - 1))
+
+
+def _missing_rank_worker(rank, world):
+    device = torch.device("cuda", rank)
+    hidden, weight = make_problem(2, 1024, 64, torch.bfloat16, device=device)
+    shard = 1024 // world
+    tp_fused_sample(hidden, weight[rank * shard :][:shard], vocab_start=rank * shard,
+                    vocab_size=1024, seed=1)  # fmt: skip
+    torch.cuda.synchronize()
+    if rank != 0:
+        time.sleep(8)  # never comes to the second call
+        return "absent"
+    try:
+        tp_fused_sample(hidden, weight[:shard], vocab_start=0, vocab_size=1024, seed=2)
+        torch.cuda.synchronize()
+    except RuntimeError as error:
+        return str(error)
+    return "returned tokens"
+
+
+@pytest.mark.multigpu
+def test_a_missing_rank_fails_the_symmetric_exchange_after_the_timeout():
+    os.environ["FLASHSAMPLING_TP_TIMEOUT_MS"] = "2000"
+    try:
+        first = run_ranks(world_size(), _missing_rank_worker, backend="nccl", timeout_s=60)[0]
+    finally:
+        del os.environ["FLASHSAMPLING_TP_TIMEOUT_MS"]
+    assert first != "returned tokens", first
