@@ -22,6 +22,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+from flashsampling_inductor.params import SamplingParams  # noqa: E402
 from flashsampling_inductor.sampling_kernel import (  # noqa: E402
     SampleConfig,
     default_config,
@@ -59,9 +60,8 @@ def sweep_point(hidden, weight, configs, rounds):
     """Per config, the ratio to the matmul in each round: sampling at T = 1, and greedy."""
 
     def sample(config, temperature):
-        return lambda: triton_fused_sample(
-            hidden, weight, None, None, temperature, None, 1, 1, None, config
-        )
+        params = SamplingParams(None, temperature, None, 1, 1)
+        return lambda: triton_fused_sample(hidden, weight, None, params, config)
 
     ratios = [[] for _ in configs]
     greedy = [[] for _ in configs]

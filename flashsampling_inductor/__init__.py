@@ -7,7 +7,7 @@ is stock Inductor plus one graph pass that rewrites sampling idioms into calls o
 
 from .backend import flashsampling_backend
 from .explain import explain
-from .op import fused_sample
+from .op import fused_sample, sample_logits
 from .tp import tp_fused_sample
 
-__all__ = ["explain", "flashsampling_backend", "fused_sample", "tp_fused_sample"]
+__all__ = ["explain", "flashsampling_backend", "fused_sample", "sample_logits", "tp_fused_sample"]

@@ -1,26 +1,32 @@
-"""The public operator: ``fused_sample`` and its ``torch.library`` custom op.
+"""The public operators: ``fused_sample``, ``sample_logits`` and their custom ops.
 
-``fused_sample`` validates and normalises its arguments, then calls the custom op
-``torch.ops.flashsampling.fused_sample``, which picks the Triton kernel or the pure-PyTorch
-reference (plain eager calls, which nothing traces, run the op's implementation directly to
-save host time). The compiler pass (``graph_pass.py``) emits calls of the same custom op, so
-eager calls and compiled graphs share one implementation.
+Each validates and normalises its arguments (one normaliser for every "scalar or per-row"
+knob: temperature, seed, top_k, top_p), then calls its custom op
+(``torch.ops.flashsampling.fused_sample`` / ``sample_logits``), whose implementation bundles
+the flat schema arguments into one ``SamplingParams`` and picks the Triton kernel or the
+pure-PyTorch reference (``_use_triton``). Plain eager calls, which nothing traces, run the
+implementation directly to save host time. The compiler pass (``graph_pass.py``) emits calls
+of the same custom ops, so eager calls and compiled graphs share one implementation.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .reference import reference_fused_sample
+from .params import SamplingParams
+from .reference import reference_fused_sample, reference_sample_logits
 
-__all__ = ["fused_sample"]
+__all__ = ["fused_sample", "sample_logits"]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 IMPLS = ("auto", "triton", "torch")
-_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
 
 def fused_sample(
@@ -29,13 +35,16 @@ def fused_sample(
     *,
     bias: torch.Tensor | None = None,
     temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
     num_samples: int = 1,
     seed: int | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     logits_dtype: torch.dtype | None = None,
     impl: str = "auto",
 ) -> torch.Tensor:
-    """Sample token ids from ``softmax((hidden @ weight.T + bias) / temperature)``.
+    """Sample token ids from ``softmax((hidden @ weight.T + bias) / temperature)``, optionally
+    truncated by top-k, then top-p (the order of transformers' warpers).
 
     The [B, V] logits are never written to memory: each vocabulary tile is computed on chip,
     perturbed with Gumbel noise and reduced to its best (score, index); a second small stage
@@ -53,6 +62,16 @@ def fused_sample(
             tensors with a device-side assert (no host sync), as ``torch.multinomial`` checks
             its probabilities, and tensors a tracer sees (torch.compile, make_fx) with an
             assert op in the graph, a RuntimeError when the graph runs.
+        top_k: None, an int or an integer [B] tensor (one per row). Keeps the tokens whose
+            score is >= the k-th largest score of the row, counting repeats: every token tied
+            with the k-th value stays (``scores < topk(scores, k)[..., -1, None]`` is what is
+            removed), and a row with fewer than k finite scores keeps them all. None, 0 (per
+            row too) or k >= V is off. Tensors are checked (k >= 0) like temperature tensors.
+        top_p: None, a float in (0, 1] or a floating [B] tensor. Applied after top-k to
+            ``softmax(scores / T)`` over the top-k survivors: a survivor is kept iff the mass
+            of the survivors with a strictly larger score is < p (the token that crosses p,
+            and its ties, stay). None or 1.0 is off; greedy rows are not truncated (their
+            argmax is always kept).
         num_samples: independent draws per row, with replacement.
         seed: int, 0-d int64 tensor or [B] int64 tensor (one per row). With a seed the
             result is deterministic and independent of tile sizes, launch grid and batch
@@ -72,46 +91,96 @@ def fused_sample(
         scores are all -inf or NaN returns token 0, as ``torch.argmax`` would.
     """
     _check_tensors(hidden, weight, bias)
-    batch = hidden.shape[0]
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "triton" and hidden.device.type == "cpu" and not _triton_interpreter_on():
-        raise ValueError(
-            "impl='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1)"
-        )
     if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
-    temperature_tensor, scalar_temperature = _normalize_temperature(temperature, hidden)
-    seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
-    if batch == 0:
+    knobs = _normalize_call(hidden, temperature, top_k, top_p, num_samples, seed, generator, impl)
+    if knobs is None:
         return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
-    if seed is None:
-        # Drawn on the device (62 random bits), so no host sync; under CUDA graph capture the
-        # generator hands every replay a fresh offset, and under torch.compile Inductor draws
-        # it with its own graph-safe RNG.
-        seed_tensor = torch.randint(
-            0, 2**62, (), dtype=torch.int64, device=hidden.device, generator=generator
-        )
+    temperature, seed, top_k, top_p = knobs
     args = (
-        hidden,
-        weight,
-        bias,
-        temperature_tensor,
-        scalar_temperature,
-        seed_tensor,
-        scalar_seed,
-        num_samples,
-        logits_dtype,
-        impl,
-    )
-    if _plain_eager_call(hidden, weight, bias, temperature_tensor, seed_tensor):
+        hidden, weight, bias, *temperature, *seed, num_samples, logits_dtype, impl,
+        *top_k, *top_p,
+    )  # fmt: skip
+    if _plain_eager_call(hidden, weight, bias, temperature[0], seed[0], top_k[0], top_p[0]):
         # The dispatcher's custom-op layers cost more host time per call than both kernel
         # launches together (benchmarks/results/stagger_and_host_h200_20261121.txt); plain
         # eager tensors need none of them, so they go straight to the implementation.
         return _fused_sample_impl(*args)
     return torch.ops.flashsampling.fused_sample(*args)
+
+
+def sample_logits(
+    logits: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    num_samples: int = 1,
+    seed: int | torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Sample token ids from logits that are already materialized, as ``fused_sample`` does.
+
+    Draws exactly the tokens ``fused_sample`` draws on the same seed when ``logits`` equals
+    its ``hidden @ weight.T (+ bias)``: the same truncation, the same noise keyed on the
+    global vocabulary index. For samplers that receive logits from elsewhere (a logits
+    processor, a model that returns them).
+
+    Args:
+        logits: [B, V] bf16/fp16/fp32, scored in fp32; NaN counts as -inf and -inf entries
+            are never drawn.
+        temperature, top_k, top_p, num_samples, seed, generator: as in ``fused_sample``.
+        impl: "triton", "torch" or "auto", as in ``fused_sample``.
+
+    Returns:
+        [B, num_samples] int64 token ids in [0, V).
+    """
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"logits must be bf16, fp16 or fp32, got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
+    if logits.shape[1] == 0:
+        raise ValueError("logits has V = 0 columns: there is no token to sample")
+    knobs = _normalize_call(logits, temperature, top_k, top_p, num_samples, seed, generator, impl)
+    if knobs is None:
+        return torch.empty((0, num_samples), dtype=torch.int64, device=logits.device)
+    temperature, seed, top_k, top_p = knobs
+    args = (logits, *temperature, *seed, num_samples, *top_k, *top_p, impl)
+    if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0]):
+        return _sample_logits_impl(*args)
+    return torch.ops.flashsampling.sample_logits(*args)
+
+
+def _normalize_call(rows, temperature, top_k, top_p, num_samples, seed, generator, impl):
+    """The checks both public functions share. ``rows`` is the [B, ...] tensor whose device
+    and batch the knobs follow. -> None for an empty batch, else the (tensor or None, scalar)
+    pairs of temperature, seed, top_k and top_p, with a seed drawn on the device if none was
+    given."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "triton" and rows.device.type == "cpu" and not _triton_interpreter_on():
+        raise ValueError(
+            "impl='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1)"
+        )
+    temperature = _to_tensor_scalar(temperature, TEMPERATURE, rows)
+    top_k = _to_tensor_scalar(top_k, TOP_K, rows)
+    top_p = _to_tensor_scalar(top_p, TOP_P, rows)
+    seed_tensor, scalar_seed = _to_tensor_scalar(seed, SEED, rows)
+    if rows.shape[0] == 0:
+        return None
+    if seed is None:
+        # Drawn on the device (62 random bits), so no host sync; under CUDA graph capture the
+        # generator hands every replay a fresh offset, and under torch.compile Inductor draws
+        # it with its own graph-safe RNG.
+        seed_tensor = torch.randint(
+            0, 2**62, (), dtype=torch.int64, device=rows.device, generator=generator
+        )
+    return temperature, (seed_tensor, scalar_seed), top_k, top_p
 
 
 def _triton_interpreter_on() -> bool:
@@ -180,73 +249,128 @@ def _is_cpu_scalar(value: torch.Tensor) -> bool:
     return value.dim() == 0 and value.device.type == "cpu"
 
 
-def _on_device(value: torch.Tensor, hidden: torch.Tensor, name: str) -> torch.Tensor:
-    """A tensor argument on hidden's device; a CPU scalar may be moved there."""
-    if value.device == hidden.device:
+def _on_device(value: torch.Tensor, rows: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor argument on rows' device; a CPU scalar may be moved there."""
+    if value.device == rows.device:
         return value
     if _is_cpu_scalar(value):
-        return value.to(hidden.device)
-    raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}")
+        return value.to(rows.device)
+    raise ValueError(f"{name} is on {value.device}, not on the inputs' device {rows.device}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PerRowKnob:
+    """A "scalar or per-row" argument: a Python number, a 0-d tensor or a [B] tensor.
+
+    ``valid`` maps a number or a tensor to whether (elementwise) it is allowed; it is written
+    with comparisons only, so the same expression checks a Python value on the host and a
+    tensor in the graph. ``off`` is the scalar that None stands for (no None when it is
+    None)."""
+
+    name: str
+    python_type: type  # int or float
+    tensor_dtype: torch.dtype  # what the op receives
+    tensor_kind: str  # "floating", "integer" or "int64"
+    rule: str  # what ``valid`` accepts, for the error messages
+    valid: Callable | None
+    off: float | int | None
+
+
+TEMPERATURE = PerRowKnob(
+    "temperature", float, torch.float32, "floating", "finite and >= 0",
+    lambda t: (t >= 0) & (t < math.inf), None,
+)  # fmt: skip
+SEED = PerRowKnob("seed", int, torch.int64, "int64", "", None, 0)
+TOP_K = PerRowKnob("top_k", int, torch.int64, "integer", "an integer >= 0", lambda k: k >= 0, 0)
+TOP_P = PerRowKnob(
+    "top_p", float, torch.float32, "floating", "in (0, 1]", lambda p: (p > 0) & (p <= 1), 1.0
+)
+
+
+def _to_tensor_scalar(
+    value, knob: PerRowKnob, rows: torch.Tensor
+) -> tuple[torch.Tensor | None, float | int]:
+    """A knob -> (device tensor or None, scalar used when the tensor is None), as FlashInfer's
+    ``_to_tensor_scalar_tuple``. Python values are checked on the host (ValueError); CPU
+    tensors in eager calls too; CUDA tensors and traced ones get an assert op (no host sync)."""
+    batch = rows.shape[0]
+    if value is None and knob.off is not None:
+        return None, knob.off
+    if isinstance(value, torch.Tensor):
+        if not _tensor_kind_ok(value.dtype, knob.tensor_kind):
+            kind = {"floating": "a floating", "integer": "an integer", "int64": "an int64"}
+            raise TypeError(
+                f"{knob.name} must be {kind[knob.tensor_kind]} tensor, got {value.dtype}"
+            )
+        if _is_cpu_scalar(value) and rows.device.type != "cpu" and _plain_eager_call(value):
+            value = value.item()  # a CPU scalar costs no device sync
+        else:
+            if value.shape not in ((), (batch,)):
+                raise ValueError(
+                    f"{knob.name} must be 0-d or [B] = ({batch},), got {tuple(value.shape)}"
+                )
+            value = _on_device(value, rows, knob.name)
+            if knob.valid is not None:
+                valid = knob.valid(value).all()
+                message = f"{knob.name} must be {knob.rule} in every row"
+                if value.device.type == "cpu" and _plain_eager_call(value):
+                    if not bool(valid):
+                        raise ValueError(message)
+                else:
+                    # Reading CUDA values would sync with the host, and a tracer
+                    # (torch.compile, make_fx) has no values to read; an assert op in the
+                    # graph fails as loudly as torch.multinomial does on bad probabilities,
+                    # when the values exist.
+                    torch._assert_async(valid, message)
+            return value.to(knob.tensor_dtype), knob.off or 0
+    if knob.python_type is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        words = "a float"
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        words = "an int"
+    if not ok:
+        none = " or None" if knob.off is not None else ""
+        raise TypeError(f"{knob.name} must be {words}, a tensor{none}, got {type(value).__name__}")
+    value = knob.python_type(value)
+    if knob is SEED:
+        if not (_INT64_MIN <= value <= _UINT64_MAX):
+            raise ValueError(f"seed must fit in 64 bits, got {value}")
+        # The op's schema holds a signed int64: keep the same 64 bits.
+        return None, value - 2**64 if value >= 2**63 else value
+    if not knob.valid(value):
+        raise ValueError(f"{knob.name} must be {knob.rule}, got {value}")
+    if knob is TOP_K:
+        value = min(value, _INT64_MAX)  # k >= V is off; the schema holds an int64
+    return None, value
 
 
 def _normalize_temperature(temperature, hidden) -> tuple[torch.Tensor | None, float]:
-    """-> (device tensor or None, scalar used when the tensor is None)."""
-    batch = hidden.shape[0]
-    if isinstance(temperature, torch.Tensor):
-        if not temperature.is_floating_point():
-            raise TypeError(f"temperature must be a floating tensor, got {temperature.dtype}")
-        if (
-            _is_cpu_scalar(temperature)
-            and hidden.device.type != "cpu"
-            and _plain_eager_call(temperature)
-        ):
-            temperature = temperature.item()  # a CPU scalar costs no device sync
-        else:
-            if temperature.shape not in ((), (batch,)):
-                raise ValueError(
-                    f"temperature must be 0-d or [B] = ({batch},), got {tuple(temperature.shape)}"
-                )
-            temperature = _on_device(temperature, hidden, "temperature")
-            valid = ((temperature >= 0) & temperature.isfinite()).all()
-            if temperature.device.type == "cpu" and _plain_eager_call(temperature):
-                if not bool(valid):
-                    raise ValueError("temperature must be finite and >= 0 in every row")
-            else:
-                # Reading CUDA values would sync with the host, and a tracer (torch.compile,
-                # make_fx) has no values to read; an assert op in the graph fails as loudly as
-                # torch.multinomial does on bad probabilities, when the values exist.
-                torch._assert_async(valid, "temperature must be finite and >= 0 in every row")
-            return temperature.float(), 1.0
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(
-            f"temperature must be a float or a tensor, got {type(temperature).__name__}"
-        )
-    temperature = float(temperature)
-    if not (0.0 <= temperature < float("inf")):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    return None, temperature
+    """temperature -> (device fp32 tensor or None, scalar) (tp.py's entry to the normaliser)."""
+    return _to_tensor_scalar(temperature, TEMPERATURE, hidden)
 
 
 def _normalize_seed(seed, hidden) -> tuple[torch.Tensor | None, int]:
-    """-> (device int64 tensor or None, scalar int64 seed used when the tensor is None)."""
-    batch = hidden.shape[0]
-    if seed is None:
-        return None, 0
-    if isinstance(seed, torch.Tensor):
-        if seed.dtype != torch.int64:
-            raise TypeError(f"seed must be an int64 tensor, got {seed.dtype}")
-        if _is_cpu_scalar(seed) and hidden.device.type != "cpu" and _plain_eager_call(seed):
-            seed = seed.item()  # a CPU scalar costs no device sync
-        else:
-            if seed.shape not in ((), (batch,)):
-                raise ValueError(f"seed must be 0-d or [B] = ({batch},), got {tuple(seed.shape)}")
-            return _on_device(seed, hidden, "seed"), 0
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, an int64 tensor or None, got {type(seed).__name__}")
-    if not (_INT64_MIN <= seed <= _UINT64_MAX):
-        raise ValueError(f"seed must fit in 64 bits, got {seed}")
-    # The op's schema holds a signed int64: keep the same 64 bits.
-    return None, seed - 2**64 if seed >= 2**63 else seed
+    """seed -> (device int64 tensor or None, scalar int64 seed) (tp.py's entry)."""
+    return _to_tensor_scalar(seed, SEED, hidden)
+
+
+def _tensor_kind_ok(dtype: torch.dtype, kind: str) -> bool:
+    if kind == "floating":
+        return dtype.is_floating_point
+    if kind == "int64":
+        return dtype == torch.int64
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+
+
+def _use_triton(impl: str, device: torch.device, params: SamplingParams) -> bool:
+    """The one implementation selector: the Triton kernels for impl="triton", and for
+    impl="auto" on CUDA; the reference otherwise."""
+    # Until the fused top-k/top-p kernel lands, truncating calls take the reference on
+    # every device (it is exact and has no host sync; it writes [B, V] logits).
+    if params.truncates:
+        return False
+    return impl == "triton" or (impl == "auto" and device.type == "cuda")
 
 
 def _fused_sample_impl(
@@ -260,50 +384,63 @@ def _fused_sample_impl(
     num_samples: int,
     logits_dtype: torch.dtype | None,
     impl: str,
+    top_k: torch.Tensor | None = None,
+    scalar_top_k: int = 0,
+    top_p: torch.Tensor | None = None,
+    scalar_top_p: float = 1.0,
 ) -> torch.Tensor:
     """The custom op behind ``fused_sample``; arguments are already validated.
 
-    ``temperature`` (0-d or [B] fp32) overrides ``scalar_temperature`` and ``seed``
-    (0-d or [B] int64) overrides ``scalar_seed`` when given. A [B] seed means per-row seeds.
+    Each tensor knob (0-d or [B]) overrides its scalar when given; a [B] seed means per-row
+    seeds. top_k int64 (0 or >= V: off), top_p fp32 (1.0: off).
     """
-    use_triton = impl == "triton" or (impl == "auto" and hidden.device.type == "cuda")
-    if use_triton:
+    params = SamplingParams(
+        temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
+        top_k, scalar_top_k, top_p, scalar_top_p,
+    )  # fmt: skip
+    if _use_triton(impl, hidden.device, params):
         from .sampling_kernel import triton_fused_sample
 
-        return triton_fused_sample(
-            hidden,
-            weight,
-            bias,
-            temperature,
-            scalar_temperature,
-            seed,
-            scalar_seed,
-            num_samples,
-            logits_dtype,
-        )
-    batch = hidden.shape[0]
-    if temperature is None:
-        temperature = torch.full((batch,), scalar_temperature, device=hidden.device)
-    per_row_seed = seed is not None and seed.dim() == 1
-    if seed is None:
-        seed = torch.tensor(scalar_seed, dtype=torch.int64, device=hidden.device)
-    return reference_fused_sample(
-        hidden,
-        weight,
-        bias,
-        temperature.float().expand(batch),
-        seed.expand(batch),
-        per_row_seed,
-        num_samples,
-        logits_dtype,
-    )
+        return triton_fused_sample(hidden, weight, bias, params)
+    return reference_fused_sample(hidden, weight, bias, params)
+
+
+def _sample_logits_impl(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    scalar_temperature: float,
+    seed: torch.Tensor | None,
+    scalar_seed: int,
+    num_samples: int,
+    top_k: torch.Tensor | None = None,
+    scalar_top_k: int = 0,
+    top_p: torch.Tensor | None = None,
+    scalar_top_p: float = 1.0,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """The custom op behind ``sample_logits``; arguments as in ``_fused_sample_impl``."""
+    params = SamplingParams(
+        temperature, scalar_temperature, seed, scalar_seed, num_samples, None,
+        top_k, scalar_top_k, top_p, scalar_top_p,
+    )  # fmt: skip
+    # The reference on every device for now: the logits are already written, so sorting
+    # them costs a pass over [B, V] that a dedicated kernel would save.
+    return reference_sample_logits(logits, params)
 
 
 _fused_sample_op = torch.library.custom_op(
     "flashsampling::fused_sample", _fused_sample_impl, mutates_args=()
+)
+_sample_logits_op = torch.library.custom_op(
+    "flashsampling::sample_logits", _sample_logits_impl, mutates_args=()
 )
 
 
 @_fused_sample_op.register_fake
 def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
+
+
+@_sample_logits_op.register_fake
+def _(logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
+    return logits.new_empty((logits.shape[0], num_samples), dtype=torch.int64)

@@ -26,13 +26,19 @@ import math
 
 import torch
 
+from .params import SamplingParams
+
 __all__ = [
     "bits_to_gumbel",
     "bits_to_log2_gumbel",
     "gumbel_noise",
     "philox4x32",
+    "gumbel_argmax",
     "reference_candidates",
     "reference_fused_sample",
+    "reference_logits",
+    "reference_sample_logits",
+    "truncation_keep",
 ]
 
 PHILOX_ROUND_A = 0xD2511F53
@@ -137,26 +143,115 @@ def split_seed(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return seed & _U32, (seed >> 32) & _U32
 
 
-def reference_fused_sample(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+def truncation_keep(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Which tokens top-k, then top-p, keep: bool [B, V]. The one statement of the math.
+
+    ``logits`` [B, V] fp32 with NaN already -inf; ``temperature`` / ``top_p`` [B] fp32,
+    ``top_k`` [B] int64. Top-k keeps ``l >= kth``, the k-th largest value counting repeats
+    (every token tied with it stays, as ``scores < topk(scores, k)[..., -1, None]`` removes;
+    a row with fewer than k finite tokens keeps them all); 0 or k >= V is off. Top-p keeps a
+    top-k survivor iff the mass of ``softmax(l / T)`` over the survivors carried by tokens with
+    a strictly larger l is < p, so the token that crosses p and its ties stay; p = 1 and
+    greedy rows (T = 0, whose argmax no truncation moves) are off. Masses are fp32, so a
+    survivor whose strictly-larger mass is within rounding of p may go either way (a
+    near-tie, as in the kernel).
+    """
+    vocab_size = logits.shape[1]
+    sorted_desc = logits.sort(dim=-1, descending=True).values
+    # No host sync: k is read through a gather, never as a Python number.
+    k_on = (top_k > 0) & (top_k < vocab_size)
+    kth = sorted_desc.gather(1, (top_k.clamp(1, vocab_size) - 1)[:, None])
+    threshold = torch.where(k_on[:, None], kth, float("-inf"))
+    p_on = (top_p < 1.0) & (temperature > 0)
+    # The survivors are a prefix of sorted_desc; weights exp2((l - max) * log2(e) / T), with
+    # the row's maximum (even +inf) weighing 1 and -inf nothing.
+    inv_temperature = INV_LN2 / torch.where(temperature > 0, temperature, 1.0)
+    row_max = sorted_desc[:, :1]
+    weights = torch.exp2((sorted_desc - row_max) * inv_temperature[:, None])
+    weights = torch.where(sorted_desc == row_max, 1.0, weights)
+    weights = torch.where((sorted_desc >= threshold) & (sorted_desc > float("-inf")), weights, 0.0)
+    larger_mass = weights.cumsum(-1) - weights  # mass before each position, non-decreasing
+    total = weights.sum(-1, keepdim=True)
+    crossing = (larger_mass < top_p[:, None] * total).sum(-1).clamp(min=1) - 1
+    nucleus = sorted_desc.gather(1, crossing[:, None])
+    threshold = torch.where(p_on[:, None], torch.maximum(threshold, nucleus), threshold)
+    return logits >= threshold
+
+
+def reference_sample_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Sample [B, num_samples] token ids from materialized logits [B, V] (any float dtype,
+    scored in fp32): truncation (``truncation_keep``), then Gumbel-max with the noise of the
+    module docstring. Scores are ``logits + T * gumbel`` up to a per-row constant, the same
+    argmax as ``logits / T + gumbel`` for T > 0 and plain argmax for T = 0; NaN counts as
+    -inf, and a row with nothing finite returns token 0 as ``torch.argmax`` does.
+    """
+    batch = logits.shape[0]
+    logits = logits.float()
+    logits = logits.masked_fill(logits.isnan(), float("-inf"))
+    rows = params.rows(batch, logits.device)
+    if params.truncates:
+        keep = truncation_keep(logits, rows.temperature, rows.top_k, rows.top_p)
+        logits = logits.masked_fill(~keep, float("-inf"))
+    return gumbel_argmax(
+        logits, rows.temperature, rows.seed, params.per_row_seed, params.num_samples
+    )[1]
+
+
+def gumbel_argmax(
+    logits: torch.Tensor,
     temperature: torch.Tensor,
     seed: torch.Tensor,
     per_row_seed: bool,
     num_samples: int,
+    vocab_start: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row and sample, the best perturbed score [B, num_samples] fp32 and its vocabulary
+    index [B, num_samples] int64 (ties to the lowest) of fp32 ``logits`` [B, V'] holding the
+    vocabulary indices ``vocab_start ..`` (a tensor-parallel shard draws the noise of its
+    global indices and returns them). ``temperature`` [B] fp32, ``seed`` [B] int64."""
+    batch, vocab_size = logits.shape
+    seed_lo, seed_hi = split_seed(seed)
+    if per_row_seed:
+        row_counter = torch.zeros(batch, dtype=torch.int64, device=logits.device)
+    else:
+        row_counter = torch.arange(batch, dtype=torch.int64, device=logits.device)
+    best_scores, best_indices = [], []
+    for sample_index in range(num_samples):
+        noise = gumbel_noise(seed_lo, seed_hi, row_counter, sample_index, vocab_size, vocab_start)
+        scores = logits + (temperature * LN2)[:, None] * noise
+        scores = scores.masked_fill(scores.isnan(), float("-inf"))
+        index = scores.argmax(dim=-1, keepdim=True)
+        best_scores.append(scores.gather(-1, index))
+        best_indices.append(index + vocab_start)
+    return torch.cat(best_scores, dim=-1), torch.cat(best_indices, dim=-1)
+
+
+def reference_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
     logits_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Sample [B, num_samples] token ids from softmax((hidden @ weight.T + bias) / temperature).
+    """The scores the sampler draws from: fp32 ``hidden @ weight.T + bias``, rounded to
+    ``logits_dtype`` when given, [B, V] fp32."""
+    logits = hidden.float() @ weight.float().T
+    if bias is not None:
+        logits = logits + bias.float()
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
+    return logits
 
-    Arguments are already validated and normalised by ``fused_sample``: ``temperature`` is a
-    [B] fp32 tensor (0 = greedy), ``seed`` a [B] int64 tensor. Scores are
-    ``logits + T * gumbel`` (up to a per-row constant), the same argmax as
-    ``logits / T + gumbel`` for T > 0 and plain argmax for T = 0; NaN scores count as -inf.
-    """
-    return reference_candidates(
-        hidden, weight, bias, temperature, seed, per_row_seed, num_samples, logits_dtype
-    )[1]
+
+def reference_fused_sample(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: SamplingParams
+) -> torch.Tensor:
+    """Sample [B, num_samples] token ids from softmax((hidden @ weight.T + bias) / temperature)
+    after top-k / top-p; ``params`` as validated and normalised by ``op.fused_sample``."""
+    return reference_sample_logits(
+        reference_logits(hidden, weight, bias, params.logits_dtype), params
+    )
 
 
 def reference_candidates(
@@ -170,33 +265,10 @@ def reference_candidates(
     logits_dtype: torch.dtype | None = None,
     vocab_start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row and sample, the best perturbed score [B, num_samples] fp32 and its vocabulary
-    index [B, num_samples] int64, ties to the lowest index; arguments as in
-    ``reference_fused_sample``.
-
-    ``weight`` [V', D] holds the vocabulary rows ``vocab_start .. vocab_start + V' - 1`` (a
-    tensor-parallel shard; ``bias`` [V'] the same rows): the noise and the returned indices
-    are those of the global vocabulary, so the best of all shards' candidates is the token
-    the whole vocabulary draws.
-    """
-    batch = hidden.shape[0]
-    vocab_size = weight.shape[0]
-    logits = hidden.float() @ weight.float().T
-    if bias is not None:
-        logits = logits + bias.float()
-    if logits_dtype is not None:
-        logits = logits.to(logits_dtype).float()
-    seed_lo, seed_hi = split_seed(seed)
-    if per_row_seed:
-        row_counter = torch.zeros(batch, dtype=torch.int64, device=hidden.device)
-    else:
-        row_counter = torch.arange(batch, dtype=torch.int64, device=hidden.device)
-    best_scores, best_indices = [], []
-    for sample_index in range(num_samples):
-        noise = gumbel_noise(seed_lo, seed_hi, row_counter, sample_index, vocab_size, vocab_start)
-        scores = logits + (temperature * LN2)[:, None] * noise
-        scores = scores.masked_fill(scores.isnan(), float("-inf"))
-        index = scores.argmax(dim=-1, keepdim=True)
-        best_scores.append(scores.gather(-1, index))
-        best_indices.append(index + vocab_start)
-    return torch.cat(best_scores, dim=-1), torch.cat(best_indices, dim=-1)
+    """A tensor-parallel shard's candidates (``gumbel_argmax``): ``weight`` [V', D] holds the
+    vocabulary rows ``vocab_start .. vocab_start + V' - 1`` (``bias`` [V'] the same rows),
+    so the best of all shards' candidates is the token the whole vocabulary draws.
+    ``temperature`` [B] fp32, ``seed`` [B] int64."""
+    logits = reference_logits(hidden, weight, bias, logits_dtype)
+    logits = logits.masked_fill(logits.isnan(), float("-inf"))
+    return gumbel_argmax(logits, temperature, seed, per_row_seed, num_samples, vocab_start)

@@ -29,6 +29,8 @@ import triton.language as tl
 from triton.compiler.errors import CompilationError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .params import SamplingParams
+
 __all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
 
 # FLASHSAMPLING_WARP_SPECIALIZED=0 keeps Hopper on the Triton kernel (default_config).
@@ -508,12 +510,7 @@ def triton_fused_sample(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    temperature: torch.Tensor | None,
-    scalar_temperature: float,
-    seed: torch.Tensor | None,
-    scalar_seed: int,
-    num_samples: int,
-    logits_dtype: torch.dtype | None = None,
+    params: SamplingParams,
     config: SampleConfig | None = None,
     vocab_offset: int = 0,
     out_score: torch.Tensor | None = None,
@@ -527,6 +524,9 @@ def triton_fused_sample(
     """
     if vocab_offset % 4:
         raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
+    temperature, scalar_temperature = params.temperature, params.scalar_temperature
+    seed, scalar_seed = params.seed, params.scalar_seed
+    num_samples, logits_dtype = params.num_samples, params.logits_dtype
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     out = torch.empty((batch, num_samples), dtype=torch.int64, device=hidden.device)

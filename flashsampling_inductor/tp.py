@@ -36,6 +36,7 @@ from .op import (
     _normalize_temperature,
     _triton_interpreter_on,
 )
+from .params import SamplingParams
 from .reference import reference_candidates
 
 __all__ = ["tp_fused_sample"]
@@ -215,10 +216,10 @@ def _shard_candidates(
         from .sampling_kernel import triton_fused_sample
 
         score = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
+        params = SamplingParams(temperature, scalar_temperature, seed, 0, num_samples, logits_dtype)
         index = triton_fused_sample(
-            hidden, weight, bias, temperature, scalar_temperature, seed, 0, num_samples,
-            logits_dtype, vocab_offset=vocab_start, out_score=score,
-        )  # fmt: skip
+            hidden, weight, bias, params, vocab_offset=vocab_start, out_score=score
+        )
         return score, index
     if impl == "triton":
         raise ValueError(

@@ -239,3 +239,54 @@ def _score_and_tolerance(
     rounding = 8 * FP32_UNIT_ROUNDOFF * (logit.abs() + noise_scale * noise.abs())
     tolerance = tolerance + rounding + noise_scale * 2.0**-21
     return score, tolerance
+
+
+def warped_probabilities(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """float64 [..., V] probabilities after transformers' warpers, in their order and forms:
+    temperature, ``TopKLogitsWarper`` (``scores < topk(scores, k)[..., -1, None]`` set to
+    -inf), ``TopPLogitsWarper`` (ascending sort, softmax, cumsum, ``<= 1 - p`` removed with
+    the last token kept, scattered back), then softmax. 0 / 1.0 are off; k >= V is off.
+
+    Ties at the top-p boundary are ordered by the sort here; the op keeps them all, so tests
+    with top-p use logits without ties where the mass crosses p."""
+    scores = logits.double() / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, sorted_indices = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        sorted_remove = cumulative <= (1 - top_p)
+        sorted_remove[..., -1:] = False
+        remove = sorted_remove.scatter(-1, sorted_indices, sorted_remove)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def top_p_margin(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> float:
+    """How far (in probability mass, float64) the top-p decision of the row [V] is from
+    flipping: min over the top-k survivors of |mass of strictly larger survivors - p|. A
+    pathwise comparison against fp32 masses is meaningful only where this is not tiny."""
+    if top_p >= 1.0 or temperature == 0:
+        return float("inf")
+    probabilities = warped_probabilities(logits, temperature, top_k)
+    values = logits.double()[probabilities > 0].unique()
+    masses = torch.stack([probabilities[logits.double() > v].sum() for v in values])
+    return float((masses - top_p).abs().min())
+
+
+def contract_keep(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
+    """The op's contract for one row [V], in float64, written from its definition: top-k
+    keeps ``l >= the k-th largest l`` (repeats counted), top-p keeps a survivor iff the
+    softmax(l / T) mass of survivors with a strictly larger l is < p. -> bool [V]."""
+    logits = logits.double().masked_fill(logits.isnan(), float("-inf"))
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if 0 < top_k < logits.shape[-1]:
+        keep = logits >= torch.topk(logits, top_k)[0][-1]
+    if top_p < 1.0 and temperature > 0:
+        probabilities = torch.softmax(logits.masked_fill(~keep, float("-inf")) / temperature, 0)
+        larger = (logits[None, :] > logits[:, None]).double() @ probabilities
+        keep = keep & (larger < top_p)
+    return keep

@@ -15,6 +15,7 @@ import torch
 from scipy import stats
 
 from flashsampling_inductor import fused_sample
+from flashsampling_inductor.params import SamplingParams
 from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
 
 from .sampling_oracle import (
@@ -292,9 +293,8 @@ def test_tokens_do_not_depend_on_tile_sizes(config, per_row_seed):
     bias[::5] = float("-inf")
     temperature = torch.tensor([0.0, 0.7, 1.3], device=DEVICE).repeat(6)[:batch]
     seed = torch.arange(batch, device=DEVICE) * 7919 - 5 if per_row_seed else None
-    tokens = triton_fused_sample(
-        hidden, weight, bias, temperature, 1.0, seed, 99, 2, None, config=config
-    )
+    params = SamplingParams(temperature, 1.0, seed, 99, 2)
+    tokens = triton_fused_sample(hidden, weight, bias, params, config=config)
     expected = fused_sample(
         hidden,
         weight,
@@ -323,7 +323,8 @@ def test_tma_config_falls_back_to_pointers_where_the_layout_does_not_allow_it(la
         hidden = torch.cat([hidden, hidden], dim=1)[:, 1:65]  # 2-byte offset: misaligned
         weight = torch.cat([weight, weight], dim=1)[:, 1:65]
     config = SampleConfig(16, 64, 32, swap_ab=False, tma=True, programs_per_sm=2)
-    tokens = triton_fused_sample(hidden, weight, None, None, 1.0, None, 5, 3, None, config=config)
+    params = SamplingParams(None, 1.0, None, 5, 3)
+    tokens = triton_fused_sample(hidden, weight, None, params, config=config)
     expected = fused_sample(hidden, weight, seed=5, num_samples=3, impl="torch")
     assert torch.equal(tokens, expected)
 
@@ -335,12 +336,7 @@ def test_bad_epilogue_chunks_is_a_clear_error():
             hidden,
             weight,
             None,
-            None,
-            1.0,
-            None,
-            5,
-            1,
-            None,
+            SamplingParams(None, 1.0, None, 5, 1),
             SampleConfig(16, 32, 32, epilogue_chunks=4),
         )
 
@@ -367,9 +363,10 @@ def test_gluon_compile_error_hands_over_to_the_triton_kernel_once(monkeypatch):
     hidden, weight = make_exact_problem(5, 300, 64)
     config = SampleConfig(64, 128, 64, swap_ab=False, warp_specialized_rows=64)
     expected = fused_sample(hidden, weight, seed=11, num_samples=2, impl="torch")
+    params = SamplingParams(None, 1.0, None, 11, 2)
     with pytest.warns(RuntimeWarning, match="warp-specialized Hopper kernel does not compile"):
-        first = triton_fused_sample(hidden, weight, None, None, 1.0, None, 11, 2, None, config)
-    second = triton_fused_sample(hidden, weight, None, None, 1.0, None, 11, 2, None, config)
+        first = triton_fused_sample(hidden, weight, None, params, config)
+    second = triton_fused_sample(hidden, weight, None, params, config)
     assert torch.equal(first, expected) and torch.equal(second, expected)
     assert len(attempts) == 1
     assert "some_builtin" in hopper_kernel._disabled_by

@@ -1,0 +1,76 @@
+"""What one sampling call asks for, as one object that travels below the custom op.
+
+The custom ops take flat arguments (their schemas are what graphs hold); their
+implementations bundle them into a ``SamplingParams`` that the reference and the kernels
+read, so a new option crosses the layers as one field, not as a positional argument at every
+call site.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+__all__ = ["SamplingParams"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """The validated options of one call. Each per-row knob is a device tensor (0-d or [B])
+    that overrides its scalar when given.
+
+    temperature: fp32 (0 = greedy); seed: int64 ([B]: per-row seeds, the row index is left
+    out of the noise counter); top_k: int64 (0 or >= V = off); top_p: fp32 (1.0 = off).
+    """
+
+    temperature: torch.Tensor | None
+    scalar_temperature: float
+    seed: torch.Tensor | None
+    scalar_seed: int
+    num_samples: int
+    logits_dtype: torch.dtype | None = None
+    top_k: torch.Tensor | None = None
+    scalar_top_k: int = 0
+    top_p: torch.Tensor | None = None
+    scalar_top_p: float = 1.0
+
+    @property
+    def truncates(self) -> bool:
+        """True when some row may be truncated by top-k or top-p (decided without reading
+        any tensor: a per-row tensor may truncate)."""
+        return (
+            self.top_k is not None
+            or self.scalar_top_k > 0
+            or self.top_p is not None
+            or self.scalar_top_p < 1.0
+        )
+
+    @property
+    def per_row_seed(self) -> bool:
+        return self.seed is not None and self.seed.dim() == 1
+
+    def rows(self, batch: int, device: torch.device) -> RowParams:
+        """Every knob as a [B] tensor on ``device`` (the reference's form)."""
+
+        def per_row(tensor, scalar, dtype):
+            if tensor is None:
+                return torch.full((batch,), scalar, dtype=dtype, device=device)
+            return tensor.to(dtype).expand(batch)
+
+        return RowParams(
+            temperature=per_row(self.temperature, self.scalar_temperature, torch.float32),
+            seed=per_row(self.seed, self.scalar_seed, torch.int64),
+            top_k=per_row(self.top_k, self.scalar_top_k, torch.int64),
+            top_p=per_row(self.top_p, self.scalar_top_p, torch.float32),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RowParams:
+    """Every per-row knob as a [B] tensor: temperature fp32, seed / top_k int64, top_p fp32."""
+
+    temperature: torch.Tensor
+    seed: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
