@@ -57,7 +57,7 @@ class FlashSamplingPass(CustomGraphPass):
         # Views and casts that do nothing would otherwise interrupt the chains.
         remove_noop_ops(graph)
         with patterns.recording() as decisions:
-            patterns.PASS.apply(graph)
+            patterns.apply(graph)
         # A site whose terminal another rewrite consumed (the multinomial inside
         # exact_top_k's gather) is no site of its own.
         sites = [

@@ -161,8 +161,15 @@ def _tp_fused_sample_impl(
     """The custom op behind ``tp_fused_sample``; arguments are already validated.
 
     ``shared_seed``: draw the seed from the group's shared stream (``seed`` is then None).
+    ``vocab_start`` -1 (what the compiler pass emits, so that one graph serves every rank):
+    the shards are the group's equal row blocks, this one starts at group rank x its rows,
+    and ``bias_shard`` is the whole [vocab_size] bias.
     """
     device, batch = hidden.device, hidden.shape[0]
+    if vocab_start < 0:
+        vocab_start = dist.get_rank(resolve_group(group_name)) * weight_shard.shape[0]
+        if bias_shard is not None:
+            bias_shard = bias_shard[vocab_start:]
     if shared_seed:
         seed = _seed_stream(group_name, device).next()
     if seed is None:
@@ -261,6 +268,27 @@ class _SeedStream:
 @functools.cache
 def _seed_stream(group_name: str, device: torch.device) -> _SeedStream:
     return _SeedStream(group_name, device)
+
+
+@torch.library.custom_op("flashsampling::tp_gathered_weight", mutates_args=())
+def _tp_gathered_weight(
+    weight_shard: torch.Tensor, group_size: int, group_name: str, vocab_size: int
+) -> torch.Tensor:
+    """The whole LM-head weight [vocab_size, D]: every rank's rows gathered, padding dropped.
+
+    The compiler pass's stand-in for a gather of sharded logits (``patterns/tp_gather.py``);
+    it runs only where a lifted gather met a sampling step the TP op cannot take, and then
+    computes what the program did, gathering the weight instead of the logits.
+    """
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(
+        weight_shard.contiguous(), group_size, group_name
+    )
+    return torch.ops._c10d_functional.wait_tensor(gathered)[:vocab_size].clone()
+
+
+@_tp_gathered_weight.register_fake
+def _(weight_shard, group_size, group_name, vocab_size):
+    return weight_shard.new_empty((vocab_size, weight_shard.shape[1]))
 
 
 _tp_op = torch.library.custom_op(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from . import exponential_race, greedy, gumbel, multinomial
+from . import exponential_race, greedy, gumbel, multinomial, tp_gather
 from ._rewrite import PASS, SamplingMatch, SamplingSite, recording, register
 from ._truncation import CONDITIONS
 
@@ -33,6 +33,7 @@ CONDITIONS.extend(mask.condition for mask in MASKS)
 
 __all__ = [
     "IDIOMS",
+    "apply",
     "MASKS",
     "PASS",
     "SamplingMatch",
@@ -40,6 +41,16 @@ __all__ = [
     "recording",
     "source_hash",
 ]
+
+
+def apply(graph) -> None:
+    """Run the catalog on ``graph``, with the gathers of vocabulary-sharded logits lifted
+    around it (``tp_gather``), so that every idiom also matches after a TP gather."""
+    gathers = tp_gather.lift(graph)
+    try:
+        PASS.apply(graph)
+    finally:
+        tp_gather.finish(graph, gathers)
 
 
 def source_hash() -> str:

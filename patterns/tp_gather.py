@@ -1,0 +1,290 @@
+"""Tensor parallelism: the all-gather of vocabulary-sharded logits, then any idiom of the
+catalog, becomes one ``flashsampling::tp_fused_sample`` call (candidates exchanged, never the
+logits).
+
+Each rank computes ``mm(hidden, W_shard.T)`` [B, S] and gathers it over the group into the
+[B, V] logits, then samples. The gather is written three ways, all found here as one
+``AllGatherMatch`` (the model: Inductor's ``micro_pipeline_tp._AllGatherMatch``):
+
+* ``funcol.all_gather_tensor(logits, gather_dim=-1, group)`` (also what a DTensor
+  ``ColwiseParallel(output_layouts=Replicate())`` head redistributes with):
+  ``all_gather_into_tensor`` + ``wait_tensor``, then ``split`` of the [P * B, S] result into
+  P row blocks and their ``cat`` on the last dim, or one ``view`` when B == 1;
+* ``dist.all_gather_into_tensor`` into a [P * B, S] buffer (vLLM, Megatron): the same
+  collective, a ``copy`` into the buffer, then ``view(P, B, S).movedim(0, 1)`` and a reshape;
+* either one followed by a slice to the real vocabulary size (padded vocabularies).
+
+The catalog is reused, not copied: before it runs, each gather is *lifted*, i.e. its [B, V]
+result is replaced by ``mm(hidden, gathered.T)``, where ``gathered`` is a stand-in node
+(``flashsampling::tp_gathered_weight``: the shards' weight rows gathered, padding dropped,
+which is what the gather of the logits computes, written as an LM head). The idioms then
+match the chain as usual and make a ``fused_sample`` call on the stand-in, which is *lowered*
+to ``tp_fused_sample`` on the local shard; the gather is erased. A lifted gather that no idiom
+consumed is put back as it was. The seed of a lowered call is the group's shared stream
+(``tp.py``), since an in-graph draw would differ between ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch.fx import Graph, Node
+
+from ._walk import RESHAPES, aten, is_call, same, val
+
+log = logging.getLogger("flashsampling_inductor")
+
+IDIOM = "tp_all_gather"
+_c10d = torch.ops._c10d_functional
+_RANDINTS = (aten.randint.low, aten.randint.default)
+
+
+def search_functional(hidden, weight_shard, group, temperature: float) -> torch.Tensor:
+    """The gather as torchtitan / DTensor code writes it, then multinomial sampling."""
+    logits = funcol.all_gather_tensor(F.linear(hidden, weight_shard), gather_dim=-1, group=group)
+    return torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1)
+
+
+def search_into_tensor(hidden, weight_shard, group, vocab_size: int) -> torch.Tensor:
+    """vLLM's / Megatron's gather into a [P * B, S] buffer, a slice to V, then greedy."""
+    batch, shard = hidden.shape[0], weight_shard.shape[0]
+    world = dist.get_world_size(group)
+    gathered = torch.empty(world * batch, shard, dtype=hidden.dtype, device=hidden.device)
+    dist.all_gather_into_tensor(gathered, F.linear(hidden, weight_shard), group=group)
+    logits = gathered.view(world, batch, shard).movedim(0, 1).reshape(batch, world * shard)
+    return torch.argmax(logits[:, :vocab_size], dim=-1)
+
+
+@dataclass
+class AllGatherMatch:
+    """One gather of vocabulary-sharded logits: ``gathered`` [B, V] is
+    ``mm(hidden, weight_shard.T)`` gathered over ``group_name`` on the last dim, then cut to
+    ``vocab_size``. ``chain`` holds the gather's nodes, from the collective to ``gathered``."""
+
+    hidden: Node
+    weight_shard: Node
+    shard_logits: Node
+    group_name: str
+    group_size: int
+    vocab_size: int
+    gathered: Node
+    chain: list[Node] = field(default_factory=list)
+    stand_in: list[Node] = field(default_factory=list)  # the lifted nodes, once lifted
+
+    def lift(self, graph: Graph) -> None:
+        """Replace the gathered logits by ``mm(hidden, gathered_weight.T)``."""
+        weight = val(self.weight_shard)
+        with graph.inserting_after(self.gathered):
+            gathered_weight = graph.call_function(
+                torch.ops.flashsampling.tp_gathered_weight.default,
+                (self.weight_shard, self.group_size, self.group_name, self.vocab_size),
+            )
+            gathered_weight.meta["val"] = weight.new_empty((self.vocab_size, weight.shape[1]))
+        with graph.inserting_after(gathered_weight):
+            transposed = graph.call_function(aten.permute.default, (gathered_weight, [1, 0]))
+            transposed.meta["val"] = gathered_weight.meta["val"].permute(1, 0)
+        with graph.inserting_after(transposed):
+            logits = graph.call_function(aten.mm.default, (self.hidden, transposed))
+            logits.meta["val"] = val(self.hidden) @ transposed.meta["val"]
+        self.gathered.replace_all_uses_with(logits)
+        self.stand_in = [gathered_weight, transposed, logits]
+
+    def finish(self, graph: Graph) -> bool:
+        """After the catalog: lower its fused call on the stand-in and erase the gather, or
+        put the gather back. -> whether the gather was rewritten."""
+        gathered_weight, transposed, logits = self.stand_in
+        calls = [
+            user
+            for user in gathered_weight.users
+            if is_call(user, torch.ops.flashsampling.fused_sample.default)
+        ]
+        if len(calls) == 1 and len(gathered_weight.users) == 1 and _lowerable(calls[0]):
+            self._lower(graph, calls[0])
+            _erase_unused([*reversed(self.chain), self.shard_logits, gathered_weight])
+            return True
+        if calls:
+            # The catalog made a call this op cannot take (top-k / top-p): it stays as
+            # correct as the program (the stand-in gathers the weight), only slower.
+            _erase_unused([*reversed(self.chain), self.shard_logits])
+            log.warning(
+                "flashsampling: a tensor-parallel sampling step at %s keeps the gathered "
+                "weight (top-k / top-p are not fused across ranks yet)",
+                self.gathered.name,
+            )
+            return False
+        logits.replace_all_uses_with(self.gathered)
+        _erase_unused([logits, transposed, gathered_weight])
+        return False
+
+    def _lower(self, graph: Graph, call: Node) -> None:
+        (hidden, _, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
+         logits_dtype, impl) = call.args[:10]  # fmt: skip
+        shared_seed = is_call(seed, *_RANDINTS)
+        with graph.inserting_before(call):
+            lowered = graph.call_function(
+                torch.ops.flashsampling.tp_fused_sample.default,
+                (
+                    hidden, self.weight_shard, bias, temperature, scalar_temperature,
+                    None if shared_seed else seed, scalar_seed, num_samples, logits_dtype,
+                    impl, -1, self.vocab_size, self.group_name, shared_seed,
+                ),
+            )  # fmt: skip
+        # Only what describes the output: the call's other meta (eager_input_vals) is of its
+        # own arguments.
+        lowered.meta.update({k: call.meta[k] for k in ("val", "stack_trace") if k in call.meta})
+        call.replace_all_uses_with(lowered)
+        graph.erase_node(call)
+        if shared_seed:
+            _erase_unused([seed])
+
+
+def _lowerable(call: Node) -> bool:
+    """A fused call without truncation (the TP op does not take top-k / top-p yet)."""
+    return all(call.kwargs.get(name) is None for name in ("top_k", "top_p")) and all(
+        call.kwargs.get(name, default) == default
+        for name, default in (("scalar_top_k", 0), ("scalar_top_p", 1.0))
+    )
+
+
+def _erase_unused(nodes: list[Node]) -> None:
+    for node in nodes:
+        if isinstance(node, Node) and not node.users and not node._erased:
+            inputs = node.all_input_nodes
+            node.graph.erase_node(node)
+            _erase_unused([n for n in inputs if n.op == "call_function" and n.target in _DEAD])
+
+
+# What may go once a gather is rewritten: its own nodes and the shard's matmul inputs.
+_DEAD = (aten.permute.default, aten.empty.memory_format, *RESHAPES)
+
+
+def find_gathers(graph: Graph) -> list[AllGatherMatch]:
+    """Every gather of vocabulary-sharded LM-head logits in the graph."""
+    found = []
+    for collective in graph.find_nodes(
+        op="call_function", target=_c10d.all_gather_into_tensor.default
+    ):
+        match = _match_gather(collective)
+        if match is not None:
+            found.append(match)
+    return found
+
+
+def _match_gather(collective: Node) -> AllGatherMatch | None:
+    shard_logits, group_size, group_name = collective.args[:3]
+    if not (
+        is_call(shard_logits, aten.mm.default)
+        and is_call(shard_logits.args[1], aten.permute.default)
+        and list(shard_logits.args[1].args[1]) == [1, 0]
+        and isinstance(group_size, int)
+    ):
+        return None
+    hidden, weight_shard = shard_logits.args[0], shard_logits.args[1].args[0]
+    batch, shard = val(shard_logits).shape
+    if not isinstance(shard, int):
+        return None
+    chain = [collective]
+    node = _only_user(collective)
+    if not is_call(node, _c10d.wait_tensor.default):
+        return None
+    chain.append(node)
+    after = _only_user(node)
+    if is_call(after, aten.copy.default) and after.args[1] is node:
+        # all_gather_into_tensor(buffer, ...) functionalized: a copy into an empty buffer.
+        if not is_call(after.args[0], aten.empty.memory_format):
+            return None
+        node = after
+        chain.append(node)
+    node = _relayout(node, chain, group_size, batch, shard)
+    if node is None:
+        return None
+    vocab_size = group_size * shard
+    after = _only_user(node)
+    if is_call(after, aten.slice.Tensor):
+        # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
+        dim, start, end, step = (*after.args[1:], *(0, None, None, 1)[len(after.args) - 1 :])
+        if dim in (1, -1) and start in (0, None) and step == 1 and isinstance(end, int) and end > 0:
+            vocab_size = min(end, vocab_size)
+            node = after
+            chain.append(node)
+    return AllGatherMatch(
+        hidden, weight_shard, shard_logits, group_name, group_size, vocab_size, node, chain
+    )
+
+
+def _relayout(node: Node, chain: list[Node], group_size: int, batch, shard: int) -> Node | None:
+    """The [P * B, S] gathered rows -> the [B, P * S] logits node, or None."""
+    users = list(node.users)
+    if len(users) != 1:
+        return None
+    step = users[0]
+    full = [batch, group_size * shard]
+    if is_call(step, aten.split.Tensor, aten.split_with_sizes.default):
+        pieces = list(step.users)
+        if len(pieces) != group_size or not all(
+            p.target is operator.getitem and len(p.users) == 1 for p in pieces
+        ):
+            return None
+        cat = next(iter(pieces[0].users))
+        if not is_call(cat, aten.cat.default) or len(cat.args) < 2 or cat.args[1] not in (1, -1):
+            return None
+        if [p.args[1] for p in cat.args[0]] != list(range(group_size)) or any(
+            p.args[0] is not step for p in cat.args[0]
+        ):
+            return None
+        chain += [step, *cat.args[0], cat]
+        return cat
+    if is_call(step, *RESHAPES) and same(batch, 1) and _shape_is(step, full):
+        chain.append(step)
+        return step  # B == 1: the gathered rows are the logits row
+    if is_call(step, *RESHAPES) and _shape_is(step, [group_size, batch, shard]):
+        permute = _only_user(step)
+        if not is_call(permute, aten.permute.default) or list(permute.args[1]) != [1, 0, 2]:
+            return None
+        chain += [step, permute]
+        node = _only_user(permute)
+        if is_call(node, aten.clone.default):
+            chain.append(node)
+            node = _only_user(node)
+        if is_call(node, *RESHAPES) and _shape_is(node, full):
+            chain.append(node)
+            return node
+    return None
+
+
+def _only_user(node: Node) -> Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _shape_is(node: Node, shape) -> bool:
+    value = val(node)
+    return (
+        value is not None and len(value.shape) == len(shape) and all(map(same, value.shape, shape))
+    )
+
+
+def lift(graph: Graph) -> list[AllGatherMatch]:
+    """Lift every gather before the catalog runs; -> the lifted ones for ``finish``."""
+    gathers = find_gathers(graph)
+    for gather in gathers:
+        gather.lift(graph)
+    return gathers
+
+
+def finish(graph: Graph, gathers: list[AllGatherMatch]) -> int:
+    """Lower or put back every lifted gather; -> how many were rewritten."""
+    from torch._dynamo.utils import counters
+
+    rewritten = 0
+    for gather in gathers:
+        if gather.finish(graph):
+            rewritten += 1
+            counters["flashsampling"][IDIOM] += 1
+    return rewritten

@@ -1,0 +1,156 @@
+# ruff: noqa: E501  (the expected graphs are printed verbatim)
+"""The compiler pass on tensor-parallel programs: the gather of vocabulary-sharded logits,
+then a sampling idiom, becomes one ``tp_fused_sample`` call (gloo ranks on the CPU)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from expecttest import TestCase
+
+from flashsampling_inductor import fused_sample
+from flashsampling_inductor.patterns import tp_gather
+from flashsampling_inductor.tp import _SEED_STRIDE, _seed_stream
+
+from .graph_capture import graph_after_pass
+from .sampling_oracle import assert_pathwise_equal, make_problem
+from .tp_ranks import run_ranks
+
+BATCH, DIM, VOCAB = 3, 16, 37  # V % P != 0: shards padded to equal size, then sliced
+
+
+def _problem(world):
+    """hidden [B, D] and this rank's padded [S, D] shard, S = ceil(V / P)."""
+    hidden, weight = make_problem(BATCH, VOCAB, DIM, device=torch.device("cpu"))
+    shard = -(-VOCAB // world)
+    padded = torch.cat([weight, torch.zeros(world * shard - VOCAB, DIM)])
+    return hidden, weight, padded, shard
+
+
+def _functional(hidden, weight_shard):
+    logits = tp_gather.search_functional(hidden, weight_shard, dist.group.WORLD, 0.7)
+    return logits
+
+
+def _sliced_functional(hidden, weight_shard):
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden @ weight_shard.T, -1, dist.group.WORLD)
+    return torch.multinomial(torch.softmax(logits[:, :VOCAB] / 0.7, dim=-1), 1)
+
+
+def _into_tensor(hidden, weight_shard):
+    return tp_gather.search_into_tensor(hidden, weight_shard, dist.group.WORLD, VOCAB)
+
+
+def _logits_returned(hidden, weight_shard):
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden @ weight_shard.T, -1, dist.group.WORLD)
+    return torch.argmax(logits, dim=-1), logits
+
+
+STEPS = {
+    "functional": _functional,
+    "sliced": _sliced_functional,
+    "into_tensor": _into_tensor,
+    "logits_returned": _logits_returned,
+}
+
+
+def _graph_worker(rank, world, name):
+    hidden, _, padded, shard = _problem(world)
+    weight_shard = padded[rank * shard : (rank + 1) * shard]
+    return graph_after_pass(STEPS[name], hidden, weight_shard)
+
+
+def _tokens_worker(rank, world):
+    """Compiled steps on every rank, and what TP = 1 draws with the same seeds."""
+    hidden, weight, padded, shard = _problem(world)
+    weight_shard = padded[rank * shard : (rank + 1) * shard]
+    torch.manual_seed(rank)  # ranks seeded apart: the pass must make them agree
+    out = {}
+    for name in ("sliced", "into_tensor"):
+        torch._dynamo.reset()
+        step = torch.compile(STEPS[name], backend="flashsampling", fullgraph=True)
+        stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
+        seeds = [stream.base + (stream.calls + i) * _SEED_STRIDE for i in range(3)]
+        out[name] = [step(hidden, weight_shard) for _ in range(3)]
+        out[name, "seeds"] = [int(s) for s in seeds]
+    return out
+
+
+class TestTpPass(TestCase):
+    def graph(self, name, world=2):
+        per_rank = run_ranks(world, _graph_worker, name)
+        graph, rewrites = per_rank[0]
+        assert per_rank[1] == per_rank[0], "ranks traced different graphs"
+        return graph, rewrites
+
+    def test_functional_gather_then_multinomial(self):
+        graph, rewrites = self.graph("functional")
+        self.assertEqual(rewrites.get("tp_all_gather"), 1, graph)
+        self.assertExpectedInline(
+            graph,
+            """\
+graph():
+    %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
+    %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
+    %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg0_1, [-1, 16]), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.7, None, 0, 1, None, auto, -1, 38, 0, True), kwargs = {})
+    return (tp_fused_sample_default,)""",
+        )
+
+    def test_padded_gather_sliced_to_the_vocabulary(self):
+        graph, rewrites = self.graph("sliced", world=3)
+        self.assertEqual(rewrites.get("tp_all_gather"), 1, graph)
+        self.assertExpectedInline(
+            graph,
+            """\
+graph():
+    %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
+    %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
+    %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg1_1, [-1, 16]), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg0_1, None, None, 0.7, None, 0, 1, None, auto, -1, 37, 0, True), kwargs = {})
+    return (tp_fused_sample_default,)""",
+        )
+
+    def test_gather_into_a_buffer_then_greedy(self):
+        graph, rewrites = self.graph("into_tensor")
+        self.assertEqual(rewrites.get("tp_all_gather"), 1, graph)
+        self.assertExpectedInline(
+            graph,
+            """\
+graph():
+    %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
+    %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
+    %empty : [num_users=0] = call_function[target=torch.ops.aten.empty.memory_format](args = ([6, 19],), kwargs = {dtype: torch.float32, device: cpu, pin_memory: False})
+    %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg0_1, [-1, 16]), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.0, None, 0, 1, None, auto, -1, 37, 0, False), kwargs = {})
+    %view_default_1 : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%tp_fused_sample_default, [3]), kwargs = {})
+    return (view_default_1,)""",
+        )
+
+    def test_gathered_logits_with_another_user_are_not_rewritten(self):
+        graph, rewrites = self.graph("logits_returned")
+        self.assertNotIn("tp_all_gather", rewrites)
+        self.assertIn("all_gather_into_tensor", graph)
+        self.assertNotIn("tp_gathered_weight", graph)
+
+
+def test_compiled_tp_steps_draw_the_tokens_of_tp1():
+    world = 3
+    per_rank = run_ranks(world, _tokens_worker)
+    hidden, weight, _, _ = _problem(world)
+    for name in ("sliced", "into_tensor"):
+        for other in per_rank[1:]:
+            for a, b in zip(other[name], per_rank[0][name], strict=True):
+                assert torch.equal(a, b), name
+        for call, tokens in enumerate(per_rank[0][name]):
+            if name == "into_tensor":  # greedy
+                expected = fused_sample(hidden, weight, temperature=0.0, impl="torch")[:, 0]
+                assert torch.equal(tokens, expected)
+                continue
+            seed = per_rank[0][name, "seeds"][call]
+            expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
+            assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
