@@ -19,13 +19,23 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from . import exponential_race, greedy, gumbel, multinomial, tp_gather
+from . import (
+    exact_top_k,
+    exponential_race,
+    greedy,
+    gumbel,
+    multinomial,
+    sample_logits,
+    top_k_mask,
+    top_p_mask,
+    tp_gather,
+)
 from ._rewrite import PASS, SamplingMatch, SamplingSite, recording, register
 from ._truncation import CONDITIONS
 
 # Tried in this order on a shared anchor: the noisy argmax idioms before greedy.
-IDIOMS = (multinomial, exponential_race, gumbel, greedy)
-MASKS = ()
+IDIOMS = (sample_logits, exact_top_k, multinomial, exponential_race, gumbel, greedy)
+MASKS = (top_k_mask, top_p_mask)
 
 for _idiom in IDIOMS:
     register(_idiom.IDIOM, _idiom.TARGET, _idiom.check, sampling=_idiom is not greedy)

@@ -45,6 +45,7 @@ class LMHead:
 
     hidden: Node  # [*S, D] before the row selection
     weight: Node  # [V, D], or [D, V] when ``weight_transposed``
+    vocab_size: int
     weight_transposed: bool
     bias: Node | None
     row_ops: list[tuple[Callable, tuple]]  # applied to ``hidden`` in order
@@ -241,17 +242,20 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
     if len(half_dtypes) > 1:
         raise NoMatch("the logits are rounded to both bf16 and fp16")
     if half_dtypes and chain.top_p is not None:
-        # top_p_mask.py: ties at the crossing token are common there, and the op keeps
-        # them all where transformers keeps those its sort puts last.
-        raise NoMatch(f"top-p on logits rounded to {next(iter(half_dtypes))}: ties at p")
+        raise NoMatch(
+            f"top-p on logits rounded to {str(next(iter(half_dtypes)))[6:]}: ties at the"
+            " token crossing p are common there, and the op would keep all of them where"
+            " the sort-based mask keeps those its sort puts last (top_p_mask.py)"
+        )
     hidden, replay = _undo_flatten(lhs, chain.row_ops)
-    replay = [_row_op(step, vocab_size) for step in replay]
+    replay = [row_op(step, vocab_size) for step in replay]
     weight, transposed = rhs, True
     if is_call(rhs, aten.permute.default) and list(rhs.args[1]) == [1, 0]:
         weight, transposed = rhs.args[0], False
     return LMHead(
         hidden=hidden,
         weight=weight,
+        vocab_size=vocab_size,
         weight_transposed=transposed,
         bias=chain.bias,
         row_ops=replay,
@@ -283,8 +287,9 @@ def _undo_flatten(lhs: Node, row_ops: list[Node]) -> tuple[Node, list[Node]]:
     return lhs, row_ops
 
 
-def _row_op(step: Node, vocab_size: int) -> tuple[Callable, tuple]:
-    """A row selection on the logits, as the same selection on the hidden states."""
+def row_op(step: Node, vocab_size: int) -> tuple[Callable, tuple]:
+    """A row selection on [..., V] scores, as the same selection on any [..., X] tensor
+    (the hidden states before the matmul, the tokens after the draw)."""
     source, out = val(step.args[0]), val(step)
     if step.target in RESHAPES:
         shape = step.args[1]

@@ -26,7 +26,7 @@ from torch._inductor.pattern_matcher import (
 from torch.fx import Node
 from torch.utils._pytree import tree_map
 
-from ._lm_head import LMHead
+from ._lm_head import LMHead, row_op
 from ._walk import NoMatch, Walk
 
 log = logging.getLogger("flashsampling_inductor")
@@ -122,13 +122,15 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
             if found is None:
                 return
             walk.check_private()
+            # Row selections after the softmax (``probs.squeeze(1)``) act on the tokens.
+            tail_rows = [row_op(node, found.lm_head.vocab_size) for node in walk.tail_rows]
             if torch._inductor.config.fallback_random:
                 raise NoMatch("fallback_random is set: the program asked for eager's RNG")
         except NoMatch as why:
             log.debug("flashsampling: %s at %s not rewritten: %s", idiom, terminal.name, why)
             _record(terminal, replace(site, reason=str(why)))
             return
-        _rewrite(match, walk, found)
+        _rewrite(match, walk, found, tail_rows)
         _record(terminal, replace(site, rewritten=True))
         counters["flashsampling"][idiom] += 1
         log.debug("flashsampling: rewrote %s at %s", idiom, terminal.name)
@@ -180,7 +182,7 @@ def _as_device_float(t, device) -> torch.Tensor:
     return t.to(torch.float32)
 
 
-def _rewrite(match: Match, walk: Walk, found: SamplingMatch) -> None:
+def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) -> None:
     head = found.lm_head
     inputs = [head.hidden, head.weight]
     for extra in (head.bias, head.temperature, found.top_k, found.top_p):
@@ -189,7 +191,7 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch) -> None:
     for extra in (found.temperature, found.seed):
         if isinstance(extra, Node):
             inputs.append(extra)
-    for _, args in head.row_ops:
+    for _, args in head.row_ops + tail_rows:
         tree_map(lambda a: inputs.append(a) if isinstance(a, Node) else None, args)
     position = {node: i for i, node in enumerate(inputs)}
 
@@ -214,6 +216,8 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch) -> None:
         # The sampling op's own temperature divides logits already divided by the chain's
         # (> 0 once folded): the two multiply.
         own = value(found.temperature)
+        if isinstance(own, (torch.SymFloat, torch.SymInt)):
+            own = _as_device_float(own, hidden.device)
         if isinstance(own, torch.Tensor):
             temperature = own.float() * (scalar_temperature if temperature is None else temperature)
             scalar_temperature = 1.0
@@ -241,9 +245,10 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch) -> None:
             found.impl,
             **_truncation(value(found.top_k), value(found.top_p)),
         )
-        if found.keep_dim:
-            return tokens.view(*rows, found.num_samples)
-        return tokens.view(rows)
+        tokens = tokens.view(*rows, found.num_samples)
+        for target, args in tail_rows:
+            tokens = target(tokens, *tree_map(value, args))
+        return tokens if found.keep_dim else tokens.squeeze(-1)
 
     # Erase what the fused op replaces; replace_by_example only erases nodes left unused.
     order = {node: i for i, node in enumerate(walk.terminal.graph.nodes)}

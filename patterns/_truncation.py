@@ -19,7 +19,17 @@ import torch
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ._walk import NoMatch, Walk, aten, constant, is_call, last_dim, same_shape, val
+from ._walk import (
+    NoMatch,
+    Walk,
+    aten,
+    constant,
+    is_call,
+    last_dim,
+    same_shape,
+    take_constant,
+    val,
+)
 
 MASKING_OPS = (aten.where.self, aten.masked_fill.Scalar, aten.index_put.default)
 
@@ -63,8 +73,7 @@ def match_mask(walk: Walk, node: Node) -> Mask:
         mask = match(walk, condition, source, removes)
         if mask is not None:
             walk.take(node)
-            if isinstance(fill, Node):
-                walk.take(fill)
+            take_constant(walk, fill)
             return mask
     raise NoMatch(f"{node.name} sets tokens to -inf by a condition that is not top-k or top-p")
 

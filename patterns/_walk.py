@@ -100,13 +100,14 @@ def strip_converts(walk: Walk, node: Node) -> Node:
 
 
 def constant(node) -> float | None:
-    """The value of a Python number or of a one-element constant tensor made in the graph
-    (``scalar_tensor``, ``full``, a lifted ``torch.tensor`` literal); None otherwise."""
+    """The value of a Python number or of a constant tensor made in the graph, all of whose
+    elements equal it (``scalar_tensor``, ``full``, ``full_like``, a lifted one-element
+    ``torch.tensor`` literal); None otherwise."""
     if isinstance(node, (bool, int, float)):
         return float(node)
     if is_call(node, aten.scalar_tensor.default):
         return constant(node.args[0])
-    if is_call(node, aten.full.default) and len(node.args[0]) == 0:
+    if is_call(node, aten.full.default, aten.full_like.default):
         return constant(node.args[1])
     if is_call(node, aten.lift_fresh_copy.default, *CONVERTS, *COPIES):
         return constant(node.args[0])
@@ -118,3 +119,11 @@ def constant(node) -> float | None:
             with unset_fake_temporarily():
                 return float(tensor.item())
     return None
+
+
+def take_constant(walk: Walk, node) -> None:
+    """Own a constant made in the graph; the lifted tensor it reads (a ``get_attr``) goes
+    with it unless something else reads that."""
+    if isinstance(node, Node) and node.op == "call_function":
+        walk.take(node)
+        walk.leftovers.extend(a for a in node.all_input_nodes if a.op == "get_attr")

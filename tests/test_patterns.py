@@ -131,6 +131,20 @@ def greedy_batch_one(h):
     return torch.argmax(h @ EMBEDDING.weight.T)
 
 
+# --- truncation masks (their idiom modules have their own tests) ---------------------------
+def top_k(h):
+    logits = LM_HEAD(h)
+    v, _ = torch.topk(logits, 10)
+    logits = logits.masked_fill(logits < v[:, [-1]], float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1)
+
+
+def greedy_top_k(h):  # the mask keeps the argmax: dropped
+    logits = LM_HEAD(h)
+    v, _ = torch.topk(logits, 10)
+    return torch.argmax(logits.masked_fill(logits < v[:, [-1]], float("-inf")), -1)
+
+
 t_rows = torch.rand(B) + 0.5
 POSITIVE = [
     pytest.param(nanogpt, (hidden(B, T, D),), "multinomial", id="nanogpt"),
@@ -169,6 +183,8 @@ POSITIVE = [
         greedy_bf16_bias, (hidden(B, D, dtype=torch.bfloat16),), "greedy", id="greedy-bf16"
     ),
     pytest.param(greedy_batch_one, (hidden(D),), "greedy", id="greedy-1d"),
+    pytest.param(top_k, (hidden(B, D),), "multinomial", id="top-k-mask"),
+    pytest.param(greedy_top_k, (hidden(B, D),), "greedy", id="greedy-top-k-mask-dropped"),
 ]
 
 
@@ -220,13 +236,6 @@ def without_replacement(h):
     return torch.multinomial(torch.softmax(LM_HEAD(h), -1), 2)
 
 
-def top_k(h):
-    logits = LM_HEAD(h)
-    v, _ = torch.topk(logits, 10)
-    logits = logits.masked_fill(logits < v[:, [-1]], float("-inf"))
-    return torch.multinomial(torch.softmax(logits, -1), 1)
-
-
 def shared_noise(h):
     logits = LM_HEAD(h)
     g = -torch.log(-torch.log(torch.rand(V)))  # one draw for all rows: correlated rows
@@ -256,7 +265,6 @@ NEGATIVE = [
     pytest.param(noise_reused, (hidden(B, D),), id="noise-reused"),
     pytest.param(softmax_over_batch, (hidden(B, D),), id="softmax-dim-0"),
     pytest.param(without_replacement, (hidden(B, D),), id="n2-without-replacement"),
-    pytest.param(top_k, (hidden(B, D),), id="top-k"),
     pytest.param(shared_noise, (hidden(B, D),), id="noise-shared-across-rows"),
     pytest.param(argmax_over_batch, (hidden(B, D),), id="argmax-dim-0"),
     pytest.param(fp64, (hidden(B, D, dtype=torch.float64),), id="fp64"),
@@ -282,3 +290,13 @@ def test_each_catalog_entry_rewrites_its_own_search_function(idiom):
     graph, rewrites = graph_after_pass(idiom.search, *idiom.example_inputs())
     assert rewrites == {idiom.IDIOM: 1}
     assert "fused_sample" in graph and "aten.mm" not in graph
+
+
+def test_rows_selected_after_the_softmax_keep_the_output_shape():
+    """``softmax(...).squeeze(1)`` selects rows after the softmax: the tokens take the same
+    selection, so the compiled step returns eager's shape."""
+    x = hidden(B, T, D)
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        compiled = torch.compile(index_last_token, backend="flashsampling")(x)
+    assert compiled.shape == index_last_token(x).shape == (B, 1)

@@ -1,0 +1,73 @@
+"""``sample_logits(lm_head(h), ...)``: the op on logits the program materializes itself.
+
+``flashsampling_inductor.sample_logits`` samples from logits that already exist (a logits
+processor's output, a model that returns them). When a compiled graph makes those logits with
+an LM-head matmul just before, the call and the matmul become one ``fused_sample`` that
+carries everything the call asked for (temperature, top_k, top_p, seed, num_samples, impl;
+per-row tensors passed through) and never writes the logits. It draws the same tokens on the
+same seed: the op's contract (``sample_logits`` draws what ``fused_sample`` draws on logits
+equal to ``hidden @ weight.T``).
+
+The chain to the matmul is any ``match_lm_head`` accepts: row selections, casts (bf16/fp16
+rounding becomes ``logits_dtype``), a bias, a temperature division. A chain temperature
+``T_c`` and the call's own ``T`` multiply: ``softmax((l / T_c) / T)``, and top-k on
+``l / T_c`` keeps what top-k on ``l`` keeps for ``T_c > 0`` (a negative tensor ``T_c`` is
+folded into the hidden state's sign, as for every idiom). A top-k / top-p mask on the chain
+next to the call's own truncation is refused: the op applies one of each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Node
+
+from .. import op
+from ._lm_head import match_lm_head
+from ._rewrite import SamplingMatch
+from ._walk import NoMatch, Walk
+
+IDIOM = "sample_logits"
+TARGET = torch.ops.flashsampling.sample_logits.default
+_SCHEMA = [argument.name for argument in TARGET._schema.arguments]
+
+
+def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The idiom as users write it (Qwen3's generation config)."""
+    logits = F.linear(hidden, weight).float()
+    return op.sample_logits(logits, temperature=temperature, top_k=20, top_p=0.95)
+
+
+def example_inputs() -> tuple:
+    """Arguments ``search`` is traced with in the tests."""
+    return torch.randn(3, 24), torch.randn(1000, 24), 0.6
+
+
+def check(walk: Walk) -> SamplingMatch:
+    call = walk.terminal
+    args = dict(zip(_SCHEMA, call.args, strict=False), **call.kwargs)
+    num_samples = args["num_samples"]
+    if not isinstance(num_samples, int):
+        raise NoMatch(f"num_samples={num_samples} is not a Python int")
+    top_k = _knob(args.get("top_k"), args.get("scalar_top_k", 0), off=0)
+    top_p = _knob(args.get("top_p"), args.get("scalar_top_p", 1.0), off=1.0)
+    head = match_lm_head(walk, args["logits"])
+    if (head.top_k is not None or head.top_p is not None) and (top_k, top_p) != (None, None):
+        raise NoMatch(f"the logits are masked before {call.name} truncates them again")
+    return SamplingMatch(
+        head,
+        num_samples=num_samples,
+        top_k=head.top_k if top_k is None else top_k,
+        top_p=head.top_p if top_p is None else top_p,
+        temperature=_knob(args["temperature"], args["scalar_temperature"], off=None),
+        seed=_knob(args["seed"], args["scalar_seed"], off=None),
+        impl=args.get("impl", "auto"),
+    )
+
+
+def _knob(tensor: Node | None, scalar, off):
+    """The op's (per-row tensor, scalar) pair as one value: the tensor when given, else the
+    scalar; None if that is the value that turns the knob off."""
+    if tensor is not None:
+        return tensor
+    return None if off is not None and scalar == off else scalar

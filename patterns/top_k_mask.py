@@ -1,0 +1,142 @@
+"""Top-k as a threshold mask: every logit below the k-th largest of its row becomes -inf.
+
+Three projects write it, and all three are this one mask in the aten graph:
+
+* transformers ``TopKLogitsWarper``:
+  ``scores.masked_fill(scores < torch.topk(scores, k)[0][..., -1, None], -inf)``;
+* gpt-fast ``logits_to_probs``: ``pivot = v.select(-1, -1).unsqueeze(-1)``,
+  ``torch.where(logits < pivot, -float("Inf"), logits)``;
+* nanoGPT: ``logits[logits < v[:, [-1]]] = -float("Inf")`` (an ``index_put``).
+
+``<`` keeps every token tied with the k-th value, as the op's ``top_k`` does; ``<=`` drops
+the k-th value itself and is refused, as are a ``topk`` over another dim or of the smallest
+values, a pivot that is not the k-th (last) value, and ``sorted=False``. ``k`` must be a
+Python int or a SymInt provably >= 1. The mask becomes the op's ``top_k``
+(``_truncation.py``); its tail (softmax -> multinomial, the exponential race, ...) is the
+terminal idiom's.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Node
+
+from ._truncation import Mask, take_outputs, top_k_value
+from ._walk import (
+    NoMatch,
+    Walk,
+    aten,
+    constant,
+    is_call,
+    last_dim,
+    same,
+    same_shape,
+    take_constant,
+    val,
+)
+
+IDIOM = "top_k_mask"
+
+# x OP pivot, for each comparison written as (x, pivot) or (pivot, x).
+_COMPARISONS = {
+    aten.lt.Tensor: ("<", ">"),
+    aten.gt.Tensor: (">", "<"),
+    aten.le.Tensor: ("<=", ">="),
+    aten.ge.Tensor: (">=", "<="),
+}
+
+
+def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The idiom as users write it (transformers' TopKLogitsWarper, then sampling)."""
+    scores = F.linear(hidden, weight) / temperature
+    indices_to_remove = scores < torch.topk(scores, 50)[0][..., -1, None]
+    scores = scores.masked_fill(indices_to_remove, -float("Inf"))
+    return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1)
+
+
+def example_inputs() -> tuple:
+    """Arguments ``search`` is traced with in the tests."""
+    return torch.randn(3, 24), torch.randn(1000, 24), 0.8
+
+
+def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask | None:
+    """``source < kth`` (removed) or ``source >= kth`` (kept) -> ``Mask(top_k=k)``; None if
+    the condition does not compare ``source`` with a ``topk`` of it."""
+    if not is_call(condition, *_COMPARISONS):
+        return None
+    a, b = condition.args
+    if a is source:
+        pivot, op = b, _COMPARISONS[condition.target][0]
+    elif b is source:
+        pivot, op = a, _COMPARISONS[condition.target][1]
+    else:
+        return None
+    k = _kth_largest(walk, pivot, source)
+    if k is None:
+        return None
+    wanted = "<" if removes else ">="
+    if op != wanted:
+        role = "removes" if removes else "keeps"
+        raise NoMatch(f"{condition.name} {role} x {op} kth, where top-k {role} x {wanted} kth")
+    walk.take(condition)
+    return Mask(source, top_k=k)
+
+
+def _kth_largest(walk: Walk, pivot: Node, source: Node) -> int | Node | None:
+    """``k`` if ``pivot`` is the k-th (last) value per row of ``torch.topk(source, k)``,
+    broadcast along the vocabulary dim; None if ``pivot`` does not come from a ``topk``."""
+    chain, node = [], pivot
+    while is_call(node, aten.unsqueeze.default, aten.select.int, aten.slice.Tensor) or (
+        is_call(node, aten.index.Tensor)
+    ):
+        chain.append(node)
+        node = node.args[0]
+    if not (is_call(node, operator.getitem) and node.args[1] == 0):
+        return None
+    topk = node.args[0]
+    if not is_call(topk, aten.topk.default) or topk.args[0] is not source:
+        return None
+    values, k = node, top_k_value(topk)
+    sorted_values = topk.args[4] if len(topk.args) > 4 else topk.kwargs.get("sorted", True)
+    if not sorted_values:
+        raise NoMatch(f"{topk.name} is unsorted: its last value is not the k-th largest")
+    broadcasts = all(is_call(n, aten.unsqueeze.default) for n in chain[:-1])
+    if not chain or not broadcasts or not _picks_last(walk, chain[-1], values, k):
+        raise NoMatch(f"{pivot.name} is not the k-th largest value of {topk.name}")
+    rows = val(source).shape[:-1]
+    expected = [tuple(rows) + (1,)] + ([(), (1,)] if not rows else [])
+    if not any(same_shape(val(pivot).shape, shape) for shape in expected):
+        raise NoMatch(f"{pivot.name} is not one threshold per row of the logits")
+    for n in chain:
+        walk.take(n)
+    walk.take(values)
+    take_outputs(walk, topk)
+    return k
+
+
+def _picks_last(walk: Walk, step: Node, values: Node, k) -> bool:
+    """``step`` takes the last of the k values along the last dim: ``v[..., -1]``,
+    ``v[:, [-1]]``, ``v[..., -1:]`` (or index k - 1)."""
+    ndim = val(values).dim()
+
+    def last(index) -> bool:
+        return isinstance(index, int) and (index == -1 or same(index, k - 1))
+
+    if step.args[0] is not values:
+        return False
+    if is_call(step, aten.select.int):
+        return last_dim(step.args[1], ndim) and last(step.args[2])
+    if is_call(step, aten.slice.Tensor):
+        dim, start = step.args[1], step.args[2] if len(step.args) > 2 else None
+        return last_dim(dim, ndim) and last(start)
+    indices = step.args[1]
+    if len(indices) != ndim or any(i is not None for i in indices[:-1]):
+        return False
+    index = constant(indices[-1])
+    if index is None or val(indices[-1]).numel() != 1 or not last(int(index)):
+        return False
+    take_constant(walk, indices[-1])
+    return True
