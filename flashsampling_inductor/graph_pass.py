@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -58,12 +59,13 @@ class FlashSamplingPass(CustomGraphPass):
         remove_noop_ops(graph)
         with patterns.recording() as decisions:
             patterns.apply(graph)
-        # A site whose terminal another rewrite consumed (the multinomial inside
-        # exact_top_k's gather) is no site of its own.
+        # A terminal that feeds another site's terminal (the multinomial inside
+        # exact_top_k's gather), or that another rewrite consumed, is no site of its own.
         sites = [
             (node, site)
             for node, site in decisions.items()
-            if site.rewritten or not getattr(node, "_erased", False)
+            if site.rewritten
+            or not (getattr(node, "_erased", False) or any(u in decisions for u in node.users))
         ]
         missed = [
             site
@@ -100,16 +102,17 @@ class FlashSamplingPass(CustomGraphPass):
 
 
 def _reads_a_matmul(node: Node, limit: int = 256) -> bool:
-    """True if an ``mm``/``addmm`` is among the first ``limit`` nodes ``node`` depends on."""
-    seen, frontier = set(), [node]
+    """True if an ``mm``/``addmm`` is among the ``limit`` nodes nearest to ``node`` that it
+    depends on (breadth first: the LM head, not the model's first layer)."""
+    seen, frontier = {node}, deque([node])
     while frontier and len(seen) < limit:
-        current = frontier.pop()
-        if current in seen:
-            continue
-        seen.add(current)
+        current = frontier.popleft()
         if current.op == "call_function" and current.target in _MATMULS:
             return True
-        frontier.extend(current.all_input_nodes)
+        for source in current.all_input_nodes:
+            if source not in seen:
+                seen.add(source)
+                frontier.append(source)
     return False
 
 

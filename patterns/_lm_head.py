@@ -85,9 +85,7 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
         elif is_call(step, *CONVERTS):
             head.convert(step)
         elif is_call(step, aten.add.Tensor):
-            if head.bias is not None:
-                raise NoMatch(f"{step.name} adds a second bias")
-            head.bias = _bias_operand(step)
+            head.add_bias(step)
         elif is_call(step, aten.div.Tensor, aten.mul.Tensor):
             head.scale(step, greedy)
         elif is_call(step, *ROW_OPS):
@@ -129,6 +127,14 @@ class _Chain:
             raise NoMatch(f"{step.name} rounds the logits to {dtype} after the mask")
         if dtype in HALF_DTYPES and self.scaled is None:
             self.half_dtypes.add(dtype)
+
+    def add_bias(self, step: Node) -> None:
+        if self.bias is not None:
+            raise NoMatch(f"{step.name} adds a second bias")
+        if self.scaled is not None or self.masked is not None:
+            # The op adds its bias to the raw logits, before both.
+            raise NoMatch(f"{step.name} adds a bias after the temperature or a mask")
+        self.bias = _bias_operand(step)
 
     def scale(self, step: Node, greedy: bool) -> None:
         if self.scaled is not None:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from expecttest import TestCase
 
+from flashsampling_inductor.graph_pass import SITES
 from flashsampling_inductor.patterns import exact_top_k
 
 from .catalog_checks import (
@@ -20,6 +21,7 @@ from .catalog_checks import (
     compiled_draws,
     top_k_probs,
 )
+from .graph_capture import graph_after_pass
 
 D, V = 24, 1000
 torch.manual_seed(0)
@@ -111,3 +113,15 @@ def test_compiled_sampler_keeps_the_distribution():
     )
     probs = top_k_probs(F.linear(row, weight).double() / 0.8, 4)
     assert chi_square_p(tokens, probs) > 1e-4
+
+
+def test_a_refusal_is_one_site_not_two():
+    """The multinomial inside the idiom is part of the gather's site: the warning and
+    explain() give the idiom's reason once, not a second, misleading one for the draw."""
+    sites = []
+    token = SITES.set(sites)
+    try:
+        graph_after_pass(bf16_logits, h.bfloat16())
+    finally:
+        SITES.reset(token)
+    assert [(site.op, site.rewritten) for site in sites] == [("aten.gather", False)]

@@ -242,6 +242,10 @@ def shared_noise(h):
     return torch.argmax(logits + g, -1)
 
 
+def bias_after_temperature(h):  # softmax(l / T + b) is not softmax((l + b) / T)
+    return torch.multinomial(torch.softmax(LM_HEAD(h) / 0.7 + LM_HEAD_BIAS.bias, -1), 1)
+
+
 def argmax_over_batch(h):
     return torch.argmax(LM_HEAD(h), dim=0)
 
@@ -267,6 +271,7 @@ NEGATIVE = [
     pytest.param(without_replacement, (hidden(B, D),), id="n2-without-replacement"),
     pytest.param(shared_noise, (hidden(B, D),), id="noise-shared-across-rows"),
     pytest.param(argmax_over_batch, (hidden(B, D),), id="argmax-dim-0"),
+    pytest.param(bias_after_temperature, (hidden(B, D),), id="bias-after-T"),
     pytest.param(fp64, (hidden(B, D, dtype=torch.float64),), id="fp64"),
     pytest.param(greedy_tensor_temperature, (hidden(B, D), torch.tensor(0.5)), id="argmax-div-T"),
 ]
