@@ -245,6 +245,8 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             found.impl,
             **_truncation(value(found.top_k), value(found.top_p)),
         )
+        if not (found.keep_dim or tail_rows):
+            return tokens.view(rows)
         tokens = tokens.view(*rows, found.num_samples)
         for target, args in tail_rows:
             tokens = target(tokens, *tree_map(value, args))

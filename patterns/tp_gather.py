@@ -145,10 +145,15 @@ class AllGatherMatch:
 
 
 def _lowerable(call: Node) -> bool:
-    """A fused call without truncation (the TP op does not take top-k / top-p yet)."""
-    return all(call.kwargs.get(name) is None for name in ("top_k", "top_p")) and all(
-        call.kwargs.get(name, default) == default
-        for name, default in (("scalar_top_k", 0), ("scalar_top_p", 1.0))
+    """A fused call without truncation (the TP op does not take top-k / top-p yet). The
+    catalog's calls hold them positionally (after ``impl``), a hand-made one may name them."""
+    names = ("top_k", "scalar_top_k", "top_p", "scalar_top_p")
+    given = dict(zip(names, call.args[10:], strict=False), **call.kwargs)
+    return (
+        given.get("top_k") is None
+        and given.get("top_p") is None
+        and given.get("scalar_top_k", 0) == 0
+        and given.get("scalar_top_p", 1.0) == 1.0
     )
 
 

@@ -50,8 +50,18 @@ def _logits_returned(hidden, weight_shard):
     return torch.argmax(logits, dim=-1), logits
 
 
+def _top_k_functional(hidden, weight_shard):  # gpt-fast's top-k after the gather
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden @ weight_shard.T, -1, dist.group.WORLD)[:, :VOCAB]
+    pivot = torch.topk(logits, 5)[0].select(-1, -1).unsqueeze(-1)
+    logits = torch.where(logits < pivot, -float("Inf"), logits)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1)
+
+
 STEPS = {
     "functional": _functional,
+    "top_k": _top_k_functional,
     "sliced": _sliced_functional,
     "into_tensor": _into_tensor,
     "logits_returned": _logits_returned,
@@ -130,6 +140,14 @@ graph():
     %view_default_1 : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%tp_fused_sample_default, [3]), kwargs = {})
     return (view_default_1,)""",
         )
+
+    def test_top_k_after_the_gather_keeps_the_gathered_weight(self):
+        """tp_fused_sample takes no top-k yet: the catalog's call keeps its top_k and the
+        stand-in that gathers the weight, instead of losing the truncation."""
+        graph, _ = self.graph("top_k")
+        self.assertNotIn("tp_fused_sample", graph)
+        self.assertIn("tp_gathered_weight", graph)
+        self.assertIn("flashsampling.fused_sample.default", graph)
 
     def test_gathered_logits_with_another_user_are_not_rewritten(self):
         graph, rewrites = self.graph("logits_returned")
