@@ -26,6 +26,7 @@ from torch.fx import Node
 
 from ._truncation import Mask, take_outputs, top_k_value
 from ._walk import (
+    RESHAPES,
     NoMatch,
     Walk,
     aten,
@@ -40,6 +41,14 @@ from ._walk import (
 
 IDIOM = "top_k_mask"
 
+# From the top-k values to the pivot: pick the last value, then broadcast it per row.
+_PIVOT_STEPS = (
+    aten.select.int,
+    aten.slice.Tensor,
+    aten.index.Tensor,
+    aten.unsqueeze.default,
+    *RESHAPES,
+)
 # x OP pivot, for each comparison written as (x, pivot) or (pivot, x).
 _COMPARISONS = {
     aten.lt.Tensor: ("<", ">"),
@@ -89,9 +98,7 @@ def _kth_largest(walk: Walk, pivot: Node, source: Node) -> int | Node | None:
     """``k`` if ``pivot`` is the k-th (last) value per row of ``torch.topk(source, k)``,
     broadcast along the vocabulary dim; None if ``pivot`` does not come from a ``topk``."""
     chain, node = [], pivot
-    while is_call(node, aten.unsqueeze.default, aten.select.int, aten.slice.Tensor) or (
-        is_call(node, aten.index.Tensor)
-    ):
+    while is_call(node, *_PIVOT_STEPS):
         chain.append(node)
         node = node.args[0]
     if not (is_call(node, operator.getitem) and node.args[1] == 0):
@@ -103,7 +110,7 @@ def _kth_largest(walk: Walk, pivot: Node, source: Node) -> int | Node | None:
     sorted_values = topk.args[4] if len(topk.args) > 4 else topk.kwargs.get("sorted", True)
     if not sorted_values:
         raise NoMatch(f"{topk.name} is unsorted: its last value is not the k-th largest")
-    broadcasts = all(is_call(n, aten.unsqueeze.default) for n in chain[:-1])
+    broadcasts = all(is_call(n, aten.unsqueeze.default, *RESHAPES) for n in chain[:-1])
     if not chain or not broadcasts or not _picks_last(walk, chain[-1], values, k):
         raise NoMatch(f"{pivot.name} is not the k-th largest value of {topk.name}")
     rows = val(source).shape[:-1]
@@ -132,6 +139,8 @@ def _picks_last(walk: Walk, step: Node, values: Node, k) -> bool:
     if is_call(step, aten.slice.Tensor):
         dim, start = step.args[1], step.args[2] if len(step.args) > 2 else None
         return last_dim(dim, ndim) and last(start)
+    if not is_call(step, aten.index.Tensor):
+        return False
     indices = step.args[1]
     if len(indices) != ndim or any(i is not None for i in indices[:-1]):
         return False

@@ -139,6 +139,15 @@ def top_k(h):
     return torch.multinomial(torch.softmax(logits, -1), 1)
 
 
+def top_k_keep_form(h):  # keeps x >= kth, the pivot a view of the last value
+    logits = LM_HEAD(h).float() / 0.9
+    kth = logits.topk(10, dim=-1).values[:, -1].view(-1, 1)
+    keep = logits >= kth
+    return torch.multinomial(
+        torch.where(keep, logits, torch.full_like(logits, -torch.inf)).softmax(-1), 1
+    )
+
+
 def greedy_top_k(h):  # the mask keeps the argmax: dropped
     logits = LM_HEAD(h)
     v, _ = torch.topk(logits, 10)
@@ -184,6 +193,7 @@ POSITIVE = [
     ),
     pytest.param(greedy_batch_one, (hidden(D),), "greedy", id="greedy-1d"),
     pytest.param(top_k, (hidden(B, D),), "multinomial", id="top-k-mask"),
+    pytest.param(top_k_keep_form, (hidden(B, D),), "multinomial", id="top-k-keep-form"),
     pytest.param(greedy_top_k, (hidden(B, D),), "greedy", id="greedy-top-k-mask-dropped"),
 ]
 
