@@ -23,12 +23,15 @@ mismatch never becomes a wrong token.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 __all__ = [
     "EXCHANGE_TIMEOUT_MS",
@@ -49,6 +52,7 @@ EXCHANGE_TIMEOUT_MS = int(os.environ.get("FLASHSAMPLING_TP_TIMEOUT_MS", "30000")
 # Header fields of a message, in order.
 HEADER = ("batch", "num_samples", "vocab_size", "seed", "shard_start", "shard_stop")
 NO_INDEX = 2**31 - 1  # the index of a shard without vocabulary rows: never the lowest
+_NO_INDEX = tl.constexpr(NO_INDEX)
 # Candidates per rank and step the symmetric buffers hold (B * num_samples).
 SYMMETRIC_CAPACITY = 1 << 16
 
@@ -141,12 +145,94 @@ def resolve_group(group_name: str) -> dist.ProcessGroup:
     return _resolve_process_group(group_name)
 
 
+@triton.jit
+def _fan_out(
+    score_ptr, index_ptr, header_ptr, peers_ptr, step_ptr, rank, row, count,
+    HEADER_LEN: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program: this rank's message into row ``rank`` of slot ``step % 2`` of every
+    peer's buffer (``peers_ptr``: their addresses). A candidate travels as one int64:
+    the fp32 score's bits in the low word, the index in the high word (``pack_message``'s
+    layout)."""
+    slot = tl.load(step_ptr) % 2
+    header_offsets = tl.arange(0, 8)
+    header_mask = header_offsets < HEADER_LEN
+    header = tl.load(header_ptr + header_offsets, mask=header_mask)
+    for peer in tl.static_range(WORLD):
+        base = tl.load(peers_ptr + peer).to(tl.pointer_type(tl.int64))
+        tl.store(base + (slot * WORLD + rank) * row + header_offsets, header, mask=header_mask)
+    for start in range(0, count, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < count
+        score = tl.load(score_ptr + offsets, mask=mask).to(tl.int32, bitcast=True)
+        index = tl.load(index_ptr + offsets, mask=mask).to(tl.int64)
+        packed = (score.to(tl.int64) & 0xFFFFFFFF) | (index << 32)
+        for peer in tl.static_range(WORLD):
+            base = tl.load(peers_ptr + peer).to(tl.pointer_type(tl.int64))
+            at = base + (slot * WORLD + rank) * row + HEADER_LEN + offsets
+            tl.store(at, packed, mask=mask)
+
+
+@triton.jit
+def _reduce(
+    buffer_ptr, header_ptr, step_ptr, out_ptr, error_ptr, row, count, vocab_size,
+    HEADER_LEN: tl.constexpr, WORLD: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program, after the barrier: every rank's message in this step's slot of the local
+    buffer -> the tokens (best score, ties to the lowest global index); ``error`` = 1 + the
+    first rank whose header disagrees with this one's, WORLD + 1 if the shards do not tile
+    [0, V), else 0. Then the next step's slot."""
+    step = tl.load(step_ptr)
+    base = buffer_ptr + (step % 2) * WORLD * row
+    ranks = tl.arange(0, WORLD_BLOCK)
+    fields = tl.arange(0, 8)
+    mine = tl.load(header_ptr + fields, mask=fields < HEADER_LEN, other=0)
+    in_world = ranks < WORLD
+    headers = tl.load(
+        base + ranks[:, None] * row + fields[None, :],
+        mask=in_world[:, None] & (fields < HEADER_LEN)[None, :],
+        other=0,
+    )
+    # Fields 0-3 (batch, samples, vocabulary size, seed) must be this rank's.
+    differs = (headers != mine[None, :]) & (fields < 4)[None, :]
+    bad = tl.sum(differs.to(tl.int32), axis=1) > 0
+    first_bad = tl.min(tl.where(bad & in_world, ranks, WORLD_BLOCK), axis=0)
+    start = tl.sum(tl.where(fields[None, :] == 4, headers, 0), axis=1)
+    stop = tl.sum(tl.where(fields[None, :] == 5, headers, 0), axis=1)
+    # The shards tile [0, V) when their sizes add up to V and each starts at 0 or where
+    # another one stops.
+    follows = tl.sum((start[:, None] == stop[None, :]).to(tl.int32) * in_world[None, :], axis=1)
+    placed = (start == 0) | (follows > 0) | (start == stop) | ~in_world
+    tiles = (tl.sum(tl.where(in_world, stop - start, 0), axis=0) == vocab_size) & (
+        tl.min(placed.to(tl.int32), axis=0) > 0
+    )
+    error = tl.where(first_bad < WORLD, first_bad + 1, tl.where(tiles, 0, WORLD + 1))
+    tl.store(error_ptr, error.to(tl.int64))
+    for begin in range(0, count, BLOCK):
+        offsets = begin + tl.arange(0, BLOCK)
+        mask = offsets < count
+        best_score = tl.full((BLOCK,), float("-inf"), tl.float32)
+        best_index = tl.full((BLOCK,), _NO_INDEX, tl.int32)
+        for peer in tl.static_range(WORLD):
+            packed = tl.load(base + peer * row + HEADER_LEN + offsets, mask=mask, other=0)
+            score = packed.to(tl.int32).to(tl.float32, bitcast=True)
+            index = (packed >> 32).to(tl.int32)
+            take = (score > best_score) | ((score == best_score) & (index < best_index))
+            best_score = tl.where(take, score, best_score)
+            best_index = tl.where(take, index, best_index)
+        tl.store(out_ptr + offsets, best_index.to(tl.int64), mask=mask)
+    tl.store(step_ptr, step + 1)
+
+
 class SymmetricExchange:
-    """Messages through CUDA symmetric memory: NVLink stores into every peer's buffer, one
-    device-side barrier, a read of the local buffer. One per (group, device).
+    """Candidates through CUDA symmetric memory: one kernel stores this rank's message into
+    every peer's buffer (NVLink), one device-side barrier, one kernel reduces the local
+    buffer to the tokens. One per (group, device).
 
     Buffer layout: [2 slots, P ranks, len(HEADER) + SYMMETRIC_CAPACITY] int64; rank r
-    writes row r of the step's slot in every peer's buffer.
+    writes row r of the step's slot in every peer's buffer. ``send`` and ``receive`` are
+    the two halves around the barrier (tests run them on simulated ranks).
     """
 
     def __init__(self, group_name: str, device: torch.device) -> None:
@@ -163,33 +249,64 @@ class SymmetricExchange:
         self.buffer = symm_mem.empty(2 * self.world * self.row, dtype=torch.int64, device=device)
         self.buffer.zero_()
         self.handle = symm_mem.rendezvous(self.buffer, group_name)
-        self.peers = [
-            self.handle.get_buffer(peer, self.buffer.shape, torch.int64)
-            for peer in range(self.world)
-        ]
+        self.peers = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.step = torch.zeros((), dtype=torch.int64, device=device)
+        self.error = torch.zeros((), dtype=torch.int64, device=device)
         self.handle.barrier(channel=0, timeout_ms=EXCHANGE_TIMEOUT_MS)
 
-    def exchange(self, message: torch.Tensor) -> torch.Tensor:
-        """This rank's message [L] -> all ranks' messages [P, L], in rank order."""
-        length = message.numel()
-        if length > self.row:
-            raise ValueError(
-                f"B * num_samples = {length - len(HEADER)} exceeds the symmetric exchange's "
-                f"capacity of {SYMMETRIC_CAPACITY} candidates per rank"
-            )
-        # Positions of every rank's message in this step's slot (the slot is read on the
-        # device: no host sync, and CUDA-graph replays alternate slots).
-        offsets = torch.arange(length, device=message.device)
-        ranks = torch.arange(self.world, device=message.device)[:, None] * self.row
-        slot_start = self.step.remainder(2) * (self.world * self.row)
-        for peer in self.peers:
-            peer.index_copy_(0, slot_start + self.rank * self.row + offsets, message)
+    def sample(
+        self,
+        score: torch.Tensor,
+        index: torch.Tensor,
+        header: torch.Tensor,
+        vocab_size: int,
+        where: str,
+    ) -> torch.Tensor:
+        """This rank's candidates (``score`` [B, S] fp32, global ``index`` [B, S]) and
+        header -> the tokens [B, S] of the whole group, the same on every rank."""
+        self.send(score, index, header)
         self.handle.barrier(channel=0, timeout_ms=EXCHANGE_TIMEOUT_MS)
-        # A copy, taken before the next step's barrier lets a peer reuse the other slot.
-        mine = self.buffer.index_select(0, (slot_start + ranks + offsets).flatten())
-        self.step.add_(1)
-        return mine.view(self.world, length)
+        return self.receive(header, score.shape, vocab_size, where)
+
+    def send(self, score: torch.Tensor, index: torch.Tensor, header: torch.Tensor) -> None:
+        count = score.numel()
+        if count > SYMMETRIC_CAPACITY:
+            raise ValueError(
+                f"B * num_samples = {count} exceeds the symmetric exchange's capacity of "
+                f"{SYMMETRIC_CAPACITY} candidates per rank"
+            )
+        with _on(score.device):
+            _fan_out[(1,)](
+                score.contiguous(), index.contiguous(), header, self.peers, self.step,
+                self.rank, self.row, count,
+                HEADER_LEN=len(HEADER), WORLD=self.world, BLOCK=_BLOCK,
+            )  # fmt: skip
+
+    def receive(
+        self, header: torch.Tensor, shape: torch.Size, vocab_size: int, where: str
+    ) -> torch.Tensor:
+        tokens = torch.empty(shape, dtype=torch.int64, device=header.device)
+        with _on(header.device):
+            _reduce[(1,)](
+                self.buffer, header, self.step, tokens, self.error, self.row, tokens.numel(),
+                vocab_size,
+                HEADER_LEN=len(HEADER), WORLD=self.world,
+                WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)), BLOCK=_BLOCK,
+            )  # fmt: skip
+        torch._assert_async(
+            self.error == 0,
+            f"flashsampling TP exchange ({where}): a rank sampled another batch size, number "
+            "of samples, vocabulary size or seed than this one, or the shards do not tile the "
+            "vocabulary (the exchange's error tensor holds 1 + that rank, or P + 1)",
+        )
+        return tokens
+
+
+_BLOCK = 1024
+
+
+def _on(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 @functools.cache

@@ -34,6 +34,7 @@ from .op import (
     _check_tensors,
     _normalize_seed,
     _normalize_temperature,
+    _plain_eager_call,
     _triton_interpreter_on,
 )
 from .params import SamplingParams
@@ -114,7 +115,7 @@ def tp_fused_sample(
     seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
     if hidden.shape[0] == 0:
         return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
-    return torch.ops.flashsampling.tp_fused_sample(
+    args = (
         hidden,
         weight_shard,
         bias_shard,
@@ -130,6 +131,10 @@ def tp_fused_sample(
         group_name,
         seed is None,
     )
+    if _plain_eager_call(hidden, weight_shard, bias_shard, temperature_tensor, seed_tensor):
+        # As fused_sample: plain eager calls skip the dispatcher's custom-op layers.
+        return _tp_fused_sample_impl(*args)
+    return torch.ops.flashsampling.tp_fused_sample(*args)
 
 
 def _group_name(group: dist.ProcessGroup | str | None) -> str:
@@ -191,12 +196,11 @@ def _tp_fused_sample_impl(
     seed_key = seed.sum() if seed.dim() else seed
     fields = _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device)
     header = torch.cat([fields[:3], seed_key.view(1), fields[3:]])
-    message = pack_message(score, index, header)
     where = f"group {group_name}"
     if use_symmetric_memory(group_name, device):
-        messages = symmetric_exchange(group_name, device).exchange(message)
-    else:
-        messages = gather_messages(message, group_name)
+        exchange = symmetric_exchange(group_name, device)
+        return exchange.sample(score, index, header, vocab_size, where)
+    messages = gather_messages(pack_message(score, index, header), group_name)
     return reduce_messages(messages, header, batch, num_samples, where)
 
 

@@ -16,7 +16,13 @@ import torch
 from scipy import stats
 
 from flashsampling_inductor import fused_sample, tp_fused_sample
-from flashsampling_inductor.exchange import HEADER, pack_message, reduce_messages
+from flashsampling_inductor.exchange import (
+    HEADER,
+    SYMMETRIC_CAPACITY,
+    SymmetricExchange,
+    pack_message,
+    reduce_messages,
+)
 from flashsampling_inductor.tp import _shard_candidates
 
 from .sampling_oracle import ALPHA, assert_pathwise_equal, make_problem
@@ -288,3 +294,65 @@ def test_tp_draws_follow_the_float64_softmax():
     probabilities = torch.softmax(logits[0].double() / 0.8, dim=0)
     _, p_value = stats.chisquare(counts.numpy(), (probabilities * counts.sum()).numpy())
     assert p_value > ALPHA, p_value
+
+
+def _simulated_ranks(world: int) -> list[SymmetricExchange]:
+    """The symmetric exchange's state on ``world`` simulated ranks of one process: CPU
+    buffers stand for the symmetric ones (the interpreter stores through their addresses)."""
+    row = len(HEADER) + SYMMETRIC_CAPACITY
+    buffers = [torch.zeros(2 * world * row, dtype=torch.int64) for _ in range(world)]
+    ranks = []
+    for rank in range(world):
+        exchange = object.__new__(SymmetricExchange)
+        exchange.rank, exchange.world, exchange.row = rank, world, row
+        exchange.buffer = buffers[rank]
+        exchange.peers = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+        exchange.step = torch.zeros((), dtype=torch.int64)
+        exchange.error = torch.zeros((), dtype=torch.int64)
+        ranks.append(exchange)
+    return ranks
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_symmetric_exchange_kernels_on_simulated_ranks(world_size):
+    """The fan-out and reduction kernels (interpreter), three steps so both slots are used:
+    every rank gets the full vocabulary's tokens; a rank with another seed fails the call."""
+    ranks = _simulated_ranks(world_size)
+    for step, name in enumerate(("per_row", "plain", "bias_bf16")):
+        case = CASES[name]
+        hidden, weight, bias = build_case(case)
+        kwargs = case["kwargs"]
+        seed = torch.as_tensor(kwargs.get("seed", 0))
+        temperature = torch.as_tensor(kwargs.get("temperature", 1.0)).float()
+        num_samples, vocab_size = kwargs.get("num_samples", 1), case["vocab_size"]
+        headers = []
+        for exchange, (start, stop) in zip(
+            ranks, shard_bounds(vocab_size, world_size, "chunk"), strict=True
+        ):
+            score, index = _shard_candidates(
+                hidden, weight[start:stop], None if bias is None else bias[start:stop],
+                temperature, 1.0, seed, num_samples, kwargs.get("logits_dtype"), "torch", start,
+            )  # fmt: skip
+            header = torch.tensor([case["batch"], num_samples, vocab_size, 7, start, stop])
+            headers.append((header, score.shape))
+            exchange.send(score, index, header)
+        expected = fused_sample(hidden, weight, bias=bias, impl="torch", **kwargs)
+        for exchange, (header, shape) in zip(ranks, headers, strict=True):
+            tokens = exchange.receive(header, shape, vocab_size, "test")
+            assert torch.equal(tokens, expected), (step, name, exchange.rank)
+    # A rank that comes with another seed: every rank's call fails.
+    hidden, weight, _ = build_case(CASES["plain"])
+    for exchange, (start, stop) in zip(ranks, shard_bounds(1000, world_size, "chunk"), strict=True):
+        score, index = _shard_candidates(
+            hidden, weight[start:stop], None, torch.tensor(1.0), 1.0, torch.tensor(3), 1, None,
+            "torch", start,
+        )  # fmt: skip
+        seed_key = 99 if exchange.rank == world_size - 1 else 3
+        exchange.send(score, index, torch.tensor([5, 1, 1000, seed_key, start, stop]))
+    for exchange, (start, stop) in zip(ranks, shard_bounds(1000, world_size, "chunk"), strict=True):
+        seed_key = 99 if exchange.rank == world_size - 1 else 3
+        header = torch.tensor([5, 1, 1000, seed_key, start, stop])
+        with pytest.raises(RuntimeError, match="a rank sampled another"):
+            exchange.receive(header, (5, 1), 1000, "test")
+        bad = world_size if exchange.rank != world_size - 1 else 1
+        assert int(exchange.error) == bad, (exchange.rank, int(exchange.error))

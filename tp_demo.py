@@ -1,0 +1,74 @@
+"""Tensor-parallel sampling through the compiler, on the CPU (gloo) or on GPUs (NCCL):
+
+    torchrun --nproc_per_node=2 tp_demo.py
+
+Each rank holds a vocabulary shard of a random LM head; the decode step gathers the sharded
+logits and samples, as vLLM- or torchtitan-style code does. Compiled with
+``backend="flashsampling"``, the gather and the sampling become one ``tp_fused_sample`` call:
+the ranks exchange a few candidates per row instead of the [B, V] logits, and draw the same
+tokens. The script prints the rewrite and every rank's tokens.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name, _value in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
+    os.environ[_name] = _value  # never NVLink multicast
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+import flashsampling_inductor  # noqa: E402, F401  (registers backend="flashsampling")
+
+BATCH, HIDDEN, VOCAB = 4, 64, 1000
+
+
+def decode_step(hidden: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
+    """The sharded LM head, the gather of its logits, temperature sampling."""
+    logits = funcol.all_gather_tensor(
+        hidden @ weight_shard.T, gather_dim=-1, group=dist.group.WORLD
+    )
+    probs = torch.softmax(logits[:, :VOCAB] / 0.8, dim=-1)
+    return torch.multinomial(probs, num_samples=1)
+
+
+def main() -> None:
+    cuda = torch.cuda.is_available()
+    rank = int(os.environ.get("RANK", 0))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    world = dist.get_world_size()
+    device = device or torch.device("cpu")
+    generator = torch.Generator().manual_seed(0)  # the same problem on every rank
+    hidden = torch.randn(BATCH, HIDDEN, generator=generator).to(device)
+    shard = -(-VOCAB // world)  # padded to equal shards, as all_gather_into_tensor needs
+    weight = torch.randn(world * shard, HIDDEN, generator=generator) * HIDDEN**-0.5
+    weight_shard = weight[rank * shard : (rank + 1) * shard].to(device)
+
+    step = torch.compile(decode_step, backend="flashsampling")
+    for call in range(3):
+        tokens = step(hidden, weight_shard)
+        gathered = [torch.empty_like(tokens) for _ in range(world)]
+        dist.all_gather(gathered, tokens)
+        if rank == 0:
+            same = all(torch.equal(t, tokens) for t in gathered)
+            print(
+                f"step {call}: tokens {tokens.flatten().tolist()}, the same on all {world}"
+                f" ranks: {same}"
+            )
+    if rank == 0:
+        print(f"rewrites: {dict(counters['flashsampling'])}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
