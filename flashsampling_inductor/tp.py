@@ -166,13 +166,14 @@ def _tp_fused_sample_impl(
     """The custom op behind ``tp_fused_sample``; arguments are already validated.
 
     ``shared_seed``: draw the seed from the group's shared stream (``seed`` is then None).
-    ``vocab_start`` -1 (what the compiler pass emits, so that one graph serves every rank):
-    the shards are the group's equal row blocks, this one starts at group rank x its rows,
-    and ``bias_shard`` is the whole [vocab_size] bias.
+    A negative ``vocab_start``, -W (what the compiler pass emits, so that one graph serves
+    every rank): the vocabulary is cut in blocks of W rows in group-rank order, this rank's
+    block starts at group rank x W and holds its ``weight_shard`` rows (fewer than W on a
+    short last shard), and ``bias_shard`` is the whole [vocab_size] bias.
     """
     device, batch = hidden.device, hidden.shape[0]
     if vocab_start < 0:
-        vocab_start = dist.get_rank(resolve_group(group_name)) * weight_shard.shape[0]
+        vocab_start = dist.get_rank(resolve_group(group_name)) * -vocab_start
         if bias_shard is not None:
             bias_shard = bias_shard[vocab_start:]
     if shared_seed:

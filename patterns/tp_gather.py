@@ -36,6 +36,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.fx import Graph, Node
 
+from ._truncation import MASKING_OPS
 from ._walk import RESHAPES, aten, is_call, same, val
 
 log = logging.getLogger("flashsampling_inductor")
@@ -64,14 +65,16 @@ def search_into_tensor(hidden, weight_shard, group, vocab_size: int) -> torch.Te
 @dataclass
 class AllGatherMatch:
     """One gather of vocabulary-sharded logits: ``gathered`` [B, V] is
-    ``mm(hidden, weight_shard.T)`` gathered over ``group_name`` on the last dim, then cut to
-    ``vocab_size``. ``chain`` holds the gather's nodes, from the collective to ``gathered``."""
+    ``mm(hidden, weight_shard.T)`` (padded to ``shard_width`` columns) gathered over
+    ``group_name`` on the last dim, then cut to ``vocab_size``. ``chain`` holds the gather's
+    nodes, from the collective to ``gathered``."""
 
     hidden: Node
     weight_shard: Node
     shard_logits: Node
     group_name: str
     group_size: int
+    shard_width: int  # every rank's block of the gathered vocabulary (padded shards included)
     vocab_size: int
     gathered: Node
     chain: list[Node] = field(default_factory=list)
@@ -132,7 +135,7 @@ class AllGatherMatch:
                 (
                     hidden, self.weight_shard, bias, temperature, scalar_temperature,
                     None if shared_seed else seed, scalar_seed, num_samples, logits_dtype,
-                    impl, -1, self.vocab_size, self.group_name, shared_seed,
+                    impl, -self.shard_width, self.vocab_size, self.group_name, shared_seed,
                 ),
             )  # fmt: skip
         # Only what describes the output: the call's other meta (eager_input_vals) is of its
@@ -144,11 +147,12 @@ class AllGatherMatch:
             _erase_unused([seed])
 
 
-def _lowerable(call: Node) -> bool:
+def _lowerable(call: Node, first: int = 10) -> bool:
     """A fused call without truncation (the TP op does not take top-k / top-p yet). The
-    catalog's calls hold them positionally (after ``impl``), a hand-made one may name them."""
+    catalog's calls hold them positionally (``fused_sample``: after ``impl``, the 10th
+    argument; ``sample_logits``: from the 6th), a hand-made one may name them."""
     names = ("top_k", "scalar_top_k", "top_p", "scalar_top_p")
-    given = dict(zip(names, call.args[10:], strict=False), **call.kwargs)
+    given = dict(zip(names, call.args[first:], strict=False), **call.kwargs)
     return (
         given.get("top_k") is None
         and given.get("top_p") is None
@@ -182,7 +186,15 @@ def find_gathers(graph: Graph) -> list[AllGatherMatch]:
 
 
 def _match_gather(collective: Node) -> AllGatherMatch | None:
-    shard_logits, group_size, group_name = collective.args[:3]
+    gathered_input, group_size, group_name = collective.args[:3]
+    shard_logits, chain = gathered_input, [collective]
+    if is_call(gathered_input, aten.constant_pad_nd.default):
+        # DTensor's uneven shards: the short ranks pad their logits at the end of the
+        # vocabulary dim to the common width, and the gathered logits are sliced to V after.
+        shard_logits, padding = gathered_input.args[:2]
+        if len(padding) != 2 or padding[0] != 0:
+            return None
+        chain.append(gathered_input)
     if not (
         is_call(shard_logits, aten.mm.default)
         and is_call(shard_logits.args[1], aten.permute.default)
@@ -191,10 +203,9 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
     ):
         return None
     hidden, weight_shard = shard_logits.args[0], shard_logits.args[1].args[0]
-    batch, shard = val(shard_logits).shape
+    batch, shard = val(gathered_input).shape  # the shard's width in the gathered logits
     if not isinstance(shard, int):
         return None
-    chain = [collective]
     node = _only_user(collective)
     if not is_call(node, _c10d.wait_tensor.default):
         return None
@@ -218,8 +229,10 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             vocab_size = min(end, vocab_size)
             node = after
             chain.append(node)
+    if gathered_input is not shard_logits and vocab_size == group_size * shard:
+        return None  # padded columns the program samples from: not an uneven shard layout
     return AllGatherMatch(
-        hidden, weight_shard, shard_logits, group_name, group_size, vocab_size, node, chain
+        hidden, weight_shard, shard_logits, group_name, group_size, shard, vocab_size, node, chain
     )
 
 
@@ -276,11 +289,36 @@ def _shape_is(node: Node, shape) -> bool:
 
 
 def lift(graph: Graph) -> list[AllGatherMatch]:
-    """Lift every gather before the catalog runs; -> the lifted ones for ``finish``."""
-    gathers = find_gathers(graph)
+    """Lift every gather before the catalog runs; -> the lifted ones for ``finish``.
+
+    A gather whose logits reach a top-k / top-p truncation is not lifted: the TP op takes
+    none yet, and the catalog's call would keep the stand-in, which gathers the whole weight
+    (correct, but slower than gathering the logits)."""
+    gathers = [gather for gather in find_gathers(graph) if not _truncated(gather.gathered)]
     for gather in gathers:
         gather.lift(graph)
     return gathers
+
+
+_TRUNCATING = (aten.topk.default, aten.sort.default, aten.sort.stable, aten.cumsum.default)
+
+
+def _truncated(logits: Node, limit: int = 64) -> bool:
+    """True if a top-k / top-p step is among the first ``limit`` nodes that read ``logits``
+    (a rank-independent test: every rank's program is the same after the gather)."""
+    seen, frontier = set(), [logits]
+    while frontier and len(seen) < limit:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if is_call(node, *_TRUNCATING, *MASKING_OPS) or (
+            is_call(node, torch.ops.flashsampling.sample_logits.default)
+            and not _lowerable(node, first=6)
+        ):
+            return True
+        frontier.extend(node.users)
+    return False
 
 
 def finish(graph: Graph, gathers: list[AllGatherMatch]) -> int:

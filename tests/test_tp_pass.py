@@ -4,6 +4,7 @@ then a sampling idiom, becomes one ``tp_fused_sample`` call (gloo ranks on the C
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from expecttest import TestCase
@@ -107,7 +108,7 @@ graph():
     %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
     %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
     %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg0_1, [-1, 16]), kwargs = {})
-    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.7, None, 0, 1, None, auto, -1, 38, 0, True), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.7, None, 0, 1, None, auto, -19, 38, 0, True), kwargs = {})
     return (tp_fused_sample_default,)""",
         )
 
@@ -121,7 +122,7 @@ graph():
     %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
     %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
     %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg1_1, [-1, 16]), kwargs = {})
-    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg0_1, None, None, 0.7, None, 0, 1, None, auto, -1, 37, 0, True), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg0_1, None, None, 0.7, None, 0, 1, None, auto, -13, 37, 0, True), kwargs = {})
     return (tp_fused_sample_default,)""",
         )
 
@@ -136,18 +137,20 @@ graph():
     %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
     %empty : [num_users=0] = call_function[target=torch.ops.aten.empty.memory_format](args = ([6, 19],), kwargs = {dtype: torch.float32, device: cpu, pin_memory: False})
     %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg0_1, [-1, 16]), kwargs = {})
-    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.0, None, 0, 1, None, auto, -1, 37, 0, False), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.0, None, 0, 1, None, auto, -19, 37, 0, False), kwargs = {})
     %view_default_1 : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%tp_fused_sample_default, [3]), kwargs = {})
     return (view_default_1,)""",
         )
 
-    def test_top_k_after_the_gather_keeps_the_gathered_weight(self):
-        """tp_fused_sample takes no top-k yet: the catalog's call keeps its top_k and the
-        stand-in that gathers the weight, instead of losing the truncation."""
-        graph, _ = self.graph("top_k")
+    def test_top_k_after_the_gather_is_left_to_stock_inductor(self):
+        """tp_fused_sample takes no top-k yet: the gather is not lifted (a fused call on the
+        gathered weight would keep the truncation but gather the whole weight each step)."""
+        graph, rewrites = self.graph("top_k")
+        self.assertNotIn("tp_all_gather", rewrites)
         self.assertNotIn("tp_fused_sample", graph)
-        self.assertIn("tp_gathered_weight", graph)
-        self.assertIn("flashsampling.fused_sample.default", graph)
+        self.assertNotIn("tp_gathered_weight", graph)
+        self.assertIn("all_gather_into_tensor", graph)
+        self.assertIn("aten.multinomial", graph)
 
     def test_gathered_logits_with_another_user_are_not_rewritten(self):
         graph, rewrites = self.graph("logits_returned")
@@ -172,3 +175,57 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
             seed = per_rank[0][name, "seeds"][call]
             expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
             assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
+
+
+class _Head(torch.nn.Module):
+    """A decode step's LM head and sampling, as a model writes them."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        self.lm_head.weight.data.copy_(weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.multinomial(torch.softmax(self.lm_head(hidden) / 0.7, dim=-1), 1)
+
+
+def _dtensor_worker(rank, world, weight):
+    """The LM head a DTensor ColwiseParallel(output_layouts=Replicate()) plan shards,
+    compiled whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _Head(weight)
+    parallelize_module(model, mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate())})
+    hidden, _ = make_problem(BATCH, 1, DIM, device=torch.device("cpu"))
+    graph, rewrites = graph_after_pass(model, hidden)
+    torch._dynamo.reset()
+    torch.manual_seed(rank)  # ranks seeded apart
+    step = torch.compile(model, backend="flashsampling", fullgraph=True)
+    stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
+    seeds = [int(stream.base + (stream.calls + i) * _SEED_STRIDE) for i in range(3)]
+    return rewrites, [step(hidden) for _ in range(3)], seeds, hidden
+
+
+@pytest.mark.parametrize(
+    "world, vocab_size",
+    [
+        pytest.param(2, 38, id="tp2-even"),
+        # Uneven: DTensor pads the short shard's logits before the gather, slices after.
+        pytest.param(2, 37, id="tp2-uneven"),
+        pytest.param(3, 37, id="tp3-uneven"),
+    ],
+)
+def test_dtensor_lm_head_compiled_whole_draws_the_tokens_of_tp1(world, vocab_size):
+    weight = make_problem(1, vocab_size, DIM, device=torch.device("cpu"), seed=5)[1]
+    per_rank = run_ranks(world, _dtensor_worker, weight)
+    rewrites, tokens, seeds, hidden = per_rank[0]
+    assert rewrites.get("tp_all_gather") == 1, rewrites
+    for other in per_rank[1:]:
+        assert other[0] == rewrites
+        assert all(torch.equal(a, b) for a, b in zip(other[1], tokens, strict=True))
+    for drawn, seed in zip(tokens, seeds, strict=True):
+        expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
+        assert_pathwise_equal(drawn, expected, hidden, weight, temperature=0.7, seed=seed)
