@@ -311,3 +311,15 @@ def test_negative_temperature_after_the_mask_fails_loudly():
     compiled = torch.compile(per_row_temperature_after_top_k, backend="flashsampling")
     with torch.no_grad(), pytest.raises(RuntimeError, match="flashsampling: a rewritten"):
         compiled(IDS, h, torch.tensor([0.7, -0.7, 1.0]))
+
+
+def test_a_near_miss_draws_what_stock_inductor_draws():
+    """Left alone means unchanged: on the same seed the step compiled with the backend
+    draws exactly the tokens of the step compiled by stock Inductor."""
+    tokens = {}
+    for backend in ("inductor", "flashsampling"):
+        torch._dynamo.reset()
+        torch.manual_seed(5)
+        with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+            tokens[backend] = torch.compile(top_k_le, backend=backend)(IDS, h)
+    torch.testing.assert_close(tokens["flashsampling"], tokens["inductor"], rtol=0, atol=0)
