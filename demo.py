@@ -5,8 +5,8 @@ with three sampling idioms as public code writes them. Each step is compiled wit
 ``backend="flashsampling"``: the LM-head matmul and the sampling after it become one fused
 call that never writes the [batch, vocab] logits. The script prints which idioms were
 rewritten, the tokens drawn and, on a GPU, the time per step against stock Inductor. With
-transformers installed, a random Llama then samples through Hugging Face ``generate`` with
-``custom_generate=fused_generate``.
+transformers installed, a random Llama then samples through plain Hugging Face ``generate``
+after ``flashsampling_inductor.hf.enable(model)``.
 
     python demo.py
 """
@@ -182,12 +182,13 @@ def main() -> None:
 
 @torch.no_grad()
 def hf_generate() -> None:
-    """The same through Hugging Face ``generate``, when transformers is installed (4.57 is
-    fused; other versions run their own loop, with a warning)."""
+    """The same through Hugging Face ``generate``, when transformers 5.x is installed: one
+    setup call, then plain ``generate`` calls run fused (transformers' static cache, the decode
+    step compiled with ``backend="flashsampling"``, CUDA graphs on a GPU)."""
     try:
         import transformers
 
-        from flashsampling_inductor.hf import fused_generate
+        import flashsampling_inductor.hf
     except ImportError:
         print("\nHugging Face generate: transformers is not installed, skipped")
         return
@@ -202,22 +203,16 @@ def hf_generate() -> None:
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(DEVICE, DTYPE).eval()
     prompt = torch.randint(0, VOCAB, (BATCH, CONTEXT), device=DEVICE)
+    flashsampling_inductor.hf.enable(model)
     torch._dynamo.reset()
     counters.clear()
     start = time.perf_counter()
-    out = model.generate(
-        prompt,
-        do_sample=True,
-        temperature=0.8,
-        top_k=0,
-        max_new_tokens=NEW_TOKENS,
-        pad_token_id=0,
-        custom_generate=fused_generate,
-    )
+    out = model.generate(prompt, do_sample=True, max_new_tokens=NEW_TOKENS, pad_token_id=0)
     seconds = time.perf_counter() - start
     print(
-        f"\nHugging Face generate (random Llama, custom_generate=fused_generate): rewritten "
-        f"idioms {dict(counters['flashsampling']) or 'none'} (compile + run {seconds:.1f}s)"
+        "\nHugging Face generate (random Llama, flashsampling_inductor.hf.enable(model), then"
+        f" generate(do_sample=True)): rewritten idioms {dict(counters['flashsampling']) or 'none'}"
+        f" (compile + run {seconds:.1f}s)"
     )
     print(f"  sampled tokens: {out[:, CONTEXT:].tolist()}")
 

@@ -1,54 +1,99 @@
-"""FlashSampling inside Hugging Face ``model.generate``: one argument, ``custom_generate``.
+"""FlashSampling inside Hugging Face ``model.generate`` (transformers >= 5.17).
 
-``generate`` runs the model's forward and the sampling in separate places (the sampling after
-the logits processors, outside anything compiled), so the pass never sees an LM head and its
-sampling in one graph. ``fused_generate`` is a drop-in decoding loop for transformers'
-``custom_generate`` hook (transformers 4.57; other versions run their own loop unfused, with
-a warning): the same loop as ``generate``'s own, except that each step's forward and its
-token choice are one function compiled with ``backend="flashsampling"``, so the logits of the
-step are never written::
+``generate`` runs the model's forward and the token choice in different places (the choice
+after the logits processors, outside anything compiled), so no graph holds an LM head and its
+sampling. Here the decode step is transformers' own fast path, a static cache and the
+forward compiled with CUDA graphs (``mode="reduce-overhead"``), with the token choice inside
+the same graph: ``sample_logits`` on the last position's logits, with the temperature, top-k
+and top-p as per-row device tensors (new values never recompile). The step is compiled with
+``backend="flashsampling"``, whose pass turns the LM-head matmul and ``sample_logits`` into
+one fused call, so the step's logits are never written. The prompt (prefill) runs as
+transformers runs it, eagerly, and its token is drawn by ``sample_logits`` from its logits::
 
-    from flashsampling_inductor.hf import fused_generate
+    import flashsampling_inductor.hf
 
-    out = model.generate(ids, do_sample=True, temperature=0.7, top_k=0,
-                         custom_generate=fused_generate)
+    flashsampling_inductor.hf.enable(model)
+    out = model.generate(ids, do_sample=True, max_new_tokens=128)  # fused
+    flashsampling_inductor.hf.disable(model)
 
-It fuses what the op draws exactly: plain temperature sampling (``do_sample=True`` with no
-logits processor besides the temperature; note that ``top_k`` defaults to 50, so pass
-``top_k=0``) and greedy search. For anything else (top-k/top-p, penalties, returned scores or
-logits, ``synced_gpus``, encoder-decoder models) it runs transformers' own loop unchanged and
-says why at INFO level on the ``flashsampling_inductor`` logger. Beam search and assisted
-decoding are not decoding loops it can stand in for: they raise.
+or, per call, ``model.generate(ids, ..., custom_generate=fused_generate)``.
+
+It fuses greedy search and sampling with a temperature, top-k and top-p (generate's defaults
+and a model's generation_config included). Anything else (other logits processors such as a
+repetition penalty or min-p, beam search, assisted decoding, returned scores or logits,
+``synced_gpus``, encoder-decoder models, a cache that is not static) runs transformers' own
+loop and says why once, at WARNING, on the ``flashsampling_inductor`` logger.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import logging
 
 import torch
 
-__all__ = ["fused_generate"]
+from .op import sample_logits
+
+__all__ = ["disable", "enable", "fused_generate"]
 
 log = logging.getLogger("flashsampling_inductor")
 
-# Names under which transformers' models return their cache (generation/utils.py).
-_CACHE_NAMES = ("past_key_values", "cache_params", "state", "mems", "past_buckets_states")
+# The decoding loop below follows transformers' _sample from 5.17 on (prefill apart, StopCheck).
+_OLDEST_LOOP = (5, 17)
+_FUSED_MODES = ("SAMPLE", "GREEDY_SEARCH")
+# generate's own arguments: not generation settings.
+_GENERATE_ARGUMENTS = (
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "synced_gpus",
+    "assistant_model",
+    "streamer",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+)
+_warned: set[str] = set()
 
 
-def _forward_and_choose(model, model_inputs: dict, temperature: float, greedy: bool):
-    """One decode step as ``generate`` writes it, minus the logits processors."""
-    outputs = model(**model_inputs, return_dict=True)
-    logits = outputs.logits[:, -1, :].float()
-    if greedy:
-        tokens = torch.argmax(logits, dim=-1)
-    else:
-        probs = torch.softmax(logits / temperature, dim=-1)
-        tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
-    # The cache goes back to generate's bookkeeping; the logits stay inside the graph.
-    return tokens, {name: outputs[name] for name in _CACHE_NAMES if name in outputs}
+def enable(model):
+    """Make plain ``model.generate(...)`` calls on this model run fused.
+
+    Greedy and sampling calls get ``custom_generate=fused_generate`` and, unless the call
+    chooses a cache, ``cache_implementation="static"`` (the fused step is compiled for a
+    static cache, as transformers' own compiled decoding is); other modes run transformers'
+    own ``generate`` and say why once. Returns the model. ``disable(model)`` undoes it.
+    """
+    if "generate" not in vars(model):
+        model.generate = functools.partial(_generate, model, type(model).generate)
+    return model
 
 
-_compiled_step = torch.compile(_forward_and_choose, backend="flashsampling", dynamic=True)
+def disable(model):
+    """Undo ``enable``: ``model.generate`` is transformers' own again. Returns the model."""
+    vars(model).pop("generate", None)
+    return model
+
+
+def _generate(model, generate, inputs=None, generation_config=None, **kwargs):
+    """``model.generate`` after ``enable``: the fused loop for greedy search and sampling."""
+    if kwargs.get("custom_generate") is not None:
+        return generate(model, inputs, generation_config, **kwargs)
+    if why_not := _version_problem():
+        _warn_once(why_not)
+        return generate(model, inputs, generation_config, **kwargs)
+    settings = {key: value for key, value in kwargs.items() if key not in _GENERATE_ARGUMENTS}
+    config, _ = model._prepare_generation_config(copy.deepcopy(generation_config), **settings)
+    mode = config.get_generation_mode(kwargs.get("assistant_model"))
+    if mode.name not in _FUSED_MODES:
+        _warn_once(f"{mode.name.lower()} is not fused")
+        return generate(model, inputs, generation_config, **kwargs)
+    if config.cache_implementation is None and kwargs.get("past_key_values") is None:
+        kwargs["cache_implementation"] = "static"
+    # generate would keep the streamer from a custom_generate: it travels under another name.
+    kwargs["fused_streamer"] = kwargs.pop("streamer", None)
+    return generate(model, inputs, generation_config, custom_generate=fused_generate, **kwargs)
 
 
 def fused_generate(
@@ -59,82 +104,256 @@ def fused_generate(
     generation_config,
     synced_gpus: bool = False,
     streamer=None,
+    fused_streamer=None,
     **model_kwargs,
 ):
-    """transformers' sampling / greedy loop (``GenerationMixin._sample``) with each step's
-    forward and token choice compiled as one graph with ``backend="flashsampling"``.
+    """transformers' greedy / sampling loop (``GenerationMixin._sample``) with each decode
+    step's forward and token choice compiled as one graph with ``backend="flashsampling"``.
 
-    Pass it as ``model.generate(..., custom_generate=fused_generate)``. Returns what
-    ``generate`` returns: the sequences, or a ``GenerateDecoderOnlyOutput`` with only
-    ``sequences`` and ``past_key_values`` set when ``return_dict_in_generate=True``.
+    Pass it as ``model.generate(..., custom_generate=fused_generate)`` (``enable(model)``
+    does that for every call). Returns what ``generate`` returns: the sequences, or a
+    ``GenerateDecoderOnlyOutput`` with ``sequences`` and ``past_key_values`` set when
+    ``return_dict_in_generate=True``.
+
+    ``generate`` keeps its ``streamer`` argument for itself (it never reaches a
+    ``custom_generate``); ``enable`` passes it on as ``fused_streamer``, which gets the
+    prompt and then each new token, as ``generate``'s streamer does.
     """
-    import transformers
-    from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+    from transformers.generation.utils import GenerationMixin
 
+    if fused_streamer is not None:
+        streamer = fused_streamer
+        streamer.put(input_ids.cpu())
+
+    loop_args = dict(
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        generation_config=generation_config,
+        synced_gpus=synced_gpus,
+    )
     mode = generation_config.get_generation_mode()
-    if mode.name not in ("SAMPLE", "GREEDY_SEARCH"):
+    if mode.name.startswith("BEAM"):
+        _warn_once(f"{mode.name.lower()} is not fused")
+        return GenerationMixin._beam_search(model, input_ids, **loop_args, **model_kwargs)
+    if mode.name not in _FUSED_MODES:
         raise ValueError(
             f"fused_generate runs sampling and greedy search, not {mode.name.lower()}; "
             "call generate without custom_generate for it"
         )
-    if not _loop_matches(transformers.__version__):
-        # The loop below follows 4.57's _sample and its helpers; 5.x restructured them.
-        log.warning(
-            "flashsampling: fused_generate follows transformers 4.57's decoding loop, not"
-            " %s's; generate runs transformers' own loop (nothing fused)",
-            transformers.__version__,
-        )
-        why_not = "unsupported transformers version"
-    else:
-        temperature, why_not = _fusable(model, logits_processor, generation_config, synced_gpus)
-        if why_not:
-            log.info("flashsampling: generate runs transformers' own loop: %s", why_not)
+    sampling = _sampling_settings(logits_processor, generation_config)
+    why_not = (
+        sampling
+        if isinstance(sampling, str)
+        else _unfusable_setup(model, generation_config, synced_gpus, model_kwargs)
+    )
     if why_not:
+        _warn_once(why_not)
         return GenerationMixin._sample(
-            model,
-            input_ids,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-            generation_config=generation_config,
-            synced_gpus=synced_gpus,
-            streamer=streamer,
-            **model_kwargs,
+            model, input_ids, **loop_args, streamer=streamer, **model_kwargs
+        )
+    _use_static_cache(model, input_ids, generation_config, model_kwargs)
+    return _fused_loop(
+        model, input_ids, stopping_criteria, generation_config, sampling, streamer, model_kwargs
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sampling:
+    """What generate's logits processors ask for, in the op's terms."""
+
+    temperature: float  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+
+    def as_tensors(self, device: torch.device) -> dict:
+        """The knobs as 0-d device tensors, which the op applies to every row: new values reuse
+        the compiled step, and no knob has a batch dimension of its own for a new batch size
+        to change. A knob that is off is None, so a call without top-k or top-p takes the
+        op's plain path (a call that turns one on compiles once more)."""
+
+        def scalar(value, dtype):
+            return torch.tensor(value, dtype=dtype, device=device)
+
+        return dict(
+            temperature=scalar(self.temperature, torch.float32),
+            top_k=scalar(self.top_k, torch.int64) if self.top_k else None,
+            top_p=scalar(self.top_p, torch.float32) if self.top_p < 1.0 else None,
         )
 
-    greedy = not generation_config.do_sample
+
+def _sampling_settings(logits_processor, generation_config) -> _Sampling | str:
+    """-> the sampling the processors ask for, or why the op cannot draw it."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    if not generation_config.do_sample:
+        processors = [type(p).__name__ for p in logits_processor]
+        if processors:
+            return f"the logits processors {processors} are not fused"
+        return _Sampling(temperature=0.0)
+    # transformers applies temperature, then top-k, then top-p: the op's order.
+    order = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+    temperature, top_k, top_p, last = 1.0, 0, 1.0, -1
+    for processor in logits_processor:
+        kind = type(processor)
+        position = order.index(kind) if kind in order else None
+        if position is None:
+            return f"the logits processor {kind.__name__} is not fused"
+        if position < last or (position > 0 and position == last):
+            names = [type(p).__name__ for p in logits_processor]
+            return f"the logits processors {names} come in an order the op does not draw"
+        if kind is not TemperatureLogitsWarper and processor.filter_value != -float("inf"):
+            return f"{kind.__name__} with filter_value={processor.filter_value} is not fused"
+        if kind is TemperatureLogitsWarper:
+            temperature *= float(processor.temperature)  # scores / T1 / T2 = scores / (T1 T2)
+        elif kind is TopKLogitsWarper:
+            top_k = int(processor.top_k)
+        elif processor.min_tokens_to_keep != 1:
+            return f"top-p with min_tokens_to_keep={processor.min_tokens_to_keep} is not fused"
+        else:
+            top_p = float(processor.top_p)
+        last = position
+    return _Sampling(temperature, top_k, top_p)
+
+
+def _unfusable_setup(model, generation_config, synced_gpus, model_kwargs) -> str:
+    """Why this call cannot run the fused loop, or ""."""
+    config = generation_config
+    if why_not := _version_problem():
+        return why_not
+    if model.config.is_encoder_decoder:
+        return "encoder-decoder models are not fused"
+    if synced_gpus:
+        return "synced_gpus is set"
+    if config.disable_compile:
+        return "disable_compile is set"
+    if config.return_dict_in_generate and (
+        config.output_scores
+        or config.output_logits
+        or config.output_attentions
+        or config.output_hidden_states
+    ):
+        return "scores, logits, attentions or hidden states are returned"
+    if not model_kwargs.get("use_cache", True):
+        return "use_cache=False"
+    cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        return "the model keeps no past_key_values cache"
+    if getattr(cache, "_is_user_defined", False) and not _is_static(cache):
+        return f"the cache passed in ({type(cache).__name__}) is not a static cache"
+    if "flash" in str(getattr(model.config, "_attn_implementation", "")):
+        return "flash attention breaks the compiled graph"
+    return ""
+
+
+def _is_static(cache) -> bool:
+    from transformers import DynamicCache
+
+    return bool(cache.is_compileable) and type(cache) is not DynamicCache
+
+
+def _use_static_cache(model, input_ids, generation_config, model_kwargs) -> None:
+    """The fused step is compiled for a static cache: a fresh dynamic cache that generate made
+    for this call becomes the static cache transformers makes for ``cache_implementation=
+    "static"`` (reused across calls, sized for the longest call so far)."""
+    if _is_static(model_kwargs["past_key_values"]):
+        return
+    config = copy.copy(generation_config)
+    config.cache_implementation = "static"
+    del model_kwargs["past_key_values"]
+    expand = max(config.num_beams or 1, config.num_return_sequences or 1)
+    model._prepare_cache_for_generation(
+        config,
+        model_kwargs,
+        config.get_generation_mode(),
+        input_ids.shape[0] // expand,
+        config.max_length - 1,
+    )
+
+
+def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling, streamer, kw):
+    """``_sample``'s loop for greedy search and sampling, the decode step compiled."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput, StopCheck
+
+    batch_size, device = input_ids.shape[0], input_ids.device
     pad_token_id = generation_config._pad_token_tensor
     has_eos_stopping_criteria = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
-    batch_size, cur_len = input_ids.shape[:2]
-    unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=input_ids.device)
-    model_kwargs = model._get_initial_cache_position(cur_len, input_ids.device, model_kwargs)
-    this_peer_finished = False
-    while model._has_unfinished_sequences(this_peer_finished, False, device=input_ids.device):
-        model_inputs = model.prepare_inputs_for_generation(input_ids, **model_kwargs)
-        next_tokens, cache = _compiled_step(model, model_inputs, temperature, greedy)
-        model_kwargs = model._update_model_kwargs_for_generation(
-            _StepOutput(cache), model_kwargs, is_encoder_decoder=False
-        )
-        if has_eos_stopping_criteria:  # finished rows get padding, as in generate
-            next_tokens = next_tokens * unfinished_sequences + pad_token_id * (
-                1 - unfinished_sequences
-            )
-        input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
-        if streamer is not None:
-            streamer.put(next_tokens.cpu())
-        unfinished_sequences = unfinished_sequences & ~stopping_criteria(input_ids, None)
-        this_peer_finished = unfinished_sequences.max() == 0
+    unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=device)
+    knobs = sampling.as_tensors(model.device)
+    step = _compiled_step(model, generation_config)
+    cache = kw["past_key_values"]
+
+    # The prompt: transformers' own (eager) prefill, its token drawn from its logits.
+    outputs = model._prefill(input_ids, generation_config, kw, is_first_iteration=True)
+    kw = model._update_model_kwargs_for_generation(outputs, kw)
+    next_tokens = sample_logits(outputs.logits[:, -1, :], **knobs).squeeze(1).to(device)
+    del outputs  # the prompt's logits
+    stop_check = StopCheck(streamer)
+    with model._optimize_model_for_decode():
+        while True:
+            if has_eos_stopping_criteria:  # finished rows get padding, as in generate
+                next_tokens = next_tokens * unfinished_sequences + pad_token_id.to(device) * (
+                    1 - unfinished_sequences
+                )
+            input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+            unfinished_sequences = unfinished_sequences & ~stopping_criteria(input_ids, None)
+            if stop_check(unfinished_sequences, next_tokens, input_ids.shape[1]):
+                break
+            inputs = model.prepare_inputs_for_generation(input_ids, next_sequence_length=1, **kw)
+            next_tokens = step(inputs, **knobs).to(device)
+            kw = model._update_model_kwargs_for_generation(_StepOutput(past_key_values=cache), kw)
     if streamer is not None:
         streamer.end()
     if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(
-            sequences=input_ids, past_key_values=model_kwargs.get("past_key_values")
-        )
+        return GenerateDecoderOnlyOutput(sequences=input_ids, past_key_values=cache)
     return input_ids
 
 
-def _loop_matches(version: str) -> bool:
-    """True for the transformers versions whose ``_sample`` loop ``fused_generate`` mirrors."""
-    return version.startswith("4.57.")
+def _decode_step(model, inputs: dict, temperature, top_k, top_p) -> torch.Tensor:
+    """One decode step: the forward and the token choice, one graph. -> tokens [B]."""
+    logits = model(**inputs, return_dict=True).logits[:, -1, :]
+    return sample_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).squeeze(1)
+
+
+def _compiled_step(model, generation_config):
+    """The decode step compiled as transformers compiles its own (its ``compile_config``,
+    CUDA graphs under ``mode="reduce-overhead"``), with ``backend="flashsampling"`` and
+    fullgraph: forward and sampling must be one graph for the pass to fuse them. Kept on
+    the model, as transformers keeps its compiled forward. Off CUDA there are no CUDA
+    graphs: the step compiles without them."""
+    from transformers import CompileConfig
+
+    config = generation_config.compile_config or CompileConfig()
+    mode = config.mode if model.device.type == "cuda" else None
+    key = (mode, config.dynamic, repr(config.options))
+    cached = getattr(model, "_flashsampling_step", None)
+    if cached is None or cached[0] != key:
+        compiled = torch.compile(
+            functools.partial(_decode_step, model),
+            backend="flashsampling",
+            fullgraph=True,
+            dynamic=config.dynamic,
+            mode=mode,
+            options=config.options,
+        )
+        model._flashsampling_step = cached = (key, _mark_steps(compiled, mode))
+    return cached[1]
+
+
+def _mark_steps(compiled, mode):
+    """Under CUDA graphs each decode step is a new iteration: the previous step's output
+    (the tokens, already copied into input_ids) may be overwritten."""
+    if mode is None or "reduce-overhead" not in mode:
+        return compiled
+
+    def step(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return step
 
 
 class _StepOutput(dict):
@@ -144,28 +363,23 @@ class _StepOutput(dict):
     __getattr__ = dict.__getitem__
 
 
-def _fusable(model, logits_processor, generation_config, synced_gpus) -> tuple[float, str]:
-    """-> (temperature, "") if the loop can be fused, else (_, why not)."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper
+def _transformers_version() -> str:
+    import transformers
 
-    config = generation_config
-    if model.config.is_encoder_decoder:
-        return 1.0, "encoder-decoder models are not supported"
-    if synced_gpus:
-        return 1.0, "synced_gpus is set"
-    if config.prefill_chunk_size is not None:
-        return 1.0, "prefill_chunk_size is set"
-    if config.return_dict_in_generate and (
-        config.output_scores
-        or config.output_logits
-        or config.output_attentions
-        or config.output_hidden_states
-    ):
-        return 1.0, "scores, logits, attentions or hidden states are returned"
-    temperature = 1.0
-    for processor in logits_processor:
-        if isinstance(processor, TemperatureLogitsWarper) and config.do_sample:
-            temperature *= float(processor.temperature)  # scores / T1 / T2 = scores / (T1 T2)
-        else:
-            return 1.0, f"the logits processor {type(processor).__name__} is not fused"
-    return temperature, ""
+    return transformers.__version__
+
+
+def _version_problem() -> str:
+    """ "" for the transformers versions whose ``_sample`` loop the fused loop mirrors."""
+    version = _transformers_version()
+    major, minor = (int(part) for part in version.split(".")[:2])
+    if major == 5 and (major, minor) >= _OLDEST_LOOP:
+        return ""
+    oldest = ".".join(map(str, _OLDEST_LOOP))
+    return f"transformers {version} is not supported (the fused loop follows 5.x from {oldest})"
+
+
+def _warn_once(why_not: str) -> None:
+    if why_not not in _warned:
+        _warned.add(why_not)
+        log.warning("flashsampling: generate runs transformers' own loop: %s", why_not)
