@@ -12,6 +12,13 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
     eager_race               eager argmax(probs / exponential noise), matmul included
     flashinfer_fi2           matmul + flashinfer.sampling.sampling_from_logits (Gumbel-max)
     flashinfer_fi1           matmul + top_k_top_p_sampling_from_logits(top_k=V, top_p=1.0)
+    fused_topk50             fused_sample(..., top_k=50): exact top-k, logits never written
+    fused_topk50_topp09      fused_sample(..., top_k=50, top_p=0.9)
+    flashinfer_topk50        matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=1.0)
+    flashinfer_topk50_topp09 matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=0.9)
+    hf_topk50                transformers' TopKLogitsWarper(50) + softmax + multinomial,
+                             stock torch.compile (Inductor)
+    hf_topk50_topp09         the same with TopPLogitsWarper(0.9) after the top-k warper
     matmul                   cuBLAS hidden @ weight.T alone: what a perfect fused kernel costs
     floor                    bytes of W over the measured device-to-device copy bandwidth
                              (read + write bytes counted): the W-read time, not timed
@@ -99,6 +106,48 @@ class DecodeStep(torch.nn.Module):
         return torch.multinomial(probs, 1)
 
 
+TOP_K, TOP_P = 50, 0.9
+
+
+class WarpedDecodeStep(DecodeStep):
+    """transformers' warpers as its ``_sample`` runs them (temperature, top-k, top-p), then
+    softmax and multinomial: what a generate() user pays when the step is compiled."""
+
+    def __init__(self, weight: torch.Tensor, top_p: float | None):
+        super().__init__(weight)
+        self.top_p = top_p
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        scores = F.linear(hidden, self.weight).float() / TEMPERATURE
+        kth = torch.topk(scores, TOP_K)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p is not None:
+            sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            sorted_remove = cumulative <= (1 - self.top_p)
+            sorted_remove[..., -1:] = False
+            remove = sorted_remove.scatter(1, sorted_indices, sorted_remove)
+            scores = scores.masked_fill(remove, float("-inf"))
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1)
+
+
+def warped_builder(top_p: float | None) -> Callable[..., Step]:
+    def build(weight: torch.Tensor, static_batch: bool) -> Step:
+        dynamic = False if static_batch else None
+        return torch.compile(WarpedDecodeStep(weight, top_p), backend="inductor", dynamic=dynamic)
+
+    return build
+
+
+def fused_truncated_builder(top_p: float | None) -> Callable[[torch.Tensor], Step]:
+    def build(weight: torch.Tensor) -> Step:
+        from flashsampling_inductor import fused_sample
+
+        return lambda hidden: fused_sample(hidden, weight, top_k=TOP_K, top_p=top_p)
+
+    return build
+
+
 def build_matmul(weight: torch.Tensor) -> Step:
     return lambda hidden: hidden @ weight.T
 
@@ -131,7 +180,9 @@ def compiled_builder(backend_name: str, mode: str | None) -> Callable[..., Step]
     return build
 
 
-def flashinfer_builder(top_k_top_p: bool) -> Callable[[torch.Tensor], Step]:
+def flashinfer_builder(
+    top_k_top_p: bool, top_k: int | None = None, top_p: float = 1.0
+) -> Callable[[torch.Tensor], Step]:
     def build(weight: torch.Tensor) -> Step:
         import flashinfer.sampling as fi
 
@@ -140,9 +191,10 @@ def flashinfer_builder(top_k_top_p: bool) -> Callable[[torch.Tensor], Step]:
         seed = torch.tensor([1234], dtype=torch.int64, device=weight.device)
         offset = torch.zeros(1, dtype=torch.int64, device=weight.device)
         if top_k_top_p:
-            vocab = weight.shape[0]  # top_k >= V takes FlashInfer's "no top-k" path
+            # top_k >= V takes FlashInfer's "no top-k" path
+            k = top_k or weight.shape[0]
             return lambda hidden: fi.top_k_top_p_sampling_from_logits(
-                hidden @ weight.T, top_k=vocab, top_p=1.0, seed=seed, offset=offset
+                hidden @ weight.T, top_k=k, top_p=top_p, seed=seed, offset=offset
             )
         return lambda hidden: fi.sampling_from_logits(hidden @ weight.T, seed=seed, offset=offset)
 
@@ -174,6 +226,14 @@ PROVIDERS = {
         Provider("eager_race", build_eager_race),
         Provider("flashinfer_fi2", flashinfer_builder(top_k_top_p=False), flashinfer=True),
         Provider("flashinfer_fi1", flashinfer_builder(top_k_top_p=True), flashinfer=True),
+        Provider("fused_topk50", fused_truncated_builder(None)),
+        Provider("fused_topk50_topp09", fused_truncated_builder(TOP_P)),
+        Provider("flashinfer_topk50", flashinfer_builder(True, TOP_K), flashinfer=True),
+        Provider(
+            "flashinfer_topk50_topp09", flashinfer_builder(True, TOP_K, TOP_P), flashinfer=True
+        ),
+        Provider("hf_topk50", warped_builder(None), **COMPILED),
+        Provider("hf_topk50_topp09", warped_builder(TOP_P), **COMPILED),
     )
 }
 ALL_PROVIDERS = (*PROVIDERS, "floor")
@@ -558,6 +618,21 @@ PEER_LABELS = {
     "eager_race": "exponential race (eager)",
     "flashinfer_fi2": "FlashInfer FI2",
     "flashinfer_fi1": "FlashInfer FI1",
+    "fused_topk50": "fused top-k 50",
+    "fused_topk50_topp09": "fused top-k 50 + top-p 0.9",
+    "flashinfer_topk50": "FlashInfer top-k 50",
+    "flashinfer_topk50_topp09": "FlashInfer top-k 50 + top-p 0.9",
+    "hf_topk50": "transformers top-k 50, compiled",
+    "hf_topk50_topp09": "transformers top-k 50 + top-p 0.9, compiled",
+}
+# The fused provider each peer is compared with (plain sampling's peers: "fused").
+FUSED_OF = {
+    "fused_topk50": "matmul",
+    "fused_topk50_topp09": "matmul",
+    "flashinfer_topk50": "fused_topk50",
+    "hf_topk50": "fused_topk50",
+    "flashinfer_topk50_topp09": "fused_topk50_topp09",
+    "hf_topk50_topp09": "fused_topk50_topp09",
 }
 
 
@@ -579,8 +654,11 @@ class Timings:
         return self.times.get((*point, timing, provider))
 
     def speedup(self, point: tuple[int, int, int], timing: str, peer: str) -> float | None:
-        """Peer time over fused time: > 1 means fused is faster."""
-        fused, other = self.get(point, timing, "fused"), self.get(point, timing, peer)
+        """Peer time over the time of the fused provider it is compared with (FUSED_OF; a
+        fused top-k provider against the matmul, so below 1 there): > 1 means fused is
+        faster."""
+        reference = FUSED_OF.get(peer, "fused")
+        fused, other = self.get(point, timing, reference), self.get(point, timing, peer)
         return other / fused if fused and other else None
 
 

@@ -77,6 +77,11 @@ def compile_stage1(config: sampling_kernel.SampleConfig, hidden_size: int, greed
         signature["weight_desc"] = f"tensordesc<bf16[{config.block_v}, {config.block_d}]>"
     else:
         constants.update(hidden_desc=None, weight_desc=None)
+    # Plain sampling: no truncation buffers (truncation_kernel.py).
+    constants.update(
+        top_m_key_ptr=None, top_m_index_ptr=None, hidden_key_ptr=None, mass_ptr=None,
+        PLAIN=True, TOP_M=0, ROW_MASS=False,
+    )  # fmt: skip
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(
         fn=kernel,

@@ -31,13 +31,7 @@ import warnings
 import torch
 import triton
 
-from .sampling_kernel import (
-    LN2,
-    _bits_to_log2_gumbel,
-    _is_hopper,
-    _philox4x32,
-    _tma_compatible,
-)
+from .sampling_device import LN2, bits_to_log2_gumbel, is_hopper, philox4x32, tma_compatible
 
 try:  # Gluon is experimental: its API moves between Triton releases (written for 3.6).
     from triton.experimental import gluon
@@ -102,8 +96,8 @@ def supported(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
         and hidden.is_cuda
         and weight.is_cuda
         and hidden.dtype == weight.dtype
-        and _is_hopper(hidden.device)
-        and _tma_compatible(hidden, weight)
+        and is_hopper(hidden.device)
+        and tma_compatible(hidden, weight)
     )
 
 
@@ -187,7 +181,7 @@ if AVAILABLE:
                 # One Philox evaluation per (row, quad): the counter layout of reference.py.
                 # c0 and c2 start narrow, so the first round's products are computed once
                 # per column and once per chunk.
-                bits = _philox4x32(
+                bits = philox4x32(
                     col_quads.to(gl.uint32), row_counter,
                     gl.full([1, 1], sample_index, gl.uint32, QUAD_LAYOUT),
                     gl.zeros([1, 1], gl.uint32, QUAD_LAYOUT), k0, k1, True,
@@ -200,7 +194,7 @@ if AVAILABLE:
                 if LOGITS_DTYPE is not None:
                     scores = scores.to(LOGITS_DTYPE).to(gl.float32)
                 if not GREEDY:
-                    scores += noise_scale * _bits_to_log2_gumbel(bits[w], True)
+                    scores += noise_scale * bits_to_log2_gumbel(bits[w], True)
                 keep = scores == scores
                 if not EVEN_V:
                     keep = keep & (cols < V)

@@ -366,10 +366,6 @@ def _tensor_kind_ok(dtype: torch.dtype, kind: str) -> bool:
 def _use_triton(impl: str, device: torch.device, params: SamplingParams) -> bool:
     """The one implementation selector: the Triton kernels for impl="triton", and for
     impl="auto" on CUDA; the reference otherwise."""
-    # Until the fused top-k/top-p kernel lands, truncating calls take the reference on
-    # every device (it is exact and has no host sync; it writes [B, V] logits).
-    if params.truncates:
-        return False
     return impl == "triton" or (impl == "auto" and device.type == "cuda")
 
 

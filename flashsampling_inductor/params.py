@@ -38,7 +38,10 @@ class SamplingParams:
     @property
     def truncates(self) -> bool:
         """True when some row may be truncated by top-k or top-p (decided without reading
-        any tensor: a per-row tensor may truncate)."""
+        any tensor: a per-row tensor may truncate). A scalar temperature of 0 is greedy for
+        every row, and no truncation moves an argmax."""
+        if self.temperature is None and self.scalar_temperature == 0.0:
+            return False
         return (
             self.top_k is not None
             or self.scalar_top_k > 0

@@ -8,12 +8,17 @@ buffer instead of [B, V] logits. Stage 2 reduces the candidates of each (row, sa
 device. Exact for any tiling: the argmax of the perturbed scores is the argmax of the tile
 maxima (paper, Lemma D.5), and ties go to the lowest index as in ``torch.argmax``.
 
+With top-k / top-p (``params.truncates``) stage 1 keeps instead each tile's few largest
+scores and draws no noise; ``truncation_kernel.py`` selects among them (and resamples the
+rows it cannot prove complete exactly).
+
 Large batches are compute-bound; there the tiles come through TMA descriptors, a persistent
 grid keeps two programs on each SM, and the noise is drawn in vocabulary chunks
 (``SampleConfig``; measurements in benchmarks/results/).
 
 The noise contract (Philox4x32-10 counters and the bits -> Gumbel map) is documented in
-``reference.py``, whose torch code draws exactly the same stream.
+``reference.py``, whose torch code draws exactly the same stream; the device code lives in
+``sampling_device.py``.
 """
 
 from __future__ import annotations
@@ -29,162 +34,22 @@ import triton.language as tl
 from triton.compiler.errors import CompilationError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import truncation_kernel
 from .params import SamplingParams
+from .sampling_device import (
+    KEY_PAD,
+    LN2,
+    gumbel_tile,
+    is_hopper,
+    ordered_key,
+    round_logits,
+    tma_compatible,
+)
 
 __all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
 
 # FLASHSAMPLING_WARP_SPECIALIZED=0 keeps Hopper on the Triton kernel (default_config).
 _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
-
-PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
-PHILOX_ROUND_B = tl.constexpr(0xCD9E8D57)
-PHILOX_KEY_A = tl.constexpr(0x9E3779B9)
-PHILOX_KEY_B = tl.constexpr(0xBB67AE85)
-PHILOX_ROUNDS = tl.constexpr(10)
-TWO_POW_MINUS_32 = tl.constexpr(2.3283064365386963e-10)
-TWO_POW_MINUS_33 = tl.constexpr(1.1641532182693481e-10)
-INV_LN2 = tl.constexpr(1.4426950408889634)
-# (2 / ln 2) / (2k + 1): the series of -log2(1 - s) in t = s / (2 - s) (reference.py).
-ATANH_LOG2_0 = tl.constexpr(2.0 * 1.4426950408889634)
-ATANH_LOG2_1 = tl.constexpr(2.0 * 1.4426950408889634 / 3)
-ATANH_LOG2_2 = tl.constexpr(2.0 * 1.4426950408889634 / 5)
-ATANH_LOG2_3 = tl.constexpr(2.0 * 1.4426950408889634 / 7)
-ATANH_LOG2_4 = tl.constexpr(2.0 * 1.4426950408889634 / 9)
-ATANH_LOG2_5 = tl.constexpr(2.0 * 1.4426950408889634 / 11)
-ATANH_LOG2_6 = tl.constexpr(2.0 * 1.4426950408889634 / 13)
-LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _mul_wide(a, MULTIPLIER: tl.constexpr, FAST: tl.constexpr):
-    """High and low 32 bits of the uint32 product a * MULTIPLIER (a Philox round constant)."""
-    if FAST:
-        # One wide multiply (IMAD.WIDE.U32) instead of separate high and low ones. The noise
-        # is bound by instruction issue (alone it runs at ~80% of an H200 SM's issue rate),
-        # and Philox is mostly these multiplies: with the division below, 28% fewer noise
-        # instructions (benchmarks/kernel_sass.py). The constant is an immediate operand, so
-        # no tensor is built here and the Gluon kernel (hopper_kernel.py) can call this too.
-        if MULTIPLIER == PHILOX_ROUND_A:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xD2511F53; mov.b64 {$1, $0}, p; }",
-                "=r,=r,r", [a], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
-            )  # fmt: skip
-        else:
-            tl.static_assert(MULTIPLIER == PHILOX_ROUND_B)
-            return tl.inline_asm_elementwise(
-                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xCD9E8D57; mov.b64 {$1, $0}, p; }",
-                "=r,=r,r", [a], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
-            )  # fmt: skip
-    else:
-        return tl.umulhi(a, MULTIPLIER), a * MULTIPLIER
-
-
-@triton.jit
-def _philox4x32(c0, c1, c2, c3, k0, k1, FAST: tl.constexpr):
-    """Philox4x32-10 on uint32 tensors; the same rounds as ``reference.philox4x32``."""
-    for _ in tl.static_range(PHILOX_ROUNDS):
-        hi_b, lo_b = _mul_wide(c2, PHILOX_ROUND_B, FAST)
-        hi_a, lo_a = _mul_wide(c0, PHILOX_ROUND_A, FAST)
-        c0 = hi_b ^ c1 ^ k0
-        c2 = hi_a ^ c3 ^ k1
-        c1 = lo_b
-        c3 = lo_a
-        k0 = k0 + PHILOX_KEY_A
-        k1 = k1 + PHILOX_KEY_B
-    return c0, c1, c2, c3
-
-
-@triton.jit
-def _fast_log2(x, FAST: tl.constexpr):
-    if FAST:
-        # One MUFU instruction instead of libdevice's polynomial: relative error < 2**-22, but
-        # only absolute near x = 1, so it never takes an argument whose log must be small.
-        return tl.inline_asm_elementwise(
-            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return tl.log2(x)
-
-
-@triton.jit
-def _fast_divide(x, y, FAST: tl.constexpr):
-    if FAST:
-        # A hardware reciprocal and one Newton step on the quotient (within an ulp or so):
-        # four instructions where the IEEE-style division's range checks and rescaling take
-        # about eight; y here is always in [1.5, 2].
-        reciprocal = tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [y], dtype=tl.float32, is_pure=True, pack=1
-        )
-        quotient = x * reciprocal
-        return tl.fma(tl.fma(-y, quotient, x), reciprocal, quotient)
-    else:
-        return x / y
-
-
-@triton.jit
-def _bits_to_log2_gumbel(bits, FAST_MATH: tl.constexpr):
-    """32 random bits -> Gumbel noise in base-2 units, finite for every input.
-
-    The same steps as ``reference.bits_to_log2_gumbel``: work with the distance of u to the
-    nearer end of (0, 1), so u never rounds to 1.0, and in the upper half take -log(1 - s)
-    as 2 atanh(s / (2 - s)), a short polynomial, so the far tail that decides the winners
-    stays accurate where a log of a number near 1 would not be.
-    """
-    upper = bits >= 0x80000000
-    mirrored = tl.where(upper, ~bits, bits)
-    # (mirrored + 0.5) / 2**32 in one fused multiply-add: the product is exact, so this is
-    # the reference's value to the bit, one instruction fewer.
-    small = mirrored.to(tl.float32) * TWO_POW_MINUS_32 + TWO_POW_MINUS_33
-    t = _fast_divide(small, 2.0 - small, FAST_MATH)
-    t2 = t * t
-    # -log2(1 - s) = t * (2 / ln 2) * (1 + t2 / 3 + t2**2 / 5 + ...), Horner from the top.
-    series = t2 * ATANH_LOG2_6 + ATANH_LOG2_5
-    series = series * t2 + ATANH_LOG2_4
-    series = series * t2 + ATANH_LOG2_3
-    series = series * t2 + ATANH_LOG2_2
-    series = series * t2 + ATANH_LOG2_1
-    series = series * t2 + ATANH_LOG2_0
-    expo2 = tl.where(upper, t * series, -_fast_log2(small, FAST_MATH))
-    return -_fast_log2(expo2, FAST_MATH)
-
-
-@triton.jit
-def _gumbel_tile(
-    quad_offsets,
-    row_counter,
-    sample_index,
-    k0,
-    k1,
-    FAST_MATH: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """Base-2 Gumbel noise [BLOCK_B, BLOCK_V] for vocab indices 4 * quad_offsets + (0..3).
-
-    One Philox evaluation yields four words; interleave them so word w lands on vocab
-    index 4 * quad + w, the layout ``reference.gumbel_noise`` defines.
-    """
-    c0 = tl.broadcast_to(quad_offsets[None, :], (BLOCK_B, BLOCK_V // 4))
-    c1 = tl.broadcast_to(row_counter[:, None], (BLOCK_B, BLOCK_V // 4))
-    c2 = tl.full((BLOCK_B, BLOCK_V // 4), sample_index, tl.uint32)
-    c3 = tl.zeros((BLOCK_B, BLOCK_V // 4), tl.uint32)
-    r0, r1, r2, r3 = _philox4x32(c0, c1, c2, c3, k0, k1, FAST_MATH)
-    g0 = _bits_to_log2_gumbel(r0, FAST_MATH)
-    g1 = _bits_to_log2_gumbel(r1, FAST_MATH)
-    g2 = _bits_to_log2_gumbel(r2, FAST_MATH)
-    g3 = _bits_to_log2_gumbel(r3, FAST_MATH)
-    return tl.reshape(tl.join(tl.join(g0, g2), tl.join(g1, g3)), (BLOCK_B, BLOCK_V))
-
-
-@triton.jit
-def _round_to_bf16(x):
-    """fp32 -> the nearest bf16 value (ties to even), kept in fp32; NaN stays NaN.
-
-    Written with integer ops because the Triton interpreter truncates fp32 -> bf16 casts.
-    """
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x == x, rounded.to(tl.float32, bitcast=True), x)
 
 
 @triton.jit
@@ -213,7 +78,7 @@ def _best_of_chunk(
         scores = logits
     else:
         quad_offsets = (chunk_start // 4 + tl.arange(0, CHUNK_V // 4)).to(tl.uint32)
-        noise = _gumbel_tile(
+        noise = gumbel_tile(
             quad_offsets, row_counter, sample_index, k0, k1, FAST_MATH, BLOCK_B, CHUNK_V
         )
         scores = logits + noise_scale[:, None] * noise
@@ -249,7 +114,7 @@ def _best_of_two_chunks(
 @triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "vocab_offset"])
 def _sample_stage1(
     hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
-    cand_score_ptr, cand_index_ptr,
+    cand_score_ptr, cand_index_ptr, top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
     B, V, D,
     stride_hb, stride_hd, stride_wv, stride_wd,
     scalar_temperature, seed_lo, seed_hi, num_samples, vocab_offset,
@@ -264,9 +129,14 @@ def _sample_stage1(
     EVEN_D: tl.constexpr, EVEN_V: tl.constexpr,
     INTERPRETER: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    PLAIN: tl.constexpr = True,  # write the best perturbed score per (row, sample)
+    TOP_M: tl.constexpr = 0,  # > 0: keep the tile's TOP_M largest scores (truncation)
+    ROW_MASS: tl.constexpr = False,  # with TOP_M: per-tile (max, sum of exp2) for top-p
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
-    perturbed score and its global index. Each program takes tiles pid, pid + num_programs,
+    perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
+    scores as ordered keys with their indices and the largest key left out (truncation,
+    truncation_kernel.py). Each program takes tiles pid, pid + num_programs,
     ...: one tile per program on a full grid, several on a persistent one."""
     num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
@@ -327,10 +197,7 @@ def _sample_stage1(
             logits = acc
         if HAS_BIAS:
             logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
-        if LOGITS_DTYPE == tl.bfloat16:
-            logits = _round_to_bf16(logits)
-        elif LOGITS_DTYPE is not None:
-            logits = logits.to(LOGITS_DTYPE).to(tl.float32)
+        logits = round_logits(logits, LOGITS_DTYPE)
 
         # Noise scale per row: score = logit + (T * ln 2) * base-2 Gumbel noise, the Gumbel-max
         # score logit + T * g up to a per-row constant; T = 0 is greedy.
@@ -363,35 +230,68 @@ def _sample_stage1(
         # candidates' indices are those of the whole vocabulary.
         noise_start = v_start + vocab_offset
         noise_stop = V + vocab_offset
-        for sample_index in range(num_samples):
-            # The epilogue in vocabulary chunks keeps fewer noise values live at once (a whole
-            # 128 x 256 tile of them spills registers); the tile's best is the best chunk's best.
-            if EPILOGUE_CHUNKS == 1:
-                tile_score, tile_index = _best_of_chunk(
-                    logits, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
-                )  # fmt: skip
-            elif EPILOGUE_CHUNKS == 2:
-                tile_score, tile_index = _best_of_two_chunks(
-                    logits, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
-                )  # fmt: skip
-            else:
-                lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
-                half: tl.constexpr = BLOCK_V // 2
-                s0, i0 = _best_of_two_chunks(
-                    lo, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-                )  # fmt: skip
-                s1, i1 = _best_of_two_chunks(
-                    hi, noise_start + half, noise_stop, noise_scale, row_counter, sample_index,
-                    k0, k1,
-                    TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
-                )  # fmt: skip
-                tile_score, tile_index = _better(s0, i0, s1, i1)
-            out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
-            tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
-            tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
+        if TOP_M > 0:
+            # Truncation needs no noise here: the tile's TOP_M largest scores (ties to the
+            # lowest index), then the largest one left out, which bounds what it hides.
+            keys = ordered_key(logits)
+            if not EVEN_V:
+                keys = tl.where(v_mask[None, :], keys, KEY_PAD)
+            tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
+            columns = tl.arange(0, BLOCK_V)[None, :]
+            for slot in tl.static_range(TOP_M):
+                key, arg = tl.max(
+                    keys, axis=1, return_indices=True, return_indices_tie_break_left=True
+                )
+                tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
+                tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg, mask=b_mask)
+                keys = tl.where(columns == arg[:, None], KEY_PAD, keys)
+            tl.store(hidden_key_ptr + tile_slot, tl.max(keys, axis=1), mask=b_mask)
+            if ROW_MASS:
+                # softmax(l / T) mass of the tile relative to its maximum (the reference's
+                # weights); stage 2 rescales the partials to the row maximum.
+                values = tl.where(logits == logits, logits, float("-inf"))
+                if not EVEN_V:
+                    values = tl.where(v_mask[None, :], values, float("-inf"))
+                tile_max = tl.max(values, axis=1)
+                inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
+                weights = tl.exp2((values - tile_max[:, None]) * inv_temperature[:, None])
+                weights = tl.where(values == tile_max[:, None], 1.0, weights)
+                weights = tl.where(values > float("-inf"), weights, 0.0)
+                tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
+                tl.store(mass_ptr + tile_slot * 2 + 1, tl.sum(weights, axis=1), mask=b_mask)
+        if PLAIN:
+            for sample_index in range(num_samples):
+                # The epilogue in vocabulary chunks keeps fewer noise values live at once (a
+                # whole 128 x 256 tile of them spills registers); the tile's best is the best
+                # chunk's best.
+                if EPILOGUE_CHUNKS == 1:
+                    tile_score, tile_index = _best_of_chunk(
+                        logits, noise_start, noise_stop, noise_scale, row_counter, sample_index,
+                        k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+                    )  # fmt: skip
+                elif EPILOGUE_CHUNKS == 2:
+                    tile_score, tile_index = _best_of_two_chunks(
+                        logits, noise_start, noise_stop, noise_scale, row_counter, sample_index,
+                        k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+                    )  # fmt: skip
+                else:
+                    lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
+                    half: tl.constexpr = BLOCK_V // 2
+                    s0, i0 = _best_of_two_chunks(
+                        lo, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                    )  # fmt: skip
+                    s1, i1 = _best_of_two_chunks(
+                        hi, noise_start + half, noise_stop, noise_scale, row_counter, sample_index,
+                        k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                    )  # fmt: skip
+                    tile_score, tile_index = _better(s0, i0, s1, i1)
+                out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
+                tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
+                tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
 
 
 @triton.jit
@@ -445,7 +345,7 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
     # kernel's time on an H200 (benchmarks/results/warp_specialized_h200_20261121.txt).
     # 64-row tiles up to 128 rows too: 128-row ones are no faster there and spill with
     # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
-    hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and _is_hopper(device) else 0
+    hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and is_hopper(device) else 0
     if batch <= 64:
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
@@ -476,24 +376,6 @@ def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: floa
         return 1 if temperature.dim() == 0 else 2
     # A scalar 0 is greedy for every row: skip the noise altogether.
     return 3 if scalar_temperature == 0.0 else 0
-
-
-def _tma_compatible(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The copy engine wants 16-bit elements here, unit inner strides and 16-byte aligned
-    rows; anything else takes the pointer path."""
-    return all(
-        t.dtype in (torch.bfloat16, torch.float16)
-        and t.stride(1) == 1
-        and t.stride(0) >= t.shape[1]
-        and (t.stride(0) * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-        for t in (hidden, weight)
-    )
-
-
-@functools.cache
-def _is_hopper(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @functools.cache
@@ -543,8 +425,13 @@ def triton_fused_sample(
     seed_u64 = scalar_seed % 2**64
     temperature_mode = _temperature_mode(temperature, scalar_temperature)
     seed_mode = 0 if seed is None else (1 if seed.dim() == 0 else 2)
-    if config.warp_specialized_rows and not vocab_offset and out_score is None:
-        from . import hopper_kernel  # imports this module's noise helpers
+    truncates = params.truncates
+    if truncates and (vocab_offset or out_score is not None):
+        raise ValueError("top-k / top-p on a tensor-parallel shard is not supported")
+    # Truncating calls stay on this kernel: the Gluon kernel exists to hide the noise behind
+    # the MMAs, and a truncating stage 1 draws no noise (README, "Top-k and top-p").
+    if config.warp_specialized_rows and not vocab_offset and out_score is None and not truncates:
+        from . import hopper_kernel
 
         if hopper_kernel.supported(hidden, weight):
             try:
@@ -555,9 +442,30 @@ def triton_fused_sample(
             except CompilationError as error:  # raised before anything is launched
                 hopper_kernel.disable(error)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
-    cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
+    stage1 = {}
+    plain, top_m, row_mass = True, 0, False
+    if truncates:
+        top_m = truncation_kernel.candidates_per_tile(params)
+        k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
+        plain = k_may_be_off and truncation_kernel.p_may_be_off(params)
+        row_mass = k_may_be_off and not (params.top_p is None and params.scalar_top_p >= 1.0)
+        keys = torch.empty((batch, num_v_tiles * top_m), dtype=torch.int32, device=hidden.device)
+        stage1 = {
+            "top_m_key": keys,
+            "top_m_index": torch.empty_like(keys),
+            "hidden_key": torch.empty(
+                (batch, num_v_tiles), dtype=torch.int32, device=hidden.device
+            ),
+            "mass": torch.empty((batch, num_v_tiles, 2), device=hidden.device)
+            if row_mass
+            else None,
+        }
+    cand_score = cand_index = None
+    if plain:
+        cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
+        stage1.update(plain_score=cand_score, plain_index=cand_index)
     hidden_desc = weight_desc = None
-    if config.tma and _tma_compatible(hidden, weight):
+    if config.tma and tma_compatible(hidden, weight):
         hidden_desc = TensorDescriptor.from_tensor(hidden, [config.block_b, config.block_d])
         weight_desc = TensorDescriptor.from_tensor(weight, [config.block_v, config.block_d])
     num_tiles = triton.cdiv(batch, config.block_b) * num_v_tiles
@@ -565,31 +473,46 @@ def triton_fused_sample(
     if config.programs_per_sm:
         grid = min(num_tiles, config.programs_per_sm * _num_sms(hidden.device))
     fp32_precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    tl_logits_dtype = None if logits_dtype is None else _TL_DTYPES[logits_dtype]
+    interpreter = hidden.device.type == "cpu"
     # Triton launches on the current device: make it the inputs' one.
     on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
     with on_device:
         _sample_stage1[(grid,)](
             hidden, weight, hidden_desc, weight_desc, bias, temperature, seed,
-            cand_score, cand_index,
+            cand_score, cand_index, stage1.get("top_m_key"), stage1.get("top_m_index"),
+            stage1.get("hidden_key"), stage1.get("mass"),
             batch, vocab_size, hidden_size,
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
             scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, vocab_offset,
             HAS_BIAS=bias is not None,
             TEMPERATURE_MODE=temperature_mode,
             SEED_MODE=seed_mode,
-            LOGITS_DTYPE=None if logits_dtype is None else _TL_DTYPES[logits_dtype],
+            LOGITS_DTYPE=tl_logits_dtype,
             DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
             SWAP_AB=config.swap_ab,
             USE_TMA=weight_desc is not None,
             EPILOGUE_CHUNKS=config.epilogue_chunks,
             EVEN_D=hidden_size % config.block_d == 0,
             EVEN_V=vocab_size % config.block_v == 0,
-            INTERPRETER=hidden.device.type == "cpu",
+            INTERPRETER=interpreter,
             BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
+            PLAIN=plain, TOP_M=top_m, ROW_MASS=row_mass,
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )  # fmt: skip
-        _launch_stage2(cand_score, cand_index, out, out_score)
+        if not truncates:
+            _launch_stage2(cand_score, cand_index, out, out_score)
+            return out
+        overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
+        truncation_kernel.launch_stage2(
+            stage1, params, vocab_size, temperature_mode, out, overflow,
+            fast_math=not interpreter,
+        )  # fmt: skip
+        truncation_kernel.launch_fallback(
+            hidden, weight, bias, params, temperature_mode, out, overflow,
+            64 if hidden.is_cuda else 2, tl_logits_dtype, not interpreter,
+        )  # fmt: skip
     return out
 
 

@@ -283,6 +283,7 @@ def contract_keep(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     softmax(l / T) mass of survivors with a strictly larger l is < p. -> bool [V]."""
     logits = logits.double().masked_fill(logits.isnan(), float("-inf"))
     keep = torch.ones_like(logits, dtype=torch.bool)
+    top_k = int(top_k)
     if 0 < top_k < logits.shape[-1]:
         keep = logits >= torch.topk(logits, top_k)[0][-1]
     if top_p < 1.0 and temperature > 0:

@@ -23,7 +23,8 @@ from flashsampling_inductor.reference import (
     gumbel_noise,
     philox4x32,
 )
-from flashsampling_inductor.sampling_kernel import _bits_to_log2_gumbel, _philox4x32
+from flashsampling_inductor.sampling_device import bits_to_log2_gumbel as device_gumbel
+from flashsampling_inductor.sampling_device import philox4x32 as device_philox4x32
 
 from .sampling_oracle import DEVICE, assert_pathwise_equal, philox_bits, row_keys
 
@@ -85,7 +86,7 @@ def _philox_probe_kernel(
     c3 = tl.load(counter_ptr + 3 * n + offs, mask=mask).to(tl.uint32)
     k0 = tl.load(key_ptr + offs, mask=mask).to(tl.uint32)
     k1 = tl.load(key_ptr + n + offs, mask=mask).to(tl.uint32)
-    r0, r1, r2, r3 = _philox4x32(c0, c1, c2, c3, k0, k1, FAST_MATH)
+    r0, r1, r2, r3 = device_philox4x32(c0, c1, c2, c3, k0, k1, FAST_MATH)
     tl.store(out_ptr + offs, r0.to(tl.int64), mask=mask)
     tl.store(out_ptr + n + offs, r1.to(tl.int64), mask=mask)
     tl.store(out_ptr + 2 * n + offs, r2.to(tl.int64), mask=mask)
@@ -98,7 +99,7 @@ def _gumbel_probe_kernel(bits_ptr, out_ptr, n, FAST_MATH: tl.constexpr, BLOCK: t
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     bits = tl.load(bits_ptr + offs, mask=mask).to(tl.uint32)
-    tl.store(out_ptr + offs, _bits_to_log2_gumbel(bits, FAST_MATH), mask=mask)
+    tl.store(out_ptr + offs, device_gumbel(bits, FAST_MATH), mask=mask)
 
 
 def kernel_philox(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:

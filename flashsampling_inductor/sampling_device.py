@@ -1,0 +1,282 @@
+"""Device code both stage-1 kernels and the truncation kernels share, and nothing else.
+
+Philox4x32-10 and the bits -> Gumbel map (the noise contract of ``reference.py``, which
+draws exactly the same stream with torch ops), logits rounding, the order-preserving int32
+keys that top-k / top-p select on, and the per-row knob and seed loads. Imports nothing of
+this package, so ``sampling_kernel.py``, ``hopper_kernel.py`` and ``truncation_kernel.py``
+each import from here and never from each other's device code.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "INV_LN2",
+    "KEY_MINUS_INF",
+    "KEY_PAD",
+    "LN2",
+    "bits_to_log2_gumbel",
+    "gumbel_tile",
+    "is_hopper",
+    "key_value",
+    "knob_per_row",
+    "ordered_key",
+    "philox4x32",
+    "round_logits",
+    "row_seeds",
+    "tma_compatible",
+    "token_gumbel",
+]
+
+PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
+PHILOX_ROUND_B = tl.constexpr(0xCD9E8D57)
+PHILOX_KEY_A = tl.constexpr(0x9E3779B9)
+PHILOX_KEY_B = tl.constexpr(0xBB67AE85)
+PHILOX_ROUNDS = tl.constexpr(10)
+TWO_POW_MINUS_32 = tl.constexpr(2.3283064365386963e-10)
+TWO_POW_MINUS_33 = tl.constexpr(1.1641532182693481e-10)
+INV_LN2 = tl.constexpr(1.4426950408889634)
+# (2 / ln 2) / (2k + 1): the series of -log2(1 - s) in t = s / (2 - s) (reference.py).
+ATANH_LOG2_0 = tl.constexpr(2.0 * 1.4426950408889634)
+ATANH_LOG2_1 = tl.constexpr(2.0 * 1.4426950408889634 / 3)
+ATANH_LOG2_2 = tl.constexpr(2.0 * 1.4426950408889634 / 5)
+ATANH_LOG2_3 = tl.constexpr(2.0 * 1.4426950408889634 / 7)
+ATANH_LOG2_4 = tl.constexpr(2.0 * 1.4426950408889634 / 9)
+ATANH_LOG2_5 = tl.constexpr(2.0 * 1.4426950408889634 / 11)
+ATANH_LOG2_6 = tl.constexpr(2.0 * 1.4426950408889634 / 13)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def mul_wide(a, MULTIPLIER: tl.constexpr, FAST: tl.constexpr):
+    """High and low 32 bits of the uint32 product a * MULTIPLIER (a Philox round constant)."""
+    if FAST:
+        # One wide multiply (IMAD.WIDE.U32) instead of separate high and low ones. The noise
+        # is bound by instruction issue (alone it runs at ~80% of an H200 SM's issue rate),
+        # and Philox is mostly these multiplies: with the division below, 28% fewer noise
+        # instructions (benchmarks/kernel_sass.py). The constant is an immediate operand, so
+        # no tensor is built here and the Gluon kernel (hopper_kernel.py) can call this too.
+        if MULTIPLIER == PHILOX_ROUND_A:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xD2511F53; mov.b64 {$1, $0}, p; }",
+                "=r,=r,r", [a], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            tl.static_assert(MULTIPLIER == PHILOX_ROUND_B)
+            return tl.inline_asm_elementwise(
+                "{ .reg .b64 p; mul.wide.u32 p, $2, 0xCD9E8D57; mov.b64 {$1, $0}, p; }",
+                "=r,=r,r", [a], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1,
+            )  # fmt: skip
+    else:
+        return tl.umulhi(a, MULTIPLIER), a * MULTIPLIER
+
+
+@triton.jit
+def philox4x32(c0, c1, c2, c3, k0, k1, FAST: tl.constexpr):
+    """Philox4x32-10 on uint32 tensors; the same rounds as ``reference.philox4x32``."""
+    for _ in tl.static_range(PHILOX_ROUNDS):
+        hi_b, lo_b = mul_wide(c2, PHILOX_ROUND_B, FAST)
+        hi_a, lo_a = mul_wide(c0, PHILOX_ROUND_A, FAST)
+        c0 = hi_b ^ c1 ^ k0
+        c2 = hi_a ^ c3 ^ k1
+        c1 = lo_b
+        c3 = lo_a
+        k0 = k0 + PHILOX_KEY_A
+        k1 = k1 + PHILOX_KEY_B
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def fast_log2(x, FAST: tl.constexpr):
+    if FAST:
+        # One MUFU instruction instead of libdevice's polynomial: relative error < 2**-22, but
+        # only absolute near x = 1, so it never takes an argument whose log must be small.
+        return tl.inline_asm_elementwise(
+            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def fast_divide(x, y, FAST: tl.constexpr):
+    if FAST:
+        # A hardware reciprocal and one Newton step on the quotient (within an ulp or so):
+        # four instructions where the IEEE-style division's range checks and rescaling take
+        # about eight; y here is always in [1.5, 2].
+        reciprocal = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [y], dtype=tl.float32, is_pure=True, pack=1
+        )
+        quotient = x * reciprocal
+        return tl.fma(tl.fma(-y, quotient, x), reciprocal, quotient)
+    else:
+        return x / y
+
+
+@triton.jit
+def bits_to_log2_gumbel(bits, FAST_MATH: tl.constexpr):
+    """32 random bits -> Gumbel noise in base-2 units, finite for every input.
+
+    The same steps as ``reference.bits_to_log2_gumbel``: work with the distance of u to the
+    nearer end of (0, 1), so u never rounds to 1.0, and in the upper half take -log(1 - s)
+    as 2 atanh(s / (2 - s)), a short polynomial, so the far tail that decides the winners
+    stays accurate where a log of a number near 1 would not be.
+    """
+    upper = bits >= 0x80000000
+    mirrored = tl.where(upper, ~bits, bits)
+    # (mirrored + 0.5) / 2**32 in one fused multiply-add: the product is exact, so this is
+    # the reference's value to the bit, one instruction fewer.
+    small = mirrored.to(tl.float32) * TWO_POW_MINUS_32 + TWO_POW_MINUS_33
+    t = fast_divide(small, 2.0 - small, FAST_MATH)
+    t2 = t * t
+    # -log2(1 - s) = t * (2 / ln 2) * (1 + t2 / 3 + t2**2 / 5 + ...), Horner from the top.
+    series = t2 * ATANH_LOG2_6 + ATANH_LOG2_5
+    series = series * t2 + ATANH_LOG2_4
+    series = series * t2 + ATANH_LOG2_3
+    series = series * t2 + ATANH_LOG2_2
+    series = series * t2 + ATANH_LOG2_1
+    series = series * t2 + ATANH_LOG2_0
+    expo2 = tl.where(upper, t * series, -fast_log2(small, FAST_MATH))
+    return -fast_log2(expo2, FAST_MATH)
+
+
+@triton.jit
+def gumbel_tile(
+    quad_offsets,
+    row_counter,
+    sample_index,
+    k0,
+    k1,
+    FAST_MATH: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Base-2 Gumbel noise [BLOCK_B, BLOCK_V] for vocab indices 4 * quad_offsets + (0..3).
+
+    One Philox evaluation yields four words; interleave them so word w lands on vocab
+    index 4 * quad + w, the layout ``reference.gumbel_noise`` defines.
+    """
+    c0 = tl.broadcast_to(quad_offsets[None, :], (BLOCK_B, BLOCK_V // 4))
+    c1 = tl.broadcast_to(row_counter[:, None], (BLOCK_B, BLOCK_V // 4))
+    c2 = tl.full((BLOCK_B, BLOCK_V // 4), sample_index, tl.uint32)
+    c3 = tl.zeros((BLOCK_B, BLOCK_V // 4), tl.uint32)
+    r0, r1, r2, r3 = philox4x32(c0, c1, c2, c3, k0, k1, FAST_MATH)
+    g0 = bits_to_log2_gumbel(r0, FAST_MATH)
+    g1 = bits_to_log2_gumbel(r1, FAST_MATH)
+    g2 = bits_to_log2_gumbel(r2, FAST_MATH)
+    g3 = bits_to_log2_gumbel(r3, FAST_MATH)
+    return tl.reshape(tl.join(tl.join(g0, g2), tl.join(g1, g3)), (BLOCK_B, BLOCK_V))
+
+
+@triton.jit
+def round_to_bf16(x):
+    """fp32 -> the nearest bf16 value (ties to even), kept in fp32; NaN stays NaN.
+
+    Written with integer ops because the Triton interpreter truncates fp32 -> bf16 casts.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x == x, rounded.to(tl.float32, bitcast=True), x)
+
+
+@triton.jit
+def round_logits(logits, LOGITS_DTYPE: tl.constexpr):
+    """fp32 logits rounded to LOGITS_DTYPE (None: unchanged), kept in fp32."""
+    if LOGITS_DTYPE == tl.bfloat16:
+        return round_to_bf16(logits)
+    elif LOGITS_DTYPE is not None:
+        return logits.to(LOGITS_DTYPE).to(tl.float32)
+    else:
+        return logits
+
+
+# Order-preserving int32 keys of fp32 scores: a < b as floats iff key(a) < key(b) as int32,
+# with NaN read as -inf and -0.0 as +0.0 (they compare equal as floats, so they must tie).
+# KEY_PAD, below every score, marks "no candidate".
+KEY_PAD = tl.constexpr(-2147483648)
+KEY_MINUS_INF = tl.constexpr(-2139095041)  # key(-inf) = 0xFF800000 ^ 0x7FFFFFFF
+
+
+@triton.jit
+def ordered_key(values):
+    values = tl.where(values == values, values, float("-inf"))
+    values = tl.where(values == 0.0, 0.0, values)
+    bits = values.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def key_value(keys):
+    """The fp32 score of an ordered key (inverse of ``ordered_key``)."""
+    bits = tl.where(keys < 0, keys ^ 0x7FFFFFFF, keys)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def knob_per_row(ptr, row, scalar, MODE: tl.constexpr, DTYPE: tl.constexpr):
+    """A "scalar or per-row" knob of one row as DTYPE: MODE 1 a 0-d tensor, 2 a [B] tensor,
+    any other the scalar argument."""
+    if MODE == 1:
+        return tl.load(ptr).to(DTYPE)
+    elif MODE == 2:
+        return tl.load(ptr + row).to(DTYPE)
+    else:
+        return tl.full((), scalar, DTYPE)
+
+
+@triton.jit
+def row_seeds(seed_ptr, row, seed_lo, seed_hi, SEED_MODE: tl.constexpr):
+    """(Philox key halves, row counter) of one row, uint32 scalars; SEED_MODE 0: the scalar
+    (seed_lo, seed_hi), 1: a 0-d int64 tensor, 2: per-row seeds (row counter 0, so a row's
+    noise does not depend on its batch position)."""
+    if SEED_MODE == 0:
+        seed = seed_lo.to(tl.int64) | (seed_hi.to(tl.int64) << 32)
+    elif SEED_MODE == 1:
+        seed = tl.load(seed_ptr)
+    else:
+        seed = tl.load(seed_ptr + row)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    if SEED_MODE == 2:
+        row_counter = tl.zeros((), tl.uint32)
+    else:
+        row_counter = row.to(tl.uint32)
+    return k0, k1, row_counter
+
+
+@triton.jit
+def token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH: tl.constexpr):
+    """Base-2 Gumbel noise of the tokens ``index`` (int32 tensor) of one row and sample:
+    word index % 4 of Philox at counter (index // 4, row_counter, sample_index, 0), as
+    ``reference.gumbel_noise`` draws it (one evaluation per token here, not per quad)."""
+    c0 = (index // 4).to(tl.uint32)
+    c1 = tl.zeros_like(c0) + row_counter
+    c2 = tl.full(c0.shape, sample_index, tl.uint32)
+    c3 = tl.zeros_like(c0)
+    r0, r1, r2, r3 = philox4x32(c0, c1, c2, c3, k0, k1, FAST_MATH)
+    word = index % 4
+    bits = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
+    return bits_to_log2_gumbel(bits, FAST_MATH)
+
+
+@functools.cache
+def is_hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def tma_compatible(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The copy engine wants 16-bit elements here, unit inner strides and 16-byte aligned
+    rows; anything else takes the pointer path."""
+    return all(
+        t.dtype in (torch.bfloat16, torch.float16)
+        and t.stride(1) == 1
+        and t.stride(0) >= t.shape[1]
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        for t in (hidden, weight)
+    )

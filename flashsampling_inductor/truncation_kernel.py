@@ -1,0 +1,473 @@
+"""Top-k / top-p on the device: stage 2 of a truncating call and its exact fallback.
+
+Stage 1 (``sampling_kernel._sample_stage1`` with ``TOP_M > 0``) leaves, per row and
+vocabulary tile, the tile's ``m`` largest scores as order-preserving int32 keys with their
+global indices, and the largest key it did NOT keep (``hidden_key``): no [B, V] logits, and
+no noise for truncated rows. Stage 2, one program per row, works on those candidates only:
+
+* top-k: the k-th largest candidate key by a binary search on the key bits (32 counting
+  passes, no sort); survivors are the keys >= it, ties all kept;
+* completeness: a tile whose hidden key is >= that threshold (and above -inf) may hide a
+  survivor, so the row "overflows"; otherwise the candidates hold every survivor, and the
+  threshold is the row's true k-th value (the k-th largest of a subset is <= the true one,
+  and no hidden value reaches it);
+* top-p: a second binary search for the largest key U0 whose strictly-larger mass
+  ``sum exp2((l - max) log2(e) / T)`` is still >= p times the survivors' mass; kept iff the
+  key is > U0. With top-k off the mass of the whole row comes from stage 1's per-tile
+  (max, sum) partials, and a hidden key above U0 overflows;
+* then, per sample, Philox noise for the candidates only (the same counter and word as
+  ``reference.gumbel_noise``) and Gumbel-max among the kept ones, ties to the lowest index.
+
+Overflowing rows (rare: a tile holding more than m survivors) are resampled exactly without
+a host sync: two kernels that always launch and exit at once on rows without the flag
+recompute the flagged rows' logits into a [B, V] scratch and run the same selection on all
+V tokens (``COMPLETE``), where nothing can hide.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .params import SamplingParams
+from .sampling_device import (
+    INV_LN2,
+    KEY_MINUS_INF,
+    KEY_PAD,
+    LN2,
+    key_value,
+    knob_per_row,
+    ordered_key,
+    round_logits,
+    row_seeds,
+    token_gumbel,
+)
+
+__all__ = [
+    "candidates_per_tile",
+    "k_may_be_off",
+    "launch_fallback",
+    "launch_stage2",
+    "p_may_be_off",
+]
+
+_INT32_MAX = tl.constexpr(2147483647)
+# Top-k survivors (k plus ties) up to this many are packed for top-p and the noise.
+COMPACT_SLOTS = 2048
+
+
+@triton.jit
+def _chunk_keys(key_ptr, index_ptr, start, n, COMPLETE: tl.constexpr, BLOCK: tl.constexpr):
+    """Keys (KEY_PAD past n) and global indices of candidates start..start+BLOCK of a row.
+    COMPLETE: key_ptr holds the row's fp32 logits and the index is the position."""
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n
+    if COMPLETE:
+        values = tl.load(key_ptr + offs, mask=mask, other=0.0)
+        keys = tl.where(mask, ordered_key(values), KEY_PAD)
+        index = offs
+    else:
+        keys = tl.load(key_ptr + offs, mask=mask, other=KEY_PAD)
+        index = tl.load(index_ptr + offs, mask=mask, other=0)
+    return keys, index
+
+
+@triton.jit
+def _count_at_least(key_ptr, index_ptr, n, bound, COMPLETE: tl.constexpr, BLOCK: tl.constexpr):
+    """How many candidate keys are >= bound, read BLOCK at a time (the fallback's V tokens;
+    fewer candidates stay in registers and are counted inline)."""
+    count = 0
+    for start in range(0, n, BLOCK):
+        keys, _ = _chunk_keys(key_ptr, index_ptr, start, n, COMPLETE, BLOCK)
+        count += tl.sum((keys >= bound).to(tl.int32))
+    return count
+
+
+@triton.jit
+def _weights(keys, top_value, inv_temperature, survivor_bound):
+    """exp2((l - max) log2(e) / T) of survivors (keys >= survivor_bound), the row maximum
+    (even +inf) weighing 1, -inf and padding nothing: reference.truncation_keep's weights."""
+    values = key_value(keys)
+    weights = tl.exp2((values - top_value) * inv_temperature)
+    weights = tl.where(values == top_value, 1.0, weights)
+    return tl.where((keys >= survivor_bound) & (keys > KEY_MINUS_INF), weights, 0.0)
+
+
+@triton.jit
+def _mass_above(key_ptr, index_ptr, n, bound, top_value, inv_temperature, survivor_bound,
+                COMPLETE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """The weight of the survivors whose key is > bound, read BLOCK at a time."""
+    mass = 0.0
+    for start in range(0, n, BLOCK):
+        keys, _ = _chunk_keys(key_ptr, index_ptr, start, n, COMPLETE, BLOCK)
+        weights = _weights(keys, top_value, inv_temperature, survivor_bound)
+        mass += tl.sum(tl.where(keys > bound, weights, 0.0))
+    return mass
+
+
+@triton.jit
+def _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK: tl.constexpr):
+    """The softmax(l / T) mass of the whole row relative to its maximum, from stage 1's
+    per-tile (max, sum) partials."""
+    total = tl.zeros((), tl.float32)
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, num_tiles, BLOCK):
+        mask = start + offs < num_tiles
+        partial = mass_ptr + (row64 * num_tiles + start + offs) * 2
+        tile_max = tl.load(partial, mask=mask, other=float("-inf"))
+        tile_sum = tl.load(partial + 1, mask=mask, other=0.0)
+        scale = tl.exp2((tile_max - top_value) * inv_temperature)
+        scale = tl.where(tile_max == top_value, 1.0, scale)
+        total += tl.sum(tl.where(tile_max > float("-inf"), tile_sum * scale, 0.0))
+    return total
+
+
+@triton.jit
+def _nucleus_bound(keys, weights, total, top_p):
+    """Top-p over candidates held in registers: the smallest kept key, i.e. one above the
+    largest key whose strictly-larger mass is still >= p * total, built bit by bit from
+    KEY_PAD = -2**31 up (so a trial never leaves the int32 range)."""
+    threshold = top_p * total
+    one = tl.full((), 1, tl.int64)
+    below = tl.full((), KEY_PAD, tl.int32)
+    for i in range(32):
+        trial = (below.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+        mass = tl.sum(tl.where(keys > trial, weights, 0.0))
+        below = tl.where(mass >= threshold, trial, below)
+    return below + 1
+
+
+@triton.jit
+def _gumbel_winner(keys, index, keep_bound, noise_scale, row_counter, sample_index, k0, k1,
+                   FAST_MATH: tl.constexpr):  # fmt: skip
+    """The best perturbed score among the kept candidates and its index (ties to the
+    lowest): the noise of reference.gumbel_noise, for these candidates only."""
+    noise = token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH)
+    kept = (keys >= keep_bound) & (keys > KEY_PAD)
+    scores = tl.where(kept, key_value(keys) + noise_scale * noise, float("-inf"))
+    best = tl.max(scores)
+    return best, tl.min(tl.where(scores == best, index, _INT32_MAX))
+
+
+@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
+                               "scalar_top_p"])  # fmt: skip
+def _truncated_stage2(
+    key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
+    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, out_ptr, overflow_ptr,
+    compact_key_ptr, compact_index_ptr,
+    num_candidates, num_tiles, V,
+    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, num_samples,
+    TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
+    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr,
+    HAS_PLAIN: tl.constexpr,  # stage 1 also left plain Gumbel candidates (untruncated rows)
+    HAS_MASS: tl.constexpr,  # stage 1 left per-tile (max, sum) mass partials
+    COMPLETE: tl.constexpr,  # the fallback: key_ptr is the rows' [B, V] fp32 logits
+    SINGLE: tl.constexpr,  # num_candidates <= BLOCK: one chunk, kept in registers
+    FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+):  # fmt: skip
+    """One program per row: truncation, then Gumbel-max among the kept candidates."""
+    row = tl.program_id(0)
+    if COMPLETE:
+        if tl.load(overflow_ptr + row) == 0:
+            return
+    else:
+        tl.store(overflow_ptr + row, 0)
+    row64 = row.to(tl.int64)
+    key_ptr += row64 * num_candidates
+    index_ptr += row64 * num_candidates
+    temperature = knob_per_row(
+        temperature_ptr, row, scalar_temperature, TEMPERATURE_MODE, tl.float32
+    )
+    top_k = knob_per_row(top_k_ptr, row, scalar_top_k, TOP_K_MODE, tl.int64)
+    top_p = knob_per_row(top_p_ptr, row, scalar_top_p, TOP_P_MODE, tl.float32)
+    k_on = (top_k > 0) & (top_k < V)
+    p_on = (top_p < 1.0) & (temperature > 0)
+
+    # With SINGLE every candidate of the row stays in registers from here on.
+    row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, COMPLETE, BLOCK)
+    # The row's maximum key and, ties to the lowest index, its token (greedy rows' answer).
+    top_key = tl.full((), KEY_PAD, tl.int32)
+    top_index = tl.full((), _INT32_MAX, tl.int32)
+    for start in range(0, num_candidates, BLOCK):
+        if SINGLE:
+            keys, index = row_keys, row_index
+        else:
+            keys, index = _chunk_keys(key_ptr, index_ptr, start, num_candidates, COMPLETE, BLOCK)
+        chunk_top = tl.max(keys)
+        chunk_index = tl.min(tl.where(keys == chunk_top, index, _INT32_MAX))
+        better = (chunk_top > top_key) | ((chunk_top == top_key) & (chunk_index < top_index))
+        top_key = tl.where(better, chunk_top, top_key)
+        top_index = tl.where(better, chunk_index, top_index)
+    top_value = key_value(top_key)
+
+    if temperature == 0:
+        # Greedy: truncation never removes the argmax.
+        winner = tl.where(top_key > KEY_MINUS_INF, top_index, 0).to(tl.int64)
+        for sample_index in range(num_samples):
+            tl.store(out_ptr + row64 * num_samples + sample_index, winner)
+        return
+    if HAS_PLAIN:
+        if not (k_on | p_on):
+            # Nothing truncates this row: stage 1's plain candidates, as the plain stage 2.
+            offs = tl.arange(0, BLOCK)
+            for sample_index in range(num_samples):
+                base = (row64 * num_samples + sample_index) * num_tiles
+                best = tl.full((), float("-inf"), tl.float32)
+                best_index = tl.zeros((), tl.int32)
+                for start in range(0, num_tiles, BLOCK):
+                    mask = start + offs < num_tiles
+                    scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
+                                     other=float("-inf"))  # fmt: skip
+                    chunk_best, arg = tl.max(scores, axis=0, return_indices=True,
+                                             return_indices_tie_break_left=True)  # fmt: skip
+                    index = tl.load(plain_index_ptr + base + start + arg)
+                    take = (chunk_best > best) | (start == 0)
+                    best = tl.where(take, chunk_best, best)
+                    best_index = tl.where(take, index, best_index)
+                tl.store(out_ptr + row64 * num_samples + sample_index, best_index.to(tl.int64))
+            return
+
+    # Top-k: the largest key with at least k candidate keys >= it, built bit by bit from
+    # KEY_PAD = -2**31 up (so a trial never leaves the int32 range).
+    one = tl.full((), 1, tl.int64)
+    survivor_bound = tl.full((), KEY_PAD, tl.int32)
+    if k_on:
+        for i in range(32):
+            trial = (survivor_bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+            if SINGLE:  # (inline: each helper call costs the interpreter milliseconds)
+                count = tl.sum((row_keys >= trial).to(tl.int32))
+            else:
+                count = _count_at_least(key_ptr, index_ptr, num_candidates, trial, COMPLETE, BLOCK)
+            survivor_bound = tl.where(count >= top_k, trial, survivor_bound)
+    keep_bound = survivor_bound
+    inv_temperature = INV_LN2 / tl.where(temperature > 0, temperature, 1.0)
+
+    # The top-k survivors (k plus ties: usually far fewer than the candidates) are packed
+    # into COMPACT slots, so top-p and the noise work on them alone.
+    survive = (row_keys >= survivor_bound) & (row_keys > KEY_PAD)
+    num_survivors = tl.sum(survive.to(tl.int32))
+    compact = k_on & (num_survivors <= COMPACT)
+    if not SINGLE:
+        compact = k_on & False
+    compact_key_ptr += row64 * COMPACT
+    compact_index_ptr += row64 * COMPACT
+    slot = tl.cumsum(survive.to(tl.int32), axis=0) - 1
+    # (the packing limit as a bound on the slot: a scalar mask the interpreter rejects)
+    limit = tl.where(compact, COMPACT, 0)
+    tl.store(compact_key_ptr + slot, row_keys, mask=survive & (slot < limit))
+    tl.store(compact_index_ptr + slot, row_index, mask=survive & (slot < limit))
+    tl.debug_barrier()
+    small = tl.arange(0, COMPACT)
+    small_mask = small < tl.minimum(num_survivors, limit)
+    small_keys = tl.load(compact_key_ptr + small, mask=small_mask, other=KEY_PAD)
+    small_index = tl.load(compact_index_ptr + small, mask=small_mask, other=0)
+
+    if p_on:
+        # Partials: top-p over the whole row (top-k off), whose mass the candidates lack.
+        partials = HAS_MASS and not COMPLETE
+        if compact:
+            weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
+            keep_bound = _nucleus_bound(small_keys, weights, tl.sum(weights), top_p)
+        elif SINGLE:
+            weights = _weights(row_keys, top_value, inv_temperature, survivor_bound)
+            total = tl.sum(weights)
+            if partials:
+                if not k_on:
+                    total = _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK)
+            if total > 0:
+                keep_bound = tl.maximum(keep_bound, _nucleus_bound(row_keys, weights, total, top_p))
+        else:
+            total = _mass_above(key_ptr, index_ptr, num_candidates, KEY_PAD, top_value,
+                                inv_temperature, survivor_bound, COMPLETE, BLOCK)  # fmt: skip
+            if partials:
+                if not k_on:
+                    total = _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK)
+            if total > 0:
+                below = tl.full((), KEY_PAD, tl.int32)
+                for i in range(32):
+                    trial = (below.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+                    mass = _mass_above(
+                        key_ptr, index_ptr, num_candidates, trial, top_value,
+                        inv_temperature, survivor_bound, COMPLETE, BLOCK,
+                    )  # fmt: skip
+                    below = tl.where(mass >= top_p * total, trial, below)
+                keep_bound = tl.maximum(keep_bound, below + 1)
+
+    if not COMPLETE:
+        # Could a tile hide a token that the row keeps (or, with top-k, any survivor)?
+        check_bound = tl.where(k_on, survivor_bound, keep_bound)
+        hides = 0
+        offs = tl.arange(0, BLOCK)
+        for start in range(0, num_tiles, BLOCK):
+            mask = start + offs < num_tiles
+            hidden = tl.load(hidden_key_ptr + row64 * num_tiles + start + offs, mask=mask,
+                             other=KEY_PAD)  # fmt: skip
+            hides += tl.sum(((hidden >= check_bound) & (hidden > KEY_MINUS_INF)).to(tl.int32))
+        if hides > 0:
+            tl.store(overflow_ptr + row, 1)
+            return  # the fallback draws this row
+
+    k0, k1, row_counter = row_seeds(seed_ptr, row, seed_lo, seed_hi, SEED_MODE)
+    noise_scale = temperature * LN2
+    for sample_index in range(num_samples):
+        if compact:
+            best, best_index = _gumbel_winner(
+                small_keys, small_index, keep_bound, noise_scale, row_counter, sample_index,
+                k0, k1, FAST_MATH,
+            )  # fmt: skip
+        else:
+            best = tl.full((), float("-inf"), tl.float32)
+            best_index = tl.full((), _INT32_MAX, tl.int32)
+            for start in range(0, num_candidates, BLOCK):
+                if SINGLE:
+                    keys, index = row_keys, row_index
+                else:
+                    keys, index = _chunk_keys(
+                        key_ptr, index_ptr, start, num_candidates, COMPLETE, BLOCK
+                    )
+                chunk_best, chunk_index = _gumbel_winner(
+                    keys, index, keep_bound, noise_scale, row_counter, sample_index, k0, k1,
+                    FAST_MATH,
+                )  # fmt: skip
+                better = (chunk_best > best) | ((chunk_best == best) & (chunk_index < best_index))
+                best = tl.where(better, chunk_best, best)
+                best_index = tl.where(better, chunk_index, best_index)
+        winner = tl.where(best > float("-inf"), best_index, 0).to(tl.int64)
+        tl.store(out_ptr + row64 * num_samples + sample_index, winner)
+
+
+@triton.jit
+def _fallback_logits(
+    hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
+    B, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
+    HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Recompute the logits of the rows that overflowed into scratch [B, V] fp32: program
+    (row, c) takes the vocabulary tiles c, c + num_programs(1), ... of its row, and returns
+    at once when the row has no flag. One row's GEMV: slow, but only for rare rows."""
+    row = tl.program_id(0)
+    if tl.load(overflow_ptr + row) != 0:
+        for v_tile in range(tl.program_id(1), tl.cdiv(V, BLOCK_V), tl.num_programs(1)):
+            offs_v = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)
+            v_mask = offs_v < V
+            row64 = row.to(tl.int64)
+            acc = tl.zeros((BLOCK_V,), tl.float32)
+            for d_start in range(0, D, BLOCK_D):
+                offs_d = d_start + tl.arange(0, BLOCK_D)
+                d_mask = offs_d < D
+                h = tl.load(hidden_ptr + row64 * stride_hb + offs_d * stride_hd,
+                            mask=d_mask, other=0.0).to(tl.float32)  # fmt: skip
+                w = tl.load(
+                    weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
+                    + offs_d[None, :] * stride_wd,
+                    mask=v_mask[:, None] & d_mask[None, :], other=0.0,
+                ).to(tl.float32)  # fmt: skip
+                acc += tl.sum(w * h[None, :], axis=1)
+            logits = acc
+            if HAS_BIAS:
+                logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+            logits = round_logits(logits, LOGITS_DTYPE)
+            tl.store(scratch_ptr + row64 * V + offs_v, logits, mask=v_mask)
+
+
+def candidates_per_tile(params: SamplingParams) -> int:
+    """m: how many of its largest scores each (row, vocabulary tile) keeps for stage 2.
+
+    A row overflows only when one tile holds more than m of the tokens it keeps; with k
+    survivors spread over ~V / 64 tiles that is rare for m = 4 up to k = 64 and m = 8 up to
+    k = 1024. A per-row k tensor gets 8, top-p alone 4 (its nucleus size is unknown ahead)."""
+    if params.top_k is not None:
+        return 8
+    k = params.scalar_top_k
+    if k <= 0 or k <= 64:
+        return 4
+    return 8 if k <= 1024 else 16
+
+
+def k_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
+    return params.top_k is not None or not (0 < params.scalar_top_k < vocab_size)
+
+
+def p_may_be_off(params: SamplingParams) -> bool:
+    return params.top_p is not None or params.scalar_top_p >= 1.0
+
+
+def _mode(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else (1 if tensor.dim() == 0 else 2)
+
+
+def launch_stage2(
+    stage1: dict[str, torch.Tensor | None],
+    params: SamplingParams,
+    vocab_size: int,
+    temperature_mode: int,
+    out: torch.Tensor,
+    overflow: torch.Tensor,
+    *,
+    complete: bool = False,
+    fast_math: bool = True,
+) -> None:
+    """Stage 2 of a truncating call over stage 1's candidates (``stage1``: top_m_key,
+    top_m_index [B, tiles * m], hidden_key [B, tiles], mass [B, tiles, 2] or None, plain
+    score / index [B, S, tiles] or None), or with ``complete`` over the fallback's [B, V]
+    fp32 logits (``stage1["top_m_key"]``) for the rows flagged in ``overflow``."""
+    batch = out.shape[0]
+    keys = stage1["top_m_key"]
+    num_candidates = keys.shape[1]
+    num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
+    seed_u64 = params.scalar_seed % 2**64
+    # Up to 16384 candidates stay in registers for the whole search (32 a thread).
+    block = min(16384, max(16, triton.next_power_of_2(num_candidates)))
+    compact_slots = min(COMPACT_SLOTS, block)
+    compact_key = torch.empty((batch, compact_slots), dtype=torch.int32, device=out.device)
+    compact_index = torch.empty_like(compact_key)
+    dummy = keys
+    _truncated_stage2[(batch,)](
+        keys, stage1.get("top_m_index", dummy), stage1.get("hidden_key", dummy),
+        stage1.get("mass"), stage1.get("plain_score"), stage1.get("plain_index"),
+        params.temperature, params.seed, params.top_k, params.top_p, out, overflow,
+        compact_key, compact_index, num_candidates, num_tiles, vocab_size,
+        params.scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32,
+        params.scalar_top_k, params.scalar_top_p, params.num_samples,
+        TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
+        TOP_K_MODE=_mode(params.top_k), TOP_P_MODE=_mode(params.top_p),
+        HAS_PLAIN=stage1.get("plain_score") is not None,
+        HAS_MASS=stage1.get("mass") is not None,
+        COMPLETE=complete, SINGLE=num_candidates <= block, FAST_MATH=fast_math, BLOCK=block,
+        COMPACT=compact_slots, num_warps=16 if block >= 8192 else 8,
+    )  # fmt: skip
+
+
+def launch_fallback(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    params: SamplingParams,
+    temperature_mode: int,
+    out: torch.Tensor,
+    overflow: torch.Tensor,
+    num_programs: int,
+    logits_dtype,
+    fast_math: bool,
+) -> None:
+    """The exact path of the rows stage 2 flagged: their logits into a [B, V] scratch, then
+    stage 2 over all V tokens. Both kernels always launch (no host sync) and return at once
+    for rows without the flag. ``logits_dtype`` is the Triton dtype (or None)."""
+    batch, hidden_size = hidden.shape
+    vocab_size = weight.shape[0]
+    scratch = torch.empty((batch, vocab_size), dtype=torch.float32, device=hidden.device)
+    block_v = 128
+    chunks = min(triton.cdiv(vocab_size, block_v), num_programs)
+    _fallback_logits[(batch, chunks)](
+        hidden, weight, bias, overflow, scratch,
+        batch, vocab_size, hidden_size,
+        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+        HAS_BIAS=bias is not None, LOGITS_DTYPE=logits_dtype,
+        BLOCK_V=block_v, BLOCK_D=64,
+    )  # fmt: skip
+    launch_stage2(
+        {"top_m_key": scratch}, params, vocab_size, temperature_mode, out, overflow,
+        complete=True, fast_math=fast_math,
+    )  # fmt: skip

@@ -1,0 +1,137 @@
+"""The fused top-k / top-p path of the Triton kernel, under the interpreter on CPU.
+
+Stage 1 keeps each tile's m largest scores, stage 2 selects among them and proves it saw
+every kept token, and rows it cannot prove take the exact fallback. These tests draw on
+small tiles so that both the candidate path and the fallback run, record which rows
+overflowed, and require the contract's tokens (``test_truncation.contract_sample``) from
+every row either way.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor.params import SamplingParams
+from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
+
+from .sampling_oracle import DEVICE, make_exact_problem
+from .test_truncation import contract_sample, exact_logits, per_row_grid
+
+
+@pytest.fixture
+def overflowed(monkeypatch):
+    """The overflow flags of each call, as stage 2 left them for the fallback."""
+    flags = []
+    launch = truncation_kernel.launch_fallback
+
+    def record(hidden, weight, bias, params, temperature_mode, out, overflow, *rest):
+        flags.append(overflow.clone().bool().cpu())
+        return launch(hidden, weight, bias, params, temperature_mode, out, overflow, *rest)
+
+    monkeypatch.setattr(truncation_kernel, "launch_fallback", record)
+    return flags
+
+
+def tensor_knob(values, dtype):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(SampleConfig(16, 16, 64), id="16x16"),
+        pytest.param(SampleConfig(32, 64, 32, swap_ab=False, epilogue_chunks=2), id="32x64"),
+    ],
+)
+def test_candidates_and_fallback_match_the_contract(config, overflowed):
+    """The 24-row (k, p) grid of test_truncation (k in {1, 2, 20, 50, 200, V}, p in {0.5,
+    0.9, 0.95, 1}, T in {0.7, 1.3, 0}), per-row seeds, two samples, a masked bias: every
+    row draws the contract's tokens, through the candidates where they prove complete and
+    through the fallback where not (both happen here)."""
+    top_k, top_p, temperature = per_row_grid()
+    batch = len(top_k)
+    hidden, weight = make_exact_problem(batch, 1000, 64)
+    bias = torch.zeros(1000, device=DEVICE)
+    bias[7::11] = float("-inf")
+    seed = torch.arange(batch, device=DEVICE) * 7 + 3
+    params = SamplingParams(temperature, 1.0, seed, 0, 2, None, top_k, 0, top_p, 1.0)
+    tokens = triton_fused_sample(hidden, weight, bias, params, config)
+    expected = contract_sample(
+        exact_logits(hidden, weight, bias), temperature, top_k, top_p, seed, 2
+    )
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    truncated = ((top_k < 1000) | (top_p < 1)).cpu() & (temperature > 0).cpu()
+    assert bool(flags[truncated].any()) and not bool(flags[truncated].all()), flags
+    assert not bool(flags[~truncated].any())
+
+
+@pytest.mark.parametrize(
+    "top_k, top_p",
+    [(1, None), (2, None), (20, None), (50, 0.9), (200, 0.95), (None, 0.5), (999, None)],
+)
+def test_scalar_knobs_on_small_tiles(top_k, top_p, overflowed):
+    """Python k / p (odd B, V = 1000, 16-wide tiles): the contract's tokens."""
+    hidden, weight = make_exact_problem(5, 1000, 64, seed=3)
+    params = SamplingParams(None, 0.9, None, 21, 3, None, None, top_k or 0, None, top_p or 1.0)
+    tokens = triton_fused_sample(hidden, weight, None, params, SampleConfig(16, 16, 64))
+    knob = torch.ones(5)
+    expected = contract_sample(
+        exact_logits(hidden, weight), knob.to(DEVICE) * 0.9, knob * (top_k or 0),
+        knob * (top_p or 1.0), 21, 3,
+    )  # fmt: skip
+    assert torch.equal(tokens, expected)
+
+
+ADVERSARIAL = {
+    # every survivor in the first tile: it holds far more than m of them
+    "top-k-in-one-tile": lambda logits: logits.index_fill_(1, torch.arange(40), 50.0),
+    # a huge tie group at the k-th value, spread over every tile
+    "ties-everywhere": lambda logits: logits.fill_(1.0).index_fill_(1, torch.arange(3), 2.0),
+}
+
+
+@pytest.mark.parametrize("layout", [*ADVERSARIAL, "few-finite"])
+@pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_adversarial_layouts_take_the_fallback_exactly(layout, logits_dtype, overflowed):
+    """Logits built so that a tile hides kept tokens (top-k 20 / top-p 0.9 on 16-wide
+    tiles, m = 4): the flagged rows are resampled exactly; the others stay on the
+    candidates. hidden = the logits, weight = I: the kernel's logits are exact. "few-finite":
+    a bias leaves 5 finite tokens (fewer than k) in one tile, in every row."""
+    batch, vocab = 3, 200
+    logits = torch.linspace(-2, 2, batch * vocab).reshape(batch, vocab)
+    bias = None
+    if layout == "few-finite":
+        bias = torch.full((vocab,), float("-inf"))
+        bias[:5] = 0.0
+    else:
+        logits = ADVERSARIAL[layout](logits.clone())
+        # An ordinary row in the batch: its 20 best tokens are every 10th, two a tile.
+        logits[2] = -(torch.arange(vocab) % 10).float() + torch.arange(vocab) * 1e-3
+    hidden, weight = logits.to(DEVICE), torch.eye(vocab, device=DEVICE)
+    bias = None if bias is None else bias.to(DEVICE)
+    params = SamplingParams(None, 1.0, None, 4, 2, logits_dtype, None, 20, None, 0.9)
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    scores = logits if bias is None else logits + bias.cpu()
+    scores = scores if logits_dtype is None else scores.to(logits_dtype).float()
+    knob = torch.ones(batch)
+    expected = contract_sample(scores.to(DEVICE), knob.to(DEVICE), knob * 20, knob * 0.9, 4, 2)
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    assert bool(flags[0]), flags
+    if layout != "few-finite":
+        assert not bool(flags[2]), flags
+
+
+def test_k_beyond_the_candidates_is_exact():
+    """k = 900 of V = 1000 (more than the candidates can prove on 256-wide tiles): exact."""
+    hidden, weight = make_exact_problem(2, 1000, 64, seed=4)
+    params = SamplingParams(None, 1.0, None, 8, 1, None, None, 900, None, 1.0)
+    tokens = triton_fused_sample(hidden, weight, None, params)
+    knob = torch.ones(2)
+    expected = contract_sample(
+        exact_logits(hidden, weight), knob.to(DEVICE), knob * 900, knob, 8, 1
+    )
+    assert torch.equal(tokens, expected)
