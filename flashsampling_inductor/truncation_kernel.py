@@ -264,25 +264,31 @@ def _truncated_stage2(
     small_index = tl.load(compact_index_ptr + small, mask=small_mask, other=0)
 
     if p_on:
-        # Partials: top-p over the whole row (top-k off), whose mass the candidates lack.
-        partials = HAS_MASS and not COMPLETE
+        # Stage 1's partials (HAS_MASS): top-p over the whole row (top-k off), whose mass
+        # the candidates lack.
         if compact:
-            weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
-            keep_bound = _nucleus_bound(small_keys, weights, tl.sum(weights), top_p)
+            small_weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
+            keep_bound = _nucleus_bound(small_keys, small_weights, tl.sum(small_weights), top_p)
         elif SINGLE:
             weights = _weights(row_keys, top_value, inv_temperature, survivor_bound)
             total = tl.sum(weights)
-            if partials:
-                if not k_on:
-                    total = _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK)
+            if HAS_MASS:
+                if not COMPLETE:
+                    if not k_on:
+                        total = _row_mass(
+                            mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK
+                        )
             if total > 0:
                 keep_bound = tl.maximum(keep_bound, _nucleus_bound(row_keys, weights, total, top_p))
         else:
             total = _mass_above(key_ptr, index_ptr, num_candidates, KEY_PAD, top_value,
                                 inv_temperature, survivor_bound, COMPLETE, BLOCK)  # fmt: skip
-            if partials:
-                if not k_on:
-                    total = _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK)
+            if HAS_MASS:
+                if not COMPLETE:
+                    if not k_on:
+                        total = _row_mass(
+                            mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK
+                        )
             if total > 0:
                 below = tl.full((), KEY_PAD, tl.int32)
                 for i in range(32):
