@@ -36,6 +36,7 @@ from .op import (
     _normalize_temperature,
     _plain_eager_call,
     _triton_interpreter_on,
+    _use_triton,
 )
 from .params import SamplingParams
 from .reference import reference_candidates
@@ -223,12 +224,11 @@ def _shard_candidates(
     if weight.shape[0] == 0:  # a shard of padding rows only
         score = torch.full((batch, num_samples), float("-inf"), device=hidden.device)
         return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
-    use_triton = impl == "triton" or (impl == "auto" and hidden.device.type == "cuda")
-    if use_triton and vocab_start % 4 == 0:
+    params = SamplingParams(temperature, scalar_temperature, seed, 0, num_samples, logits_dtype)
+    if _use_triton(impl, hidden.device, params) and vocab_start % 4 == 0:
         from .sampling_kernel import triton_fused_sample
 
         score = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
-        params = SamplingParams(temperature, scalar_temperature, seed, 0, num_samples, logits_dtype)
         index = triton_fused_sample(
             hidden, weight, bias, params, vocab_offset=vocab_start, out_score=score
         )
