@@ -291,7 +291,16 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     kw = model._update_model_kwargs_for_generation(outputs, kw)
     next_tokens = sample_logits(outputs.logits[:, -1, :], **knobs).squeeze(1).to(device)
     del outputs  # the prompt's logits
+    # The stop decision read one step late lets the host queue a step while the device runs
+    # the previous one; the late read costs one step past the stop, which is dropped. That
+    # step's token would reach a streamer and its cache entry a cache the caller keeps: they
+    # read the decision on time.
+    cache_is_kept = generation_config.return_dict_in_generate or getattr(
+        cache, "_is_user_defined", False
+    )
+    late_stop = None if streamer is not None or cache_is_kept else _LateStop(device)
     stop_check = StopCheck(streamer)
+    max_length = stopping_criteria.max_length
     with model._optimize_model_for_decode():
         while True:
             if has_eos_stopping_criteria:  # finished rows get padding, as in generate
@@ -300,7 +309,13 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
                 )
             input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
             unfinished_sequences = unfinished_sequences & ~stopping_criteria(input_ids, None)
-            if stop_check(unfinished_sequences, next_tokens, input_ids.shape[1]):
+            if late_stop is None:
+                if stop_check(unfinished_sequences, next_tokens, input_ids.shape[1]):
+                    break
+            elif late_stop(unfinished_sequences):
+                input_ids = input_ids[:, :-1]  # the step past the stop
+                break
+            elif max_length is not None and input_ids.shape[1] >= max_length:
                 break
             inputs = model.prepare_inputs_for_generation(input_ids, next_sequence_length=1, **kw)
             next_tokens = step(inputs, **knobs).to(device)
@@ -354,6 +369,31 @@ def _mark_steps(compiled, mode):
         return compiled(*args, **kwargs)
 
     return step
+
+
+class _LateStop:
+    """Whether every row had finished one step ago: each call queues an asynchronous copy of
+    this step's "all finished" flag and reads the previous step's, so the host waits for the
+    device to finish the step before last, never the one it has just queued. Two flags in
+    turn: a flag is rewritten only after it was read."""
+
+    def __init__(self, device: torch.device):
+        on_cuda = device.type == "cuda"
+        self._flags = [torch.zeros((), dtype=torch.bool, pin_memory=on_cuda) for _ in range(2)]
+        self._copied = [torch.cuda.Event() for _ in range(2)] if on_cuda else None
+        self._step = 0
+
+    def __call__(self, unfinished_sequences: torch.Tensor) -> bool:
+        now, before = self._step % 2, (self._step + 1) % 2
+        self._flags[now].copy_(unfinished_sequences.max() == 0, non_blocking=True)
+        if self._copied is not None:
+            self._copied[now].record()
+        self._step += 1
+        if self._step == 1:
+            return False
+        if self._copied is not None:
+            self._copied[before].synchronize()
+        return bool(self._flags[before])
 
 
 class _StepOutput(dict):

@@ -126,6 +126,19 @@ def test_greedy_equals_generate(models, kind, caplog):
         )
 
 
+def test_greedy_stops_at_eos_as_generate_does(model):
+    """Without a streamer or a returned cache the loop reads its stop decision one step late
+    (so the host never waits for the step it has just queued) and drops the step past the
+    stop: the output is generate's, shorter than max_new_tokens."""
+    prompt = torch.randint(0, VOCAB, (1, 5))
+    settings = dict(do_sample=False, max_new_tokens=8, pad_token_id=0)
+    eos = int(_stock(model, prompt, **settings)[0, 7])
+    settings.update(eos_token_id=eos)
+    expected = _stock(model, prompt, **settings)
+    assert expected.shape[1] < 5 + 8, "the eos should end generation early"
+    torch.testing.assert_close(model.generate(prompt, **settings), expected, rtol=0, atol=0)
+
+
 def _warped(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """generate's own warpers on [N, V] logits -> float64 probabilities."""
     warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
