@@ -346,8 +346,15 @@ def _compiled_step(model, generation_config):
     key = (mode, config.dynamic, repr(config.options))
     cached = getattr(model, "_flashsampling_step", None)
     if cached is None or cached[0] != key:
+
+        def decode_step(inputs: dict, temperature, top_k, top_p) -> torch.Tensor:
+            # A function of its own (not a functools.partial): Dynamo's record of which sizes
+            # changed between runs (automatic dynamic shapes, kept across processes) is keyed
+            # on the compiled code, so this step's record is its own.
+            return _decode_step(model, inputs, temperature, top_k, top_p)
+
         compiled = torch.compile(
-            functools.partial(_decode_step, model),
+            decode_step,
             backend="flashsampling",
             fullgraph=True,
             dynamic=config.dynamic,
