@@ -1,7 +1,7 @@
 """The public operators: ``fused_sample``, ``sample_logits`` and their custom ops.
 
 Each validates and normalises its arguments (one normaliser for every "scalar or per-row"
-knob: temperature, seed, top_k, top_p), then calls its custom op
+knob: temperature, seed, top_k, top_p, min_p), then calls its custom op
 (``torch.ops.flashsampling.fused_sample`` / ``sample_logits``), whose implementation bundles
 the flat schema arguments into one ``SamplingParams`` and picks the Triton kernel or the
 pure-PyTorch reference (``_use_triton``). Plain eager calls, which nothing traces, run the
@@ -37,6 +37,8 @@ def fused_sample(
     temperature: float | torch.Tensor = 1.0,
     top_k: int | torch.Tensor | None = None,
     top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
+    softcap: float | None = None,
     num_samples: int = 1,
     seed: int | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
@@ -44,7 +46,8 @@ def fused_sample(
     impl: str = "auto",
 ) -> torch.Tensor:
     """Sample token ids from ``softmax((hidden @ weight.T + bias) / temperature)``, optionally
-    truncated by top-k, then top-p (the order of transformers' warpers).
+    soft-capped first and truncated by top-k, then top-p, then min-p (the order of
+    transformers' warpers).
 
     The [B, V] logits are never written to memory: each vocabulary tile is computed on chip,
     perturbed with Gumbel noise and reduced to its best (score, index); a second small stage
@@ -68,10 +71,18 @@ def fused_sample(
             removed), and a row with fewer than k finite scores keeps them all. None, 0 (per
             row too) or k >= V is off. Tensors are checked (k >= 0) like temperature tensors.
         top_p: None, a float in (0, 1] or a floating [B] tensor. Applied after top-k to
-            ``softmax(scores / T)`` over the top-k survivors: a survivor is kept iff the mass
-            of the survivors with a strictly larger score is < p (the token that crosses p,
-            and its ties, stay). None or 1.0 is off; greedy rows are not truncated (their
-            argmax is always kept).
+            ``softmax(scores / T)`` over the top-k survivors (over the whole row without
+            top-k): a survivor is kept iff the mass of the survivors with a strictly larger
+            score is < p (the token that crosses p, and its ties, stay). None or 1.0 is off;
+            greedy rows are not truncated (their argmax is always kept).
+        min_p: None, a float in [0, 1] or a floating [B] tensor. Applied after top-p: a
+            survivor is kept iff its ``softmax(scores / T)`` is >= min_p times the row's
+            largest, i.e. ``score >= max + T * log(min_p)`` (transformers'
+            ``MinPLogitsWarper``). None or 0 is off; greedy rows are not truncated.
+        softcap: None or a finite float c > 0 (a model constant, Gemma 2's
+            ``final_logit_softcapping``): the scores become ``tanh(l / c) * c`` in fp32
+            before the temperature and any truncation, as the model computes them (a -inf
+            bias entry then scores -c, as ``torch.tanh`` gives).
         num_samples: independent draws per row, with replacement.
         seed: int, 0-d int64 tensor or [B] int64 tensor (one per row). With a seed the
             result is deterministic and independent of tile sizes, launch grid and batch
@@ -93,15 +104,18 @@ def fused_sample(
     _check_tensors(hidden, weight, bias)
     if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
-    knobs = _normalize_call(hidden, temperature, top_k, top_p, num_samples, seed, generator, impl)
+    knobs = _normalize_call(
+        hidden, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
+    )
     if knobs is None:
         return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
-    temperature, seed, top_k, top_p = knobs
+    temperature, seed, top_k, top_p, min_p, softcap = knobs
     args = (
         hidden, weight, bias, *temperature, *seed, num_samples, logits_dtype, impl,
-        *top_k, *top_p,
+        *top_k, *top_p, *min_p, softcap,
     )  # fmt: skip
-    if _plain_eager_call(hidden, weight, bias, temperature[0], seed[0], top_k[0], top_p[0]):
+    tensors = (temperature[0], seed[0], top_k[0], top_p[0], min_p[0])
+    if _plain_eager_call(hidden, weight, bias, *tensors):
         # The dispatcher's custom-op layers cost more host time per call than both kernel
         # launches together (benchmarks/results/stagger_and_host_h200_20261121.txt); plain
         # eager tensors need none of them, so they go straight to the implementation.
@@ -115,6 +129,8 @@ def sample_logits(
     temperature: float | torch.Tensor = 1.0,
     top_k: int | torch.Tensor | None = None,
     top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
+    softcap: float | None = None,
     num_samples: int = 1,
     seed: int | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
@@ -130,7 +146,8 @@ def sample_logits(
     Args:
         logits: [B, V] bf16/fp16/fp32, scored in fp32; NaN counts as -inf and -inf entries
             are never drawn.
-        temperature, top_k, top_p, num_samples, seed, generator: as in ``fused_sample``.
+        temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator: as in
+            ``fused_sample``.
         impl: "triton", "torch" or "auto", as in ``fused_sample``.
 
     Returns:
@@ -144,21 +161,25 @@ def sample_logits(
         raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
     if logits.shape[1] == 0:
         raise ValueError("logits has V = 0 columns: there is no token to sample")
-    knobs = _normalize_call(logits, temperature, top_k, top_p, num_samples, seed, generator, impl)
+    knobs = _normalize_call(
+        logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
+    )
     if knobs is None:
         return torch.empty((0, num_samples), dtype=torch.int64, device=logits.device)
-    temperature, seed, top_k, top_p = knobs
-    args = (logits, *temperature, *seed, num_samples, *top_k, *top_p, impl)
-    if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0]):
+    temperature, seed, top_k, top_p, min_p, softcap = knobs
+    args = (logits, *temperature, *seed, num_samples, *top_k, *top_p, impl, *min_p, softcap)
+    if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0], min_p[0]):
         return _sample_logits_impl(*args)
     return torch.ops.flashsampling.sample_logits(*args)
 
 
-def _normalize_call(rows, temperature, top_k, top_p, num_samples, seed, generator, impl):
+def _normalize_call(
+    rows, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
+):
     """The checks both public functions share. ``rows`` is the [B, ...] tensor whose device
     and batch the knobs follow. -> None for an empty batch, else the (tensor or None, scalar)
-    pairs of temperature, seed, top_k and top_p, with a seed drawn on the device if none was
-    given."""
+    pairs of temperature, seed, top_k, top_p and min_p, with a seed drawn on the device if
+    none was given, and the softcap as a float (0.0: off)."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
     if impl not in IMPLS:
@@ -170,6 +191,8 @@ def _normalize_call(rows, temperature, top_k, top_p, num_samples, seed, generato
     temperature = _to_tensor_scalar(temperature, TEMPERATURE, rows)
     top_k = _to_tensor_scalar(top_k, TOP_K, rows)
     top_p = _to_tensor_scalar(top_p, TOP_P, rows)
+    min_p = _to_tensor_scalar(min_p, MIN_P, rows)
+    softcap = _normalize_softcap(softcap)
     seed_tensor, scalar_seed = _to_tensor_scalar(seed, SEED, rows)
     if rows.shape[0] == 0:
         return None
@@ -180,7 +203,20 @@ def _normalize_call(rows, temperature, top_k, top_p, num_samples, seed, generato
         seed_tensor = torch.randint(
             0, 2**62, (), dtype=torch.int64, device=rows.device, generator=generator
         )
-    return temperature, (seed_tensor, scalar_seed), top_k, top_p
+    return temperature, (seed_tensor, scalar_seed), top_k, top_p, min_p, softcap
+
+
+def _normalize_softcap(softcap) -> float:
+    """None -> 0.0 (off); else a finite Python number > 0 as a float. A model constant: a
+    tensor would be a value the op cannot check without a sync, so it is refused."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a Python float or None, got {type(softcap).__name__}")
+    softcap = float(softcap)
+    if not (0.0 < softcap < math.inf):
+        raise ValueError(f"softcap must be finite and > 0, got {softcap}")
+    return softcap
 
 
 def _triton_interpreter_on() -> bool:
@@ -285,6 +321,9 @@ TOP_K = PerRowKnob("top_k", int, torch.int64, "integer", "an integer >= 0", lamb
 TOP_P = PerRowKnob(
     "top_p", float, torch.float32, "floating", "in (0, 1]", lambda p: (p > 0) & (p <= 1), 1.0
 )
+MIN_P = PerRowKnob(
+    "min_p", float, torch.float32, "floating", "in [0, 1]", lambda p: (p >= 0) & (p <= 1), 0.0
+)
 
 
 def _to_tensor_scalar(
@@ -363,9 +402,17 @@ def _tensor_kind_ok(dtype: torch.dtype, kind: str) -> bool:
     return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
 
 
+def _schema_softcap(softcap: float) -> float:
+    """The custom ops' softcap: 0.0 (off) or what ``_normalize_softcap`` accepts."""
+    return 0.0 if softcap == 0.0 else _normalize_softcap(softcap)
+
+
 def _use_triton(impl: str, device: torch.device, params: SamplingParams) -> bool:
     """The one implementation selector: the Triton kernels for impl="triton", and for
-    impl="auto" on CUDA; the reference otherwise."""
+    impl="auto" on CUDA; the reference otherwise. Min-p and the soft-cap take the reference
+    (which writes the logits) until the kernel has them."""
+    if params.softcap or params.min_p is not None or params.scalar_min_p > 0.0:
+        return False
     return impl == "triton" or (impl == "auto" and device.type == "cuda")
 
 
@@ -384,15 +431,21 @@ def _fused_sample_impl(
     scalar_top_k: int = 0,
     top_p: torch.Tensor | None = None,
     scalar_top_p: float = 1.0,
+    min_p: torch.Tensor | None = None,
+    scalar_min_p: float = 0.0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """The custom op behind ``fused_sample``; arguments are already validated.
+    """The custom op behind ``fused_sample``; arguments are already validated (the softcap
+    is checked again: a graph may hold any float there).
 
     Each tensor knob (0-d or [B]) overrides its scalar when given; a [B] seed means per-row
-    seeds. top_k int64 (0 or >= V: off), top_p fp32 (1.0: off).
+    seeds. top_k int64 (0 or >= V: off), top_p fp32 (1.0: off), min_p fp32 (0.0: off),
+    softcap a float (0.0: off).
     """
     params = SamplingParams(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
-        top_k, scalar_top_k, top_p, scalar_top_p,
+        top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
+        _schema_softcap(softcap),
     )  # fmt: skip
     if _use_triton(impl, hidden.device, params):
         from .sampling_kernel import triton_fused_sample
@@ -413,11 +466,15 @@ def _sample_logits_impl(
     top_p: torch.Tensor | None = None,
     scalar_top_p: float = 1.0,
     impl: str = "auto",
+    min_p: torch.Tensor | None = None,
+    scalar_min_p: float = 0.0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """The custom op behind ``sample_logits``; arguments as in ``_fused_sample_impl``."""
     params = SamplingParams(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, None,
-        top_k, scalar_top_k, top_p, scalar_top_p,
+        top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
+        _schema_softcap(softcap),
     )  # fmt: skip
     # The reference on every device for now: the logits are already written, so sorting
     # them costs a pass over [B, V] that a dedicated kernel would save.

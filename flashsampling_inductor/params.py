@@ -21,7 +21,9 @@ class SamplingParams:
     that overrides its scalar when given.
 
     temperature: fp32 (0 = greedy); seed: int64 ([B]: per-row seeds, the row index is left
-    out of the noise counter); top_k: int64 (0 or >= V = off); top_p: fp32 (1.0 = off).
+    out of the noise counter); top_k: int64 (0 or >= V = off); top_p: fp32 (1.0 = off);
+    min_p: fp32 (0.0 = off). softcap: a model constant, never a tensor (0.0 = off): the
+    scores are ``tanh(l / softcap) * softcap`` before anything else.
     """
 
     temperature: torch.Tensor | None
@@ -34,10 +36,13 @@ class SamplingParams:
     scalar_top_k: int = 0
     top_p: torch.Tensor | None = None
     scalar_top_p: float = 1.0
+    min_p: torch.Tensor | None = None
+    scalar_min_p: float = 0.0
+    softcap: float = 0.0
 
     @property
     def truncates(self) -> bool:
-        """True when some row may be truncated by top-k or top-p (decided without reading
+        """True when some row may be truncated by top-k, top-p or min-p (decided without reading
         any tensor: a per-row tensor may truncate). A scalar temperature of 0 is greedy for
         every row, and no truncation moves an argmax."""
         if self.temperature is None and self.scalar_temperature == 0.0:
@@ -47,6 +52,8 @@ class SamplingParams:
             or self.scalar_top_k > 0
             or self.top_p is not None
             or self.scalar_top_p < 1.0
+            or self.min_p is not None
+            or self.scalar_min_p > 0.0
         )
 
     @property
@@ -66,14 +73,17 @@ class SamplingParams:
             seed=per_row(self.seed, self.scalar_seed, torch.int64),
             top_k=per_row(self.top_k, self.scalar_top_k, torch.int64),
             top_p=per_row(self.top_p, self.scalar_top_p, torch.float32),
+            min_p=per_row(self.min_p, self.scalar_min_p, torch.float32),
         )
 
 
 @dataclasses.dataclass(frozen=True)
 class RowParams:
-    """Every per-row knob as a [B] tensor: temperature fp32, seed / top_k int64, top_p fp32."""
+    """Every per-row knob as a [B] tensor: temperature fp32, seed / top_k int64, top_p and
+    min_p fp32."""
 
     temperature: torch.Tensor
     seed: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
+    min_p: torch.Tensor

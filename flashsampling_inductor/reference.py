@@ -34,10 +34,12 @@ __all__ = [
     "gumbel_noise",
     "philox4x32",
     "gumbel_argmax",
+    "min_p_bound",
     "reference_candidates",
     "reference_fused_sample",
     "reference_logits",
     "reference_sample_logits",
+    "softcap_logits",
     "truncation_keep",
 ]
 
@@ -144,19 +146,27 @@ def split_seed(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def truncation_keep(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Which tokens top-k, then top-p, keep: bool [B, V]. The one statement of the math.
+    """Which tokens top-k, then top-p, then min-p keep: bool [B, V]. The one statement of the
+    math.
 
-    ``logits`` [B, V] fp32 with NaN already -inf; ``temperature`` / ``top_p`` [B] fp32,
-    ``top_k`` [B] int64. Top-k keeps ``l >= kth``, the k-th largest value counting repeats
-    (every token tied with it stays, as ``scores < topk(scores, k)[..., -1, None]`` removes;
-    a row with fewer than k finite tokens keeps them all); 0 or k >= V is off. Top-p keeps a
-    top-k survivor iff the mass of ``softmax(l / T)`` over the survivors carried by tokens with
-    a strictly larger l is < p, so the token that crosses p and its ties stay; p = 1 and
-    greedy rows (T = 0, whose argmax no truncation moves) are off. Masses are fp32, so a
-    survivor whose strictly-larger mass is within rounding of p may go either way (a
-    near-tie, as in the kernel).
+    ``logits`` [B, V] fp32 with NaN already -inf; ``temperature`` / ``top_p`` / ``min_p`` [B]
+    fp32, ``top_k`` [B] int64. Top-k keeps ``l >= kth``, the k-th largest value counting
+    repeats (every token tied with it stays, as ``scores < topk(scores, k)[..., -1, None]``
+    removes; a row with fewer than k finite tokens keeps them all); 0 or k >= V is off. Top-p
+    keeps a top-k survivor iff the mass of ``softmax(l / T)`` over the survivors carried by
+    tokens with a strictly larger l is < p, so the token that crosses p and its ties stay
+    (without top-k: over the whole row). Min-p keeps a survivor iff
+    ``softmax(l / T) >= min_p * max softmax(l / T)``, i.e. ``l >= max + T * log(min_p)``
+    (computed so, in fp32: the row's maximum, which top-k and top-p always keep, stays).
+    p = 1, min_p = 0 and greedy rows (T = 0, whose argmax no truncation moves) are off.
+    Masses and the min-p bound are fp32, so a token within rounding of a boundary may go
+    either way (a near-tie, as in the kernel).
     """
     vocab_size = logits.shape[1]
     sorted_desc = logits.sort(dim=-1, descending=True).values
@@ -177,22 +187,43 @@ def truncation_keep(
     crossing = (larger_mass < top_p[:, None] * total).sum(-1).clamp(min=1) - 1
     nucleus = sorted_desc.gather(1, crossing[:, None])
     threshold = torch.where(p_on[:, None], torch.maximum(threshold, nucleus), threshold)
+    if min_p is not None:
+        threshold = torch.maximum(
+            threshold, min_p_bound(row_max[:, 0], temperature, min_p)[:, None]
+        )
     return logits >= threshold
+
+
+def min_p_bound(row_max: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor):
+    """[B] fp32: the smallest score min-p keeps, ``max + T * log(min_p)`` (-inf where min-p
+    is off: min_p = 0 or a greedy row). The kernel computes the same two fp32 operations."""
+    on = (min_p > 0) & (temperature > 0)
+    log_min_p = torch.log(torch.where(on, min_p, 1.0))
+    return torch.where(on, row_max + temperature * log_min_p, float("-inf"))
+
+
+def softcap_logits(logits: torch.Tensor, softcap: float) -> torch.Tensor:
+    """Gemma 2's final soft-capping ``tanh(l / softcap) * softcap`` of fp32 logits (0: off).
+    As ``torch.tanh``, a -inf logit becomes ``-softcap``: the program's distribution."""
+    if softcap == 0.0:
+        return logits
+    return torch.tanh(logits / softcap) * softcap
 
 
 def reference_sample_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Sample [B, num_samples] token ids from materialized logits [B, V] (any float dtype,
-    scored in fp32): truncation (``truncation_keep``), then Gumbel-max with the noise of the
-    module docstring. Scores are ``logits + T * gumbel`` up to a per-row constant, the same
-    argmax as ``logits / T + gumbel`` for T > 0 and plain argmax for T = 0; NaN counts as
-    -inf, and a row with nothing finite returns token 0 as ``torch.argmax`` does.
+    scored in fp32): the soft-cap (``softcap_logits``), truncation (``truncation_keep``),
+    then Gumbel-max with the noise of the module docstring. Scores are ``logits + T * gumbel``
+    up to a per-row constant, the same argmax as ``logits / T + gumbel`` for T > 0 and plain
+    argmax for T = 0; NaN counts as -inf, and a row with nothing finite returns token 0 as
+    ``torch.argmax`` does.
     """
     batch = logits.shape[0]
-    logits = logits.float()
+    logits = softcap_logits(logits.float(), params.softcap)
     logits = logits.masked_fill(logits.isnan(), float("-inf"))
     rows = params.rows(batch, logits.device)
     if params.truncates:
-        keep = truncation_keep(logits, rows.temperature, rows.top_k, rows.top_p)
+        keep = truncation_keep(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p)
         logits = logits.masked_fill(~keep, float("-inf"))
     return gumbel_argmax(
         logits, rows.temperature, rows.seed, params.per_row_seed, params.num_samples

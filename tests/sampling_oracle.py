@@ -9,6 +9,8 @@ docstring, and nothing else.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from scipy import stats
 
@@ -242,16 +244,26 @@ def _score_and_tolerance(
 
 
 def warped_probabilities(
-    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """float64 [..., V] probabilities after transformers' warpers, in their order and forms:
-    temperature, ``TopKLogitsWarper`` (``scores < topk(scores, k)[..., -1, None]`` set to
-    -inf), ``TopPLogitsWarper`` (ascending sort, softmax, cumsum, ``<= 1 - p`` removed with
-    the last token kept, scattered back), then softmax. 0 / 1.0 are off; k >= V is off.
+    Gemma 2's soft-cap ``tanh(l / c) * c`` first, temperature, ``TopKLogitsWarper``
+    (``scores < topk(scores, k)[..., -1, None]`` set to -inf), ``TopPLogitsWarper``
+    (ascending sort, softmax, cumsum, ``<= 1 - p`` removed with the last token kept,
+    scattered back), ``MinPLogitsWarper`` (softmax, ``probs < min_p * amax(probs)``
+    removed, the largest token kept), then softmax. 0 / 1.0 / 0 are off; k >= V is off.
 
     Ties at the top-p boundary are ordered by the sort here; the op keeps them all, so tests
     with top-p use logits without ties where the mass crosses p."""
-    scores = logits.double() / temperature
+    scores = logits.double()
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores / temperature
     if 0 < top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k)[0][..., -1, None]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -261,6 +273,10 @@ def warped_probabilities(
         sorted_remove = cumulative <= (1 - top_p)
         sorted_remove[..., -1:] = False
         remove = sorted_remove.scatter(-1, sorted_indices, sorted_remove)
+        scores = scores.masked_fill(remove, float("-inf"))
+    if min_p > 0.0:
+        probabilities = scores.softmax(dim=-1)
+        remove = probabilities < min_p * probabilities.amax(dim=-1, keepdim=True)
         scores = scores.masked_fill(remove, float("-inf"))
     return scores.softmax(dim=-1)
 
@@ -277,10 +293,29 @@ def top_p_margin(logits: torch.Tensor, temperature: float, top_k: int, top_p: fl
     return float((masses - top_p).abs().min())
 
 
-def contract_keep(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
-    """The op's contract for one row [V], in float64, written from its definition: top-k
-    keeps ``l >= the k-th largest l`` (repeats counted), top-p keeps a survivor iff the
-    softmax(l / T) mass of survivors with a strictly larger l is < p. -> bool [V]."""
+def min_p_margin(logits: torch.Tensor, temperature: float, min_p: float) -> float:
+    """How far (in score units, float64) the min-p decision of the row [V] is from flipping:
+    min over the finite scores of |l - (max + T log(min_p))|. The op computes that bound in
+    fp32, so a pathwise comparison needs this well above the fp32 rounding of the scores
+    (the maximum itself excepted at min_p = 1, where the bound is exact)."""
+    if min_p <= 0.0 or temperature == 0:
+        return float("inf")
+    scores = logits.double()
+    finite = scores[scores.isfinite()]
+    bound = finite.max() + temperature * math.log(min_p)
+    if min_p == 1.0:
+        # log(1) = 0 exactly: the bound is the maximum in fp32 too, and its ties are kept.
+        finite = finite[finite != bound]
+    return float((finite - bound).abs().min()) if finite.numel() else float("inf")
+
+
+def contract_keep(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float = 0.0
+):
+    """The op's contract for one row [V] of scores (soft-capped already), in float64, written
+    from its definition: top-k keeps ``l >= the k-th largest l`` (repeats counted), top-p
+    keeps a survivor iff the softmax(l / T) mass of survivors with a strictly larger l is
+    < p, min-p keeps a survivor iff softmax(l / T) >= min_p * its largest. -> bool [V]."""
     logits = logits.double().masked_fill(logits.isnan(), float("-inf"))
     keep = torch.ones_like(logits, dtype=torch.bool)
     top_k = int(top_k)
@@ -290,4 +325,7 @@ def contract_keep(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
         probabilities = torch.softmax(logits.masked_fill(~keep, float("-inf")) / temperature, 0)
         larger = (logits[None, :] > logits[:, None]).double() @ probabilities
         keep = keep & (larger < top_p)
+    if min_p > 0.0 and temperature > 0:
+        probabilities = torch.softmax(logits.masked_fill(~keep, float("-inf")) / temperature, 0)
+        keep = keep & (probabilities >= min_p * probabilities.max())
     return keep

@@ -40,15 +40,21 @@ def exact_logits(hidden, weight, bias=None):
     return logits if bias is None else logits + bias.float()
 
 
-def contract_sample(logits, temperature, top_k, top_p, seed, num_samples):
+def contract_sample(logits, temperature, top_k, top_p, seed, num_samples, min_p=None):
     """Plain sampling (reference) from logits whose removed tokens the float64 contract set
-    to -inf: what the op must draw on the same seed."""
+    to -inf: what the op must draw on the same seed. ``min_p`` [B] or None (off)."""
+    min_p = torch.zeros(len(logits)) if min_p is None else min_p
     masked = torch.stack(
         [
-            row.masked_fill(~contract_keep(row.cpu(), t, k, p).to(row.device), float("-inf"))
-            for row, t, k, p in zip(
-                logits, temperature.tolist(), top_k.tolist(), top_p.tolist(), strict=True
-            )
+            row.masked_fill(~contract_keep(row.cpu(), t, k, p, m).to(row.device), float("-inf"))
+            for row, t, k, p, m in zip(
+                logits,
+                temperature.tolist(),
+                top_k.tolist(),
+                top_p.tolist(),
+                min_p.tolist(),
+                strict=True,
+            )  # fmt: skip
         ]
     )
     return sample_logits(
