@@ -409,10 +409,7 @@ def _schema_softcap(softcap: float) -> float:
 
 def _use_triton(impl: str, device: torch.device, params: SamplingParams) -> bool:
     """The one implementation selector: the Triton kernels for impl="triton", and for
-    impl="auto" on CUDA; the reference otherwise. Min-p and the soft-cap take the reference
-    (which writes the logits) until the kernel has them."""
-    if params.softcap or params.min_p is not None or params.scalar_min_p > 0.0:
-        return False
+    impl="auto" on CUDA; the reference otherwise."""
     return impl == "triton" or (impl == "auto" and device.type == "cuda")
 
 

@@ -1,10 +1,10 @@
 """Device code both stage-1 kernels and the truncation kernels share, and nothing else.
 
 Philox4x32-10 and the bits -> Gumbel map (the noise contract of ``reference.py``, which
-draws exactly the same stream with torch ops), logits rounding, the order-preserving int32
-keys that top-k / top-p select on, and the per-row knob and seed loads. Imports nothing of
-this package, so ``sampling_kernel.py``, ``hopper_kernel.py`` and ``truncation_kernel.py``
-each import from here and never from each other's device code.
+draws exactly the same stream with torch ops), logits rounding and soft-capping, the
+order-preserving int32 keys that top-k / top-p / min-p select on, and the per-row knob and
+seed loads. Imports nothing of this package, so ``sampling_kernel.py``, ``hopper_kernel.py``
+and ``truncation_kernel.py`` each import from here and never from each other's device code.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 __all__ = [
     "INV_LN2",
@@ -28,6 +29,7 @@ __all__ = [
     "ordered_key",
     "philox4x32",
     "round_logits",
+    "softcap_logits",
     "row_seeds",
     "tma_compatible",
     "token_gumbel",
@@ -193,6 +195,21 @@ def round_logits(logits, LOGITS_DTYPE: tl.constexpr):
         return logits.to(LOGITS_DTYPE).to(tl.float32)
     else:
         return logits
+
+
+@triton.jit
+def softcap_logits(logits, softcap, INTERPRETER: tl.constexpr):
+    """Gemma 2's soft-cap ``tanh(l / softcap) * softcap`` in fp32 (``reference.softcap_logits``;
+    -inf becomes -softcap, NaN stays NaN). The interpreter has no libdevice: there tanh is
+    taken in fp64 and rounded once, which is what torch's fp32 tanh gives up to an ulp."""
+    scaled = logits / softcap
+    if INTERPRETER:
+        decay = tl.exp(-2.0 * tl.abs(scaled.to(tl.float64)))
+        magnitude = ((1.0 - decay) / (1.0 + decay)).to(tl.float32)
+        capped = tl.where(scaled < 0, -magnitude, magnitude)
+    else:
+        capped = libdevice.tanh(scaled)
+    return capped * softcap
 
 
 # Order-preserving int32 keys of fp32 scores: a < b as floats iff key(a) < key(b) as int32,

@@ -1,16 +1,17 @@
 """The fused LM-head sampling kernel (FlashSampling, two stages) and its launcher.
 
 Stage 1 computes a (batch tile x vocabulary tile) block of logits on chip (for small batches
-with the vocabulary as the MMA's M dimension, swap-AB), adds bias, optionally rounds the
-logits, perturbs them with Gumbel noise scaled by the temperature, and keeps per row and
-sample only the best (fp32 score, global index): a [B, num_samples, V / BLOCK_V] candidate
-buffer instead of [B, V] logits. Stage 2 reduces the candidates of each (row, sample) on the
-device. Exact for any tiling: the argmax of the perturbed scores is the argmax of the tile
-maxima (paper, Lemma D.5), and ties go to the lowest index as in ``torch.argmax``.
+with the vocabulary as the MMA's M dimension, swap-AB), adds bias, optionally rounds and
+soft-caps the logits, perturbs them with Gumbel noise scaled by the temperature, and keeps
+per row and sample only the best (fp32 score, global index): a [B, num_samples,
+V / BLOCK_V] candidate buffer instead of [B, V] logits. Stage 2 reduces the candidates of
+each (row, sample) on the device. Exact for any tiling: the argmax of the perturbed scores
+is the argmax of the tile maxima (paper, Lemma D.5), and ties go to the lowest index as in
+``torch.argmax``.
 
-With top-k / top-p (``params.truncates``) stage 1 keeps instead each tile's few largest
-scores and draws no noise; ``truncation_kernel.py`` selects among them (and resamples the
-rows it cannot prove complete exactly).
+With top-k / top-p / min-p (``params.truncates``) stage 1 keeps instead each tile's few
+largest scores and draws no noise; ``truncation_kernel.py`` selects among them (and
+resamples the rows it cannot prove complete exactly).
 
 Large batches are compute-bound; there the tiles come through TMA descriptors, a persistent
 grid keeps two programs on each SM, and the noise is drawn in vocabulary chunks
@@ -43,6 +44,7 @@ from .sampling_device import (
     is_hopper,
     ordered_key,
     round_logits,
+    softcap_logits,
     tma_compatible,
 )
 
@@ -111,14 +113,17 @@ def _best_of_two_chunks(
     return _better(s0, i0, s1, i1)
 
 
-@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "vocab_offset"])
+@triton.jit(
+    do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "vocab_offset", "softcap"]
+)
 def _sample_stage1(
     hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
     cand_score_ptr, cand_index_ptr, top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
     B, V, D,
     stride_hb, stride_hd, stride_wv, stride_wd,
-    scalar_temperature, seed_lo, seed_hi, num_samples, vocab_offset,
+    scalar_temperature, seed_lo, seed_hi, num_samples, vocab_offset, softcap,
     HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,  # tanh(l / softcap) * softcap after the rounding
     TEMPERATURE_MODE: tl.constexpr,  # 0: scalar, 1: 0-d tensor, 2: [B] tensor, 3: greedy
     SEED_MODE: tl.constexpr,  # 0: scalar argument, 1: 0-d tensor, 2: [B] tensor (per row)
     LOGITS_DTYPE: tl.constexpr,  # None: keep fp32 logits, else round to this dtype
@@ -198,6 +203,8 @@ def _sample_stage1(
         if HAS_BIAS:
             logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
         logits = round_logits(logits, LOGITS_DTYPE)
+        if HAS_SOFTCAP:
+            logits = softcap_logits(logits, softcap, INTERPRETER)
 
         # Noise scale per row: score = logit + (T * ln 2) * base-2 Gumbel noise, the Gumbel-max
         # score logit + T * g up to a per-row constant; T = 0 is greedy.
@@ -429,8 +436,15 @@ def triton_fused_sample(
     if truncates and (vocab_offset or out_score is not None):
         raise ValueError("top-k / top-p on a tensor-parallel shard is not supported")
     # Truncating calls stay on this kernel: the Gluon kernel exists to hide the noise behind
-    # the MMAs, and a truncating stage 1 draws no noise (README, "Top-k and top-p").
-    if config.warp_specialized_rows and not vocab_offset and out_score is None and not truncates:
+    # the MMAs, and a truncating stage 1 draws no noise (README, "Top-k and top-p"). The
+    # Gluon kernel has no soft-cap either.
+    if (
+        config.warp_specialized_rows
+        and not vocab_offset
+        and out_score is None
+        and not truncates
+        and not params.softcap
+    ):
         from . import hopper_kernel
 
         if hopper_kernel.supported(hidden, weight):
@@ -447,7 +461,11 @@ def triton_fused_sample(
     if truncates:
         top_m = truncation_kernel.candidates_per_tile(params)
         k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
-        plain = k_may_be_off and truncation_kernel.p_may_be_off(params)
+        plain = (
+            k_may_be_off
+            and truncation_kernel.p_may_be_off(params)
+            and truncation_kernel.min_p_may_be_off(params)
+        )
         row_mass = k_may_be_off and not (params.top_p is None and params.scalar_top_p >= 1.0)
         keys = torch.empty((batch, num_v_tiles * top_m), dtype=torch.int32, device=hidden.device)
         stage1 = {
@@ -485,7 +503,9 @@ def triton_fused_sample(
             batch, vocab_size, hidden_size,
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
             scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, vocab_offset,
+            params.softcap,
             HAS_BIAS=bias is not None,
+            HAS_SOFTCAP=params.softcap > 0,
             TEMPERATURE_MODE=temperature_mode,
             SEED_MODE=seed_mode,
             LOGITS_DTYPE=tl_logits_dtype,

@@ -1,4 +1,4 @@
-"""Top-k / top-p on the device: stage 2 of a truncating call and its exact fallback.
+"""Top-k / top-p / min-p on the device: stage 2 of a truncating call and its exact fallback.
 
 Stage 1 (``sampling_kernel._sample_stage1`` with ``TOP_M > 0``) leaves, per row and
 vocabulary tile, the tile's ``m`` largest scores as order-preserving int32 keys with their
@@ -15,6 +15,9 @@ no noise for truncated rows. Stage 2, one program per row, works on those candid
   ``sum exp2((l - max) log2(e) / T)`` is still >= p times the survivors' mass; kept iff the
   key is > U0. With top-k off the mass of the whole row comes from stage 1's per-tile
   (max, sum) partials, and a hidden key above U0 overflows;
+* min-p: the bound ``max + T * log(min_p)`` (``reference.min_p_bound``): the row's maximum is
+  always a candidate, so the bound is exact, and a hidden key at or above it (or above
+  top-p's) overflows;
 * then, per sample, Philox noise for the candidates only (the same counter and word as
   ``reference.gumbel_noise``) and Gumbel-max among the kept ones, ties to the lowest index.
 
@@ -41,6 +44,7 @@ from .sampling_device import (
     ordered_key,
     round_logits,
     row_seeds,
+    softcap_logits,
     token_gumbel,
 )
 
@@ -49,6 +53,7 @@ __all__ = [
     "k_may_be_off",
     "launch_fallback",
     "launch_stage2",
+    "min_p_may_be_off",
     "p_may_be_off",
 ]
 
@@ -151,15 +156,16 @@ def _gumbel_winner(keys, index, keep_bound, noise_scale, row_counter, sample_ind
 
 
 @triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
-                               "scalar_top_p"])  # fmt: skip
+                               "scalar_top_p", "scalar_min_p"])  # fmt: skip
 def _truncated_stage2(
     key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
-    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, out_ptr, overflow_ptr,
+    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
     compact_key_ptr, compact_index_ptr,
     num_candidates, num_tiles, V,
-    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, num_samples,
+    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
+    num_samples,
     TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
-    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr,
+    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
     HAS_PLAIN: tl.constexpr,  # stage 1 also left plain Gumbel candidates (untruncated rows)
     HAS_MASS: tl.constexpr,  # stage 1 left per-tile (max, sum) mass partials
     COMPLETE: tl.constexpr,  # the fallback: key_ptr is the rows' [B, V] fp32 logits
@@ -181,8 +187,10 @@ def _truncated_stage2(
     )
     top_k = knob_per_row(top_k_ptr, row, scalar_top_k, TOP_K_MODE, tl.int64)
     top_p = knob_per_row(top_p_ptr, row, scalar_top_p, TOP_P_MODE, tl.float32)
+    min_p = knob_per_row(min_p_ptr, row, scalar_min_p, MIN_P_MODE, tl.float32)
     k_on = (top_k > 0) & (top_k < V)
     p_on = (top_p < 1.0) & (temperature > 0)
+    min_p_on = (min_p > 0.0) & (temperature > 0)
 
     # With SINGLE every candidate of the row stays in registers from here on.
     row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, COMPLETE, BLOCK)
@@ -208,7 +216,7 @@ def _truncated_stage2(
             tl.store(out_ptr + row64 * num_samples + sample_index, winner)
         return
     if HAS_PLAIN:
-        if not (k_on | p_on):
+        if not (k_on | p_on | min_p_on):
             # Nothing truncates this row: stage 1's plain candidates, as the plain stage 2.
             offs = tl.arange(0, BLOCK)
             for sample_index in range(num_samples):
@@ -300,9 +308,18 @@ def _truncated_stage2(
                     below = tl.where(mass >= top_p * total, trial, below)
                 keep_bound = tl.maximum(keep_bound, below + 1)
 
+    if min_p_on:
+        # The candidates hold the row's maximum, so this is the exact bound; a hidden token
+        # at or above it is caught below.
+        log_min_p = tl.log(tl.where(min_p_on, min_p, 1.0))
+        keep_bound = tl.maximum(keep_bound, ordered_key(top_value + temperature * log_min_p))
+
     if not COMPLETE:
-        # Could a tile hide a token that the row keeps (or, with top-k, any survivor)?
-        check_bound = tl.where(k_on, survivor_bound, keep_bound)
+        # Could a tile hide a token that the row keeps (or, with top-k and top-p, any top-k
+        # survivor: top-p's mass needs them all)? With top-k alone, a hidden token below
+        # keep_bound cannot raise the k-th value above it: the k-th largest of the
+        # candidates then is the row's, or below keep_bound and so irrelevant.
+        check_bound = tl.where(k_on & p_on, survivor_bound, keep_bound)
         hides = 0
         offs = tl.arange(0, BLOCK)
         for start in range(0, num_tiles, BLOCK):
@@ -343,12 +360,12 @@ def _truncated_stage2(
         tl.store(out_ptr + row64 * num_samples + sample_index, winner)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["softcap"])
 def _fallback_logits(
     hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
-    B, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
-    HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap,
+    HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    INTERPRETER: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Recompute the logits of the rows that overflowed into scratch [B, V] fp32: program
     (row, c) takes the vocabulary tiles c, c + num_programs(1), ... of its row, and returns
@@ -375,6 +392,8 @@ def _fallback_logits(
             if HAS_BIAS:
                 logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
             logits = round_logits(logits, LOGITS_DTYPE)
+            if HAS_SOFTCAP:
+                logits = softcap_logits(logits, softcap, INTERPRETER)
             tl.store(scratch_ptr + row64 * V + offs_v, logits, mask=v_mask)
 
 
@@ -398,6 +417,10 @@ def k_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
 
 def p_may_be_off(params: SamplingParams) -> bool:
     return params.top_p is not None or params.scalar_top_p >= 1.0
+
+
+def min_p_may_be_off(params: SamplingParams) -> bool:
+    return params.min_p is not None or params.scalar_min_p <= 0.0
 
 
 def _mode(tensor: torch.Tensor | None) -> int:
@@ -433,12 +456,13 @@ def launch_stage2(
     _truncated_stage2[(batch,)](
         keys, stage1.get("top_m_index", dummy), stage1.get("hidden_key", dummy),
         stage1.get("mass"), stage1.get("plain_score"), stage1.get("plain_index"),
-        params.temperature, params.seed, params.top_k, params.top_p, out, overflow,
-        compact_key, compact_index, num_candidates, num_tiles, vocab_size,
+        params.temperature, params.seed, params.top_k, params.top_p, params.min_p, out,
+        overflow, compact_key, compact_index, num_candidates, num_tiles, vocab_size,
         params.scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32,
-        params.scalar_top_k, params.scalar_top_p, params.num_samples,
+        params.scalar_top_k, params.scalar_top_p, params.scalar_min_p, params.num_samples,
         TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
         TOP_K_MODE=_mode(params.top_k), TOP_P_MODE=_mode(params.top_p),
+        MIN_P_MODE=_mode(params.min_p),
         HAS_PLAIN=stage1.get("plain_score") is not None,
         HAS_MASS=stage1.get("mass") is not None,
         COMPLETE=complete, SINGLE=num_candidates <= block, FAST_MATH=fast_math, BLOCK=block,
@@ -469,9 +493,9 @@ def launch_fallback(
     _fallback_logits[(batch, chunks)](
         hidden, weight, bias, overflow, scratch,
         batch, vocab_size, hidden_size,
-        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
-        HAS_BIAS=bias is not None, LOGITS_DTYPE=logits_dtype,
-        BLOCK_V=block_v, BLOCK_D=64,
+        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), params.softcap,
+        HAS_BIAS=bias is not None, LOGITS_DTYPE=logits_dtype, HAS_SOFTCAP=params.softcap > 0,
+        INTERPRETER=hidden.device.type == "cpu", BLOCK_V=block_v, BLOCK_D=64,
     )  # fmt: skip
     launch_stage2(
         {"top_m_key": scratch}, params, vocab_size, temperature_mode, out, overflow,

@@ -1,4 +1,4 @@
-"""The fused top-k / top-p path of the Triton kernel, under the interpreter on CPU.
+"""The fused top-k / top-p / min-p path of the Triton kernel, under the interpreter on CPU.
 
 Stage 1 keeps each tile's m largest scores, stage 2 selects among them and proves it saw
 every kept token, and rows it cannot prove take the exact fallback. These tests draw on
@@ -17,6 +17,7 @@ from flashsampling_inductor.params import SamplingParams
 from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
 
 from .sampling_oracle import DEVICE, make_exact_problem
+from .test_min_p_softcap import assert_margins, min_p_grid
 from .test_truncation import contract_sample, exact_logits, per_row_grid
 
 
@@ -135,3 +136,57 @@ def test_k_beyond_the_candidates_is_exact():
         exact_logits(hidden, weight), knob.to(DEVICE), knob * 900, knob, 8, 1
     )
     assert torch.equal(tokens, expected)
+
+
+def test_min_p_and_top_p_alone_take_candidates_or_fallback_exactly(overflowed):
+    """The 20-row min-p grid of test_min_p_softcap (min_p in {0, 0.05, 0.1, 0.3, 1} after no
+    truncation, top-p alone, top-k, top-k + top-p; T in {0.7, 1.3, 0}) on 16-wide tiles with
+    m = 8 candidates each, per-row seeds, a masked bias, and a soft-cap of 2 (in stage 1 and
+    in the fallback): the contract's tokens from every row, some through the candidates and
+    some (many survivors: min_p 0.05 at T = 1.3 keeps most of the row) through the
+    fallback. (One call: the interpreter takes ~15 s for it.)"""
+    softcap = 2.0
+    top_k, top_p, min_p, temperature = min_p_grid()
+    batch = len(top_k)
+    hidden, weight = make_exact_problem(batch, 1000, 64, seed=5)
+    bias = torch.zeros(1000, device=DEVICE)
+    bias[7::11] = float("-inf")
+    scores = torch.tanh(exact_logits(hidden, weight, bias) / softcap) * softcap
+    assert_margins(scores, temperature, top_k, top_p, min_p)
+    seed = torch.arange(batch, device=DEVICE) * 5 + 1
+    params = SamplingParams(
+        temperature, 1.0, seed, 0, 2, None, top_k, 0, top_p, 1.0, min_p, 0.0, softcap
+    )
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    expected = contract_sample(scores, temperature, top_k, top_p, seed, 2, min_p.cpu())
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    min_p_rows = ((min_p > 0) & (top_k == 0) & (top_p == 1) & (temperature > 0)).cpu()
+    assert bool(flags[min_p_rows].any()) and not bool(flags[min_p_rows].all()), flags
+    assert not bool(flags[(temperature == 0).cpu()].any())
+
+
+@pytest.mark.parametrize("knobs", [{"top_p": 0.9}, {"min_p": 0.1}], ids=["top-p", "min-p"])
+def test_a_flat_row_takes_the_fallback_exactly(knobs, overflowed):
+    """A flat row (every score equal up to 1e-3: top-p 0.9 and min-p 0.1 keep ~all of it)
+    overflows every tile and is resampled exactly; a peaked row beside it stays on the
+    candidates. hidden = the logits, weight = I."""
+    vocab = 200
+    flat = torch.arange(vocab).float() * 1e-3
+    peaked = -(torch.arange(vocab) % 10).float() * 3 + torch.arange(vocab) * 1e-3
+    logits = torch.stack([flat, peaked])
+    params = SamplingParams(
+        None, 1.0, None, 6, 2, None, None, 0, None, knobs.get("top_p", 1.0), None,
+        knobs.get("min_p", 0.0),
+    )  # fmt: skip
+    tokens = triton_fused_sample(
+        logits.to(DEVICE), torch.eye(vocab, device=DEVICE), None, params, SampleConfig(16, 16, 64)
+    )
+    knob = torch.ones(2)
+    expected = contract_sample(
+        logits.to(DEVICE), knob.to(DEVICE), knob * 0, knob * knobs.get("top_p", 1.0), 6, 2,
+        knob * knobs.get("min_p", 0.0),
+    )  # fmt: skip
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    assert flags.tolist() == [True, False]
