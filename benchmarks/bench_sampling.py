@@ -19,12 +19,23 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
     hf_topk50                transformers' TopKLogitsWarper(50) + softmax + multinomial,
                              stock torch.compile (Inductor)
     hf_topk50_topp09         the same with TopPLogitsWarper(0.9) after the top-k warper
+    fused_topp09             fused_sample(..., top_p=0.9): nucleus over the whole row
+    fused_minp01             fused_sample(..., min_p=0.1)
+    flashinfer_topp09        matmul + softmax + top_p_sampling_from_probs(top_p=0.9)
+    flashinfer_minp01        matmul + softmax + min_p_sampling_from_probs(min_p=0.1)
+    hf_topp09                transformers' TopPLogitsWarper(0.9) + softmax + multinomial,
+                             stock torch.compile (Inductor)
+    hf_minp01                the same with MinPLogitsWarper(0.1)
     matmul                   cuBLAS hidden @ weight.T alone: what a perfect fused kernel costs
     floor                    bytes of W over the measured device-to-device copy bandwidth
                              (read + write bytes counted): the W-read time, not timed
 
 Shapes are LM heads of real models: Qwen3-1.7B (2048, 151936), Qwen3-8B (4096, 151936),
-Llama-3-70B (8192, 128256); B runs over 1..256.
+Llama-3-70B (8192, 128256); B runs over 1..256. The logits are N(0, s^2) with s =
+``--logit-std`` (default 1): a flat distribution, which plain sampling and top-k do not
+notice but top-p and min-p do (their kept sets, and FlashInfer's rejection rounds, depend on
+it): ``--logit-std 5`` gives rows of ~3.6 nats entropy with ~90 tokens in the 0.9 nucleus
+and ~5 min-p 0.1 survivors at V = 151936, the regime of an LM's next-token distribution.
 
 How it times. ``triton.testing.do_bench`` medians (CUDA events around each call, warm-up
 first). do_bench zeroes a 256 MB buffer before every timed call, so each call starts with a
@@ -106,7 +117,7 @@ class DecodeStep(torch.nn.Module):
         return torch.multinomial(probs, 1)
 
 
-TOP_K, TOP_P = 50, 0.9
+TOP_K, TOP_P, MIN_P = 50, 0.9, 0.1
 
 
 class WarpedDecodeStep(DecodeStep):
@@ -139,11 +150,48 @@ def warped_builder(top_p: float | None) -> Callable[..., Step]:
     return build
 
 
-def fused_truncated_builder(top_p: float | None) -> Callable[[torch.Tensor], Step]:
+class FilteredDecodeStep(DecodeStep):
+    """One transformers warper alone (``TopPLogitsWarper`` or ``MinPLogitsWarper``, as its
+    source writes them), then softmax and multinomial."""
+
+    def __init__(self, weight: torch.Tensor, top_p: float = 1.0, min_p: float = 0.0):
+        super().__init__(weight)
+        self.top_p, self.min_p = top_p, min_p
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        scores = F.linear(hidden, self.weight).float() / TEMPERATURE
+        if self.top_p < 1.0:
+            sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            sorted_remove = cumulative <= (1 - self.top_p)
+            sorted_remove[..., -1:] = False
+            remove = sorted_remove.scatter(1, sorted_indices, sorted_remove)
+            scores = scores.masked_fill(remove, float("-inf"))
+        if self.min_p > 0.0:
+            probs = torch.softmax(scores, dim=-1)
+            remove = probs < self.min_p * probs.amax(dim=-1, keepdim=True)
+            sorted_indices = torch.argsort(scores, descending=True, dim=-1)
+            sorted_remove = torch.gather(remove, dim=-1, index=sorted_indices)
+            sorted_remove[..., :1] = False
+            remove = sorted_remove.scatter(1, sorted_indices, sorted_remove)
+            scores = scores.masked_fill(remove, float("-inf"))
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1)
+
+
+def filtered_builder(**knobs: float) -> Callable[..., Step]:
+    def build(weight: torch.Tensor, static_batch: bool) -> Step:
+        dynamic = False if static_batch else None
+        step = FilteredDecodeStep(weight, **knobs)
+        return torch.compile(step, backend="inductor", dynamic=dynamic)
+
+    return build
+
+
+def fused_truncated_builder(**knobs) -> Callable[[torch.Tensor], Step]:
     def build(weight: torch.Tensor) -> Step:
         from flashsampling_inductor import fused_sample
 
-        return lambda hidden: fused_sample(hidden, weight, top_k=TOP_K, top_p=top_p)
+        return lambda hidden: fused_sample(hidden, weight, **knobs)
 
     return build
 
@@ -201,6 +249,27 @@ def flashinfer_builder(
     return build
 
 
+def flashinfer_probs_builder(top_p: float = 1.0, min_p: float = 0.0) -> Callable[..., Step]:
+    """FlashInfer's top-p or min-p sampler, which takes probabilities: cuBLAS logits, their
+    fp32 softmax, then the sampler (rejection sampling over the row)."""
+
+    def build(weight: torch.Tensor) -> Step:
+        import flashinfer.sampling as fi
+
+        seed = torch.tensor([1234], dtype=torch.int64, device=weight.device)
+        offset = torch.zeros(1, dtype=torch.int64, device=weight.device)
+
+        def step(hidden):
+            probs = torch.softmax((hidden @ weight.T).float() / TEMPERATURE, dim=-1)
+            if min_p > 0.0:
+                return fi.min_p_sampling_from_probs(probs, min_p, seed=seed, offset=offset)
+            return fi.top_p_sampling_from_probs(probs, top_p, seed=seed, offset=offset)
+
+        return step
+
+    return build
+
+
 @dataclass(frozen=True)
 class Provider:
     name: str
@@ -226,14 +295,20 @@ PROVIDERS = {
         Provider("eager_race", build_eager_race),
         Provider("flashinfer_fi2", flashinfer_builder(top_k_top_p=False), flashinfer=True),
         Provider("flashinfer_fi1", flashinfer_builder(top_k_top_p=True), flashinfer=True),
-        Provider("fused_topk50", fused_truncated_builder(None)),
-        Provider("fused_topk50_topp09", fused_truncated_builder(TOP_P)),
+        Provider("fused_topk50", fused_truncated_builder(top_k=TOP_K)),
+        Provider("fused_topk50_topp09", fused_truncated_builder(top_k=TOP_K, top_p=TOP_P)),
         Provider("flashinfer_topk50", flashinfer_builder(True, TOP_K), flashinfer=True),
         Provider(
             "flashinfer_topk50_topp09", flashinfer_builder(True, TOP_K, TOP_P), flashinfer=True
         ),
         Provider("hf_topk50", warped_builder(None), **COMPILED),
         Provider("hf_topk50_topp09", warped_builder(TOP_P), **COMPILED),
+        Provider("fused_topp09", fused_truncated_builder(top_p=TOP_P)),
+        Provider("fused_minp01", fused_truncated_builder(min_p=MIN_P)),
+        Provider("flashinfer_topp09", flashinfer_probs_builder(top_p=TOP_P), flashinfer=True),
+        Provider("flashinfer_minp01", flashinfer_probs_builder(min_p=MIN_P), flashinfer=True),
+        Provider("hf_topp09", filtered_builder(top_p=TOP_P), **COMPILED),
+        Provider("hf_minp01", filtered_builder(min_p=MIN_P), **COMPILED),
     )
 }
 ALL_PROVIDERS = (*PROVIDERS, "floor")
@@ -300,6 +375,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true",
         help=f"shape {QUICK_SHAPES[0]}, B {QUICK_BATCHES}, shorter timing (about 2 min)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--logit-std", type=float, default=1.0,
+        help="standard deviation of the logits (default 1: flat rows; 5: ~3.6 nats)",
     )  # fmt: skip
     parser.add_argument("--warmup-ms", type=int, help="do_bench warm-up (default 25, quick 10)")
     parser.add_argument("--rep-ms", type=int, help="do_bench timed span (default 100, quick 40)")
@@ -540,7 +619,7 @@ def run_shape(
 ) -> bool:
     """Sweep B for one shape; False once the time budget is spent."""
     print(f"== D={dim} V={vocab}: W {dim * vocab * 2 / 1e6:.0f} MB", flush=True)
-    weight = torch.randn(vocab, dim, device=DEVICE, dtype=DTYPE).mul_(dim**-0.5)
+    weight = torch.randn(vocab, dim, device=DEVICE, dtype=DTYPE).mul_(args.logit_std * dim**-0.5)
     floor_us = weight.nbytes / bandwidth * 1e6
     steps: dict[str, Step] = {}
     failures: dict[str, list[str]] = {}
@@ -624,6 +703,12 @@ PEER_LABELS = {
     "flashinfer_topk50_topp09": "FlashInfer top-k 50 + top-p 0.9",
     "hf_topk50": "transformers top-k 50, compiled",
     "hf_topk50_topp09": "transformers top-k 50 + top-p 0.9, compiled",
+    "fused_topp09": "fused top-p 0.9",
+    "fused_minp01": "fused min-p 0.1",
+    "flashinfer_topp09": "FlashInfer top-p 0.9",
+    "flashinfer_minp01": "FlashInfer min-p 0.1",
+    "hf_topp09": "transformers top-p 0.9, compiled",
+    "hf_minp01": "transformers min-p 0.1, compiled",
 }
 # The fused provider each peer is compared with (plain sampling's peers: "fused").
 FUSED_OF = {
@@ -633,6 +718,12 @@ FUSED_OF = {
     "hf_topk50": "fused_topk50",
     "flashinfer_topk50_topp09": "fused_topk50_topp09",
     "hf_topk50_topp09": "fused_topk50_topp09",
+    "fused_topp09": "matmul",
+    "fused_minp01": "matmul",
+    "flashinfer_topp09": "fused_topp09",
+    "hf_topp09": "fused_topp09",
+    "flashinfer_minp01": "fused_minp01",
+    "hf_minp01": "fused_minp01",
 }
 
 

@@ -48,7 +48,7 @@ RUNTIME_SIGNATURE = {
     "B": "i32", "V": "i32", "D": "i32",
     "stride_hb": "i32", "stride_hd": "i32", "stride_wv": "i32", "stride_wd": "i32",
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "num_samples": "i32",
-    "vocab_offset": "i32",
+    "vocab_offset": "i32", "softcap": "fp32",
 }  # fmt: skip
 
 
@@ -58,6 +58,7 @@ def compile_stage1(config: sampling_kernel.SampleConfig, hidden_size: int, greed
     signature = dict(RUNTIME_SIGNATURE)
     constants = {
         "HAS_BIAS": False,
+        "HAS_SOFTCAP": False,
         "TEMPERATURE_MODE": 3 if greedy else 0,
         "SEED_MODE": 1,
         "LOGITS_DTYPE": None,

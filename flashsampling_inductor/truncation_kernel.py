@@ -144,6 +144,23 @@ def _nucleus_bound(keys, weights, total, top_p):
 
 
 @triton.jit
+def _pack(keys, index, select, count, pack, key_ptr, index_ptr, COMPACT: tl.constexpr):
+    """The selected candidates (count of them) packed into the row's COMPACT slots and read
+    back as [COMPACT] tensors (KEY_PAD past count) when ``pack``; all KEY_PAD otherwise."""
+    slot = tl.cumsum(select.to(tl.int32), axis=0) - 1
+    # (the packing limit as a bound on the slot: a scalar mask the interpreter rejects)
+    limit = tl.where(pack, COMPACT, 0)
+    tl.store(key_ptr + slot, keys, mask=select & (slot < limit))
+    tl.store(index_ptr + slot, index, mask=select & (slot < limit))
+    tl.debug_barrier()
+    small = tl.arange(0, COMPACT)
+    small_mask = small < tl.minimum(count, limit)
+    small_keys = tl.load(key_ptr + small, mask=small_mask, other=KEY_PAD)
+    small_index = tl.load(index_ptr + small, mask=small_mask, other=0)
+    return small_keys, small_index
+
+
+@triton.jit
 def _gumbel_winner(keys, index, keep_bound, noise_scale, row_counter, sample_index, k0, k1,
                    FAST_MATH: tl.constexpr):  # fmt: skip
     """The best perturbed score among the kept candidates and its index (ties to the
@@ -260,16 +277,10 @@ def _truncated_stage2(
         compact = k_on & False
     compact_key_ptr += row64 * COMPACT
     compact_index_ptr += row64 * COMPACT
-    slot = tl.cumsum(survive.to(tl.int32), axis=0) - 1
-    # (the packing limit as a bound on the slot: a scalar mask the interpreter rejects)
-    limit = tl.where(compact, COMPACT, 0)
-    tl.store(compact_key_ptr + slot, row_keys, mask=survive & (slot < limit))
-    tl.store(compact_index_ptr + slot, row_index, mask=survive & (slot < limit))
-    tl.debug_barrier()
-    small = tl.arange(0, COMPACT)
-    small_mask = small < tl.minimum(num_survivors, limit)
-    small_keys = tl.load(compact_key_ptr + small, mask=small_mask, other=KEY_PAD)
-    small_index = tl.load(compact_index_ptr + small, mask=small_mask, other=0)
+    small_keys, small_index = _pack(
+        row_keys, row_index, survive, num_survivors, compact, compact_key_ptr,
+        compact_index_ptr, COMPACT,
+    )  # fmt: skip
 
     if p_on:
         # Stage 1's partials (HAS_MASS): top-p over the whole row (top-k off), whose mass
@@ -330,6 +341,18 @@ def _truncated_stage2(
         if hides > 0:
             tl.store(overflow_ptr + row, 1)
             return  # the fallback draws this row
+
+    if SINGLE:
+        if not compact:
+            # Top-p alone and min-p usually keep a few dozen of the thousands of candidates:
+            # packed, the noise (a Philox evaluation per lane) runs on COMPACT lanes.
+            kept = (row_keys >= keep_bound) & (row_keys > KEY_PAD)
+            num_kept = tl.sum(kept.to(tl.int32))
+            compact = num_kept <= COMPACT
+            small_keys, small_index = _pack(
+                row_keys, row_index, kept, num_kept, compact, compact_key_ptr,
+                compact_index_ptr, COMPACT,
+            )  # fmt: skip
 
     k0, k1, row_counter = row_seeds(seed_ptr, row, seed_lo, seed_hi, SEED_MODE)
     noise_scale = temperature * LN2
