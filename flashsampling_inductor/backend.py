@@ -54,4 +54,26 @@ def _register() -> None:
         register_backend(flashsampling_backend, name=BACKEND_NAME)
 
 
+def _trace_the_gather_relayout() -> None:
+    """Let Dynamo trace the re-layout inside the functional collectives' ``all_gather_tensor``.
+
+    Gathering along the vocabulary (``gather_dim=-1``) ends in ``torch._utils.
+    _maybe_view_chunk_cat``, which torch before 2.13 marks as never traced: Dynamo breaks the
+    graph there, the gather and the sampling land in different graphs, and the TP pass cannot
+    rewrite them. torch 2.13 traces it through a rule in ``trace_rules``; older versions get
+    the same rule here, so users need not change their code.
+    """
+    from torch._dynamo import trace_rules
+    from torch._dynamo.variables import UserFunctionVariable
+
+    name = "torch._utils._maybe_view_chunk_cat"
+    if name in trace_rules.manual_torch_name_rule_map:
+        return
+    if not hasattr(torch._utils, name.rsplit(".", 1)[1]):
+        return
+    trace_rules.manual_torch_name_rule_map[name] = UserFunctionVariable
+    trace_rules.get_torch_obj_rule_map.cache_clear()  # rebuilt from the rules on next use
+
+
 _register()
+_trace_the_gather_relayout()
