@@ -5,7 +5,7 @@ Two kinds of module:
 * terminal idioms (``IDIOMS``) hold the idiom as users write it (``search``), its example
   inputs, the strict ``check`` that accepts a match and returns a ``SamplingMatch``, and
   the terminal op it is anchored on (``TARGET``);
-* truncation masks (``MASKS``) hold the ``condition`` of a top-k / top-p mask on the
+* truncation masks (``MASKS``) hold the ``condition`` of a top-k / top-p / min-p mask on the
   LM-head chain, which every terminal idiom reaches through ``match_lm_head``.
 
 What they share is split by concept: ``_walk.py`` (the walk and its predicates),
@@ -24,8 +24,10 @@ from . import (
     exponential_race,
     greedy,
     gumbel,
+    min_p_mask,
     multinomial,
     sample_logits,
+    sorted_top_p,
     top_k_mask,
     top_p_mask,
     tp_gather,
@@ -34,8 +36,8 @@ from ._rewrite import PASS, SamplingMatch, SamplingSite, recording, register
 from ._truncation import CONDITIONS
 
 # Tried in this order on a shared anchor: the noisy argmax idioms before greedy.
-IDIOMS = (sample_logits, exact_top_k, multinomial, exponential_race, gumbel, greedy)
-MASKS = (top_k_mask, top_p_mask)
+IDIOMS = (sample_logits, exact_top_k, sorted_top_p, multinomial, exponential_race, gumbel, greedy)
+MASKS = (top_k_mask, top_p_mask, min_p_mask)
 
 for _idiom in IDIOMS:
     register(_idiom.IDIOM, _idiom.TARGET, _idiom.check, sampling=_idiom is not greedy)

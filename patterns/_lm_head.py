@@ -2,7 +2,9 @@
 
 Between the matmul and the tail, user code puts a variety of steps that are all the same to
 the fused op: last-token selection (``h[:, -1]``, ``logits[:, -1, :]``, ``x[:, [-1], :]``),
-views, ``.float()`` upcasts, a bias, one temperature division, top-k / top-p masks. A
+views, ``.float()`` upcasts, a bias, a soft-cap ``tanh(l / c) * c`` (Gemma 2), constant
+logit scales (Cohere's ``logit_scale``, Granite's ``logits_scaling``, muP multipliers) and one
+temperature, which fold into the op's one temperature, top-k / top-p / min-p masks. A
 pre-traced template would need one variant per combination of these; a walk over the aten
 graph covers them all and checks each step's literals on the way, so the idiom modules match
 only their tail and leave the chain to ``match_lm_head``.
@@ -54,15 +56,20 @@ class LMHead:
     logits_dtype: torch.dtype | None
     top_k: int | Node | None = None  # from a top-k mask on the chain
     top_p: float | None = None  # from a top-p mask on the chain
+    min_p: float | None = None  # from a min-p mask on the chain
+    softcap: float | None = None  # tanh(l / c) * c of the raw logits: c
     temperature_after_mask: bool = False  # -inf / T: only T > 0 keeps the program's meaning
+    # Constant scales around a tensor temperature, folded: the op divides by temperature * this.
+    temperature_factor: float = 1.0
 
 
 def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     """Walk from the (scaled, truncated) logits back to the ``mm``/``addmm`` of the LM head.
 
-    ``greedy``: the scores only feed an argmax, so a positive constant scale and the masks
+    ``greedy``: the scores only feed an argmax, so positive constant scales and the masks
     (which always keep the largest logit) are dropped, and a tensor temperature (which might
-    hold 0 or negative values) is refused.
+    hold 0 or negative values) is refused. A soft-cap stays: the op's argmax is of its
+    soft-capped scores, as the program's is.
     """
     node, walked, masks = logits, [], {}
     while not is_call(node, aten.mm.default, aten.addmm.default):
@@ -88,6 +95,8 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             head.add_bias(step)
         elif is_call(step, aten.div.Tensor, aten.mul.Tensor):
             head.scale(step, greedy)
+        elif is_call(step, aten.tanh.default):
+            head.soft_cap(step)
         elif is_call(step, *ROW_OPS):
             if head.per_row:
                 raise NoMatch(f"{step.name} selects rows after a per-row temperature")
@@ -99,22 +108,27 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
         if is_call(a, *RESHAPES, aten.unsqueeze.default, aten.permute.default)
     )
     if greedy:
-        head.temperature, head.top_k, head.top_p = 0.0, None, None
+        head.temperature, head.factor = 0.0, 1.0
+        head.top_k = head.top_p = head.min_p = None
     return _lm_head(matmul, head)
 
 
 @dataclass
 class _Chain:
     """What the walk from the matmul to the tail has seen so far, and the order it came in:
-    the op applies temperature, then top-k, then top-p, so the program must not differ."""
+    the op soft-caps the raw logits, then applies temperature, top-k, top-p and min-p, so the
+    program must not differ."""
 
     bias: Node | None = None
     row_ops: list[Node] = field(default_factory=list)
-    temperature: float | Node = 1.0
+    temperature: float | Node = 1.0  # the one tensor temperature, if any
+    factor: float = 1.0  # the constant scales, as one temperature: l / factor
     per_row: bool = False
-    scaled: Node | None = None
+    scales: list[Node] = field(default_factory=list)
+    softcap: float | None = None
     top_k: int | Node | None = None
     top_p: float | None = None
+    min_p: float | None = None
     masked: Node | None = None
     half_dtypes: set[torch.dtype] = field(default_factory=set)
     temperature_after_mask: bool = False
@@ -125,41 +139,71 @@ class _Chain:
             raise NoMatch(f"{step.name} casts the logits to {dtype}")
         if dtype in HALF_DTYPES and self.masked is not None:
             raise NoMatch(f"{step.name} rounds the logits to {dtype} after the mask")
-        if dtype in HALF_DTYPES and self.scaled is None:
+        if dtype in HALF_DTYPES and not self.scales:
             self.half_dtypes.add(dtype)
 
     def add_bias(self, step: Node) -> None:
         if self.bias is not None:
             raise NoMatch(f"{step.name} adds a second bias")
-        if self.scaled is not None or self.masked is not None:
-            # The op adds its bias to the raw logits, before both.
-            raise NoMatch(f"{step.name} adds a bias after the temperature or a mask")
+        if self.scales or self.masked is not None or self.softcap is not None:
+            # The op adds its bias to the raw logits, before all of them.
+            raise NoMatch(f"{step.name} adds a bias after the temperature, a soft-cap or a mask")
         self.bias = _bias_operand(step)
 
     def scale(self, step: Node, greedy: bool) -> None:
-        if self.scaled is not None:
-            raise NoMatch(f"{step.name} scales the logits a second time")
-        if self.top_p is not None:
-            raise NoMatch(f"{step.name} divides by the temperature after the top-p mask")
-        self.scaled = step
-        self.temperature, self.per_row = _temperature(step, greedy)
-        self.temperature_after_mask = self.masked is not None
+        for name, value in (("top-p", self.top_p), ("min-p", self.min_p)):
+            if value is not None:
+                # The mask kept the tokens of softmax(l / T) for the T it saw, not another.
+                raise NoMatch(f"{step.name} scales the logits after the {name} mask")
+        temperature, per_row = _temperature(step)
+        if isinstance(temperature, Node):
+            if greedy:
+                raise NoMatch(f"{step.name} scales greedy scores by a tensor (may hold T <= 0)")
+            if isinstance(self.temperature, Node):
+                raise NoMatch(f"{step.name} divides the logits by a second tensor temperature")
+            self.temperature, self.per_row = temperature, per_row
+            self.temperature_after_mask = self.masked is not None
+        else:
+            self.factor *= temperature
+            if not 0.0 < self.factor < math.inf:
+                raise NoMatch(f"{step.name}: the constant scales fold to T = {self.factor}")
+        self.scales.append(step)
+
+    def soft_cap(self, step: Node) -> None:
+        """``tanh(l / c)`` is ``softcap_c(l) / c``: the op's ``softcap=c`` followed by the
+        temperature ``c`` that the constant scales before the tanh already put on the chain
+        (Gemma 2's ``/ c``, maybe with a temperature; none: ``c = 1``); the ``* c`` after it
+        is one more scale."""
+        if self.softcap is not None:
+            raise NoMatch(f"{step.name} soft-caps the logits a second time")
+        if isinstance(self.temperature, Node) or self.masked is not None:
+            raise NoMatch(
+                f"{step.name} soft-caps logits divided by a tensor or masked: the op soft-caps"
+                " the raw logits, before the temperature and the masks"
+            )
+        self.softcap = self.factor
 
     def mask(self, step: Node, mask) -> None:
         if mask.top_k is not None:
-            if self.top_k is not None or self.top_p is not None:
+            if self.masked is not None:
                 raise NoMatch(f"{step.name} is a top-k mask after another mask")
             self.top_k = mask.top_k
-        else:
+        elif mask.top_p is not None:
             if self.top_p is not None:
                 raise NoMatch(f"{step.name} is a second top-p mask")
+            if self.min_p is not None:
+                raise NoMatch(f"{step.name} is a top-p mask after the min-p mask (min-p goes last)")
             self.top_p = mask.top_p
+        else:
+            if self.min_p is not None:
+                raise NoMatch(f"{step.name} is a second min-p mask")
+            self.min_p = mask.min_p
         self.masked = step
 
 
 def _chain_input(node: Node) -> Node:
     """The operand of ``node`` that carries the logits, if ``node`` may sit in the chain."""
-    if is_call(node, *CONVERTS, *COPIES, *ROW_OPS, aten.div.Tensor):
+    if is_call(node, *CONVERTS, *COPIES, *ROW_OPS, aten.div.Tensor, aten.tanh.default):
         return node.args[0]
     if is_call(node, aten.mul.Tensor, aten.add.Tensor):
         if "alpha" in node.kwargs:
@@ -195,21 +239,22 @@ def _is_input(node: Node) -> bool:
     return node.op in ("placeholder", "get_attr")
 
 
-def _temperature(step: Node, greedy: bool) -> tuple[float | Node, bool]:
-    """-> (temperature, per_row) for ``logits / T`` or ``logits * (1 / T)``."""
+def _temperature(step: Node) -> tuple[float | Node, bool]:
+    """-> (temperature, per_row) for ``logits / T`` or ``logits * (1 / T)``: a positive
+    finite Python float, or the node of a tensor (or of a float Dynamo made dynamic)."""
     logits, factor = step.args
     if isinstance(logits, Node) and not isinstance(factor, Node):
         pass
-    elif isinstance(factor, Node) and isinstance(logits, Node) and step.target == aten.mul.Tensor:
-        if val(logits).dim() < val(factor).dim():
+    elif step.target == aten.mul.Tensor and isinstance(factor, Node):
+        if not isinstance(logits, Node) or val(logits).dim() < val(factor).dim():
             logits, factor = factor, logits
     if isinstance(factor, (int, float)) and not isinstance(factor, bool):
-        temperature = float(factor) if step.target == aten.div.Tensor else 1.0 / float(factor)
+        temperature = float(factor)
+        if step.target == aten.mul.Tensor:
+            temperature = 1.0 / temperature if temperature != 0.0 else math.inf
         if not (0.0 < temperature < math.inf):
             raise NoMatch(f"{step.name} scales by {factor}, not a positive finite temperature")
-        return (0.0 if greedy else temperature), False
-    if greedy:
-        raise NoMatch(f"{step.name} scales greedy scores by a tensor (may hold T <= 0)")
+        return temperature, False
     if step.target != aten.div.Tensor:
         raise NoMatch(f"{step.name} multiplies the logits by a tensor")
     t, scores = val(factor), val(step)
@@ -251,13 +296,14 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
         raise NoMatch(
             f"top-p on logits rounded to {str(next(iter(half_dtypes)))[6:]}: ties at the"
             " token crossing p are common there, and the op would keep all of them where"
-            " the sort-based mask keeps those its sort puts last (top_p_mask.py)"
+            " the sort-based mask keeps those its sort puts on the kept side (top_p_mask.py)"
         )
     hidden, replay = _undo_flatten(lhs, chain.row_ops)
     replay = [row_op(step, vocab_size) for step in replay]
     weight, transposed = rhs, True
     if is_call(rhs, aten.permute.default) and list(rhs.args[1]) == [1, 0]:
         weight, transposed = rhs.args[0], False
+    tensor_temperature = isinstance(chain.temperature, Node)
     return LMHead(
         hidden=hidden,
         weight=weight,
@@ -265,12 +311,15 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
         weight_transposed=transposed,
         bias=chain.bias,
         row_ops=replay,
-        temperature=chain.temperature,
+        temperature=chain.temperature if tensor_temperature else chain.temperature * chain.factor,
         temperature_per_row=chain.per_row,
         logits_dtype=next(iter(half_dtypes), None),
         top_k=chain.top_k,
         top_p=chain.top_p,
+        min_p=chain.min_p,
+        softcap=chain.softcap,
         temperature_after_mask=chain.temperature_after_mask,
+        temperature_factor=chain.factor if tensor_temperature else 1.0,
     )
 
 

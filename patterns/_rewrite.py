@@ -43,9 +43,10 @@ class SamplingMatch:
     """What an idiom's check found: the parameters of one ``fused_sample`` call.
 
     The output is ``[*rows, num_samples]`` if ``keep_dim`` else ``[*rows]``. ``top_k`` is a
-    Python int or a node (a SymInt, or a [B] int64 tensor), ``top_p`` a float or a node (a
-    [B] fp32 tensor); None is off. ``temperature`` is the sampling op's own, applied on top
-    of the LM-head chain's. ``seed`` None draws a fresh seed in the graph.
+    Python int or a node (a SymInt, or a [B] int64 tensor), ``top_p`` and ``min_p`` a float
+    or a node (a [B] fp32 tensor); None is off. ``temperature`` is the sampling op's own,
+    applied on top of the LM-head chain's. ``seed`` None draws a fresh seed in the graph.
+    The soft-cap is the LM head's (``lm_head.softcap``).
     """
 
     lm_head: LMHead
@@ -53,14 +54,16 @@ class SamplingMatch:
     keep_dim: bool = True
     top_k: int | Node | None = None
     top_p: float | Node | None = None
+    min_p: float | Node | None = None
     temperature: float | Node = 1.0
     seed: int | Node | None = None
     impl: str = "auto"
 
     @classmethod
     def of(cls, head: LMHead, **fields) -> SamplingMatch:
-        """A match that carries the chain's own truncation (its top-k / top-p masks)."""
-        return cls(head, top_k=head.top_k, top_p=head.top_p, **fields)
+        """A match that carries the chain's own truncation (its top-k / top-p / min-p
+        masks)."""
+        return cls(head, top_k=head.top_k, top_p=head.top_p, min_p=head.min_p, **fields)
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,7 @@ def _as_device_float(t, device) -> torch.Tensor:
 def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) -> None:
     head = found.lm_head
     inputs = [head.hidden, head.weight]
-    for extra in (head.bias, head.temperature, found.top_k, found.top_p):
+    for extra in (head.bias, head.temperature, found.top_k, found.top_p, found.min_p):
         if isinstance(extra, Node):
             inputs.append(extra)
     for extra in (found.temperature, found.seed):
@@ -212,6 +215,8 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             hidden, bias, temperature = _positive_temperature(
                 hidden, bias, t, negative_allowed=not head.temperature_after_mask
             )
+            if head.temperature_factor != 1.0:
+                temperature = temperature * head.temperature_factor
             scalar_temperature = 1.0
         # The sampling op's own temperature divides logits already divided by the chain's
         # (> 0 once folded): the two multiply.
@@ -243,7 +248,8 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             found.num_samples,
             head.logits_dtype,
             found.impl,
-            **_truncation(value(found.top_k), value(found.top_p)),
+            **_truncation(value(found.top_k), value(found.top_p), value(found.min_p)),
+            **({} if head.softcap is None else {"softcap": head.softcap}),
         )
         if not (found.keep_dim or tail_rows):
             return tokens.view(rows)
@@ -259,18 +265,18 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
     match.replace_by_example(replacement, inputs)
 
 
-def _truncation(top_k, top_p) -> dict:
-    """The op's top-k / top-p arguments; none at all when both are off, so an untruncated
-    rewrite is the call it always was."""
+def _truncation(top_k, top_p, min_p) -> dict:
+    """The op's top-k / top-p / min-p arguments; none at all for those that are off, so an
+    untruncated rewrite is the call it always was."""
     kwargs = {}
     if top_k is not None:
         if isinstance(top_k, torch.Tensor):
             kwargs.update(top_k=top_k, scalar_top_k=0)
         else:
             kwargs.update(top_k=None, scalar_top_k=top_k)
-    if top_p is not None:
-        if isinstance(top_p, torch.Tensor):
-            kwargs.update(top_p=top_p.float(), scalar_top_p=1.0)
-        else:
-            kwargs.update(top_p=None, scalar_top_p=float(top_p))
+    for name, knob, off in (("top_p", top_p, 1.0), ("min_p", min_p, 0.0)):
+        if isinstance(knob, torch.Tensor):
+            kwargs.update({name: knob.float(), f"scalar_{name}": off})
+        elif knob is not None:
+            kwargs.update({name: None, f"scalar_{name}": float(knob)})
     return kwargs

@@ -84,6 +84,18 @@ def _unshift(walk: Walk, node: Node) -> Node:
     return node
 
 
+def unnormalized(walk: Walk, probs: Node) -> Node:
+    """``p / p.sum(-1, keepdim=True)`` -> ``p``: a renormalization before ``multinomial``,
+    which normalizes anyway."""
+    if is_call(probs, aten.div.Tensor) and is_call(probs.args[1], aten.sum.dim_IntList):
+        top, total = probs.args
+        ndim = val(top).dim()
+        if total.args[0] is top and over_last_dim(total.args[1], keepdim_of(total), ndim):
+            walk.take(probs), walk.take(total)
+            return top
+    return probs
+
+
 def match_noise(walk: Walk, node: Node, scores) -> bool:
     """True if ``node`` is Exp(1) noise of exactly ``scores``' shape, drawn by Inductor.
 

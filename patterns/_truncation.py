@@ -1,11 +1,13 @@
 """The truncation masks: a step of the LM-head chain that sets the tail of the vocabulary to
--inf (top-k, top-p), found once here for every idiom that reaches it.
+-inf (top-k, top-p, min-p), found once here for every idiom that reaches it.
 
 A mask is written ``masked_fill(x, remove, -inf)`` (aten: ``where(remove, -inf, x)``),
 ``torch.where(keep, x, -inf)`` or ``x[remove] = -inf`` (aten: ``index_put``). This module
-matches that shell and the ``-inf``; the condition is matched by the mask modules
-(``top_k_mask``, ``top_p_mask``), registered in ``CONDITIONS``, and becomes the op's
-``top_k`` / ``top_p`` parameter: the truncation math itself lives in the op, never here.
+matches that shell (``masking_shell``, which the sorted nucleus also uses for its zeroed
+probabilities) and the ``-inf``; the condition is matched by the mask modules
+(``top_k_mask``, ``top_p_mask``, ``min_p_mask``), registered in ``CONDITIONS``, and becomes
+the op's ``top_k`` / ``top_p`` / ``min_p`` parameter: the truncation math itself lives in the
+op, never here.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ MASKING_OPS = (aten.where.self, aten.masked_fill.Scalar, aten.index_put.default)
 
 @dataclass
 class Mask:
-    """``source`` with the tokens outside the top-k (or top-p) set to -inf."""
+    """``source`` with the tokens outside the top-k (or top-p, or min-p) set to -inf."""
 
     source: Node
     top_k: int | Node | None = None  # a Python int, or a node holding a SymInt
     top_p: float | None = None
+    min_p: float | None = None
 
 
 # condition(walk, condition, source, removes) -> Mask, or None if it is not this mask's
@@ -52,6 +55,24 @@ CONDITIONS: list[Condition] = []
 
 def match_mask(walk: Walk, node: Node) -> Mask:
     """``node`` (one of ``MASKING_OPS``) as a truncation mask; NoMatch if it is not one."""
+    source, condition, fill, removes = masking_shell(node)
+    if not _is_minus_inf(fill):
+        raise NoMatch(f"{node.name} fills with {constant(fill)}, not -inf")
+    for match in CONDITIONS:
+        mask = match(walk, condition, source, removes)
+        if mask is not None:
+            walk.take(node)
+            take_constant(walk, fill)
+            return mask
+    raise NoMatch(
+        f"{node.name} sets tokens to -inf by a condition that is not top-k, top-p or min-p"
+    )
+
+
+def masking_shell(node: Node) -> tuple[Node, Node, object, bool]:
+    """``node`` (one of ``MASKING_OPS``) -> (source, condition, fill, removes): ``removes``
+    is True if the condition names the tokens filled, False if it names the ones kept.
+    NoMatch if it does not write one value through a boolean mask of ``source``'s shape."""
     if is_call(node, aten.index_put.default):
         source, indices, fill = node.args[:3]
         accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate")
@@ -63,19 +84,11 @@ def match_mask(walk: Walk, node: Node) -> Mask:
         removes = True
     else:
         condition, a, b = node.args
-        removes = _is_minus_inf(a)
+        removes = constant(a) is not None  # where(remove, fill, x), else where(keep, x, fill)
         source, fill = (b, a) if removes else (a, b)
-    if not _is_minus_inf(fill):
-        raise NoMatch(f"{node.name} fills with {constant(fill)}, not -inf")
     if not _full_bool_mask(condition, source) or not same_shape(val(node).shape, val(source).shape):
         raise NoMatch(f"{node.name} masks with a condition of another shape than the logits")
-    for match in CONDITIONS:
-        mask = match(walk, condition, source, removes)
-        if mask is not None:
-            walk.take(node)
-            take_constant(walk, fill)
-            return mask
-    raise NoMatch(f"{node.name} sets tokens to -inf by a condition that is not top-k or top-p")
+    return source, condition, fill, removes
 
 
 def _is_minus_inf(node) -> bool:

@@ -18,6 +18,7 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten, prims = torch.ops.aten, torch.ops.prims
+INT64_MAX = 2**63 - 1
 
 CONVERTS = (prims.convert_element_type.default, aten._to_copy.default)
 COPIES = (aten.clone.default, aten.alias.default)
@@ -69,6 +70,12 @@ def is_call(node, *targets) -> bool:
 
 def same(a, b) -> bool:
     return statically_known_true(a == b)
+
+
+def to_the_end(end, size) -> bool:
+    """A slice's ``end`` reaches past ``size``: ``x[..., k:]`` (the max int64, which a
+    symbolic size cannot be proved below) or any end provably >= ``size``."""
+    return end is not None and (end == INT64_MAX or statically_known_true(end >= size))
 
 
 def same_shape(a, b) -> bool:

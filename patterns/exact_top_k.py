@@ -19,9 +19,9 @@ import torch.nn.functional as F
 
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
-from ._tails import match_softmax, multinomial_draws
+from ._tails import match_softmax, multinomial_draws, unnormalized
 from ._truncation import take_outputs, top_k_value
-from ._walk import NoMatch, Walk, aten, is_call, keepdim_of, last_dim, over_last_dim, val
+from ._walk import NoMatch, Walk, aten, is_call, last_dim, val
 
 IDIOM = "exact_top_k"
 TARGET = aten.gather.default
@@ -48,7 +48,7 @@ def check(walk: Walk) -> SamplingMatch | None:
     topk = tokens.args[0]
     if not is_call(topk, aten.topk.default) or not is_call(choice, aten.multinomial.default):
         return None
-    top_probs = _unnormalized(walk, choice.args[0])
+    top_probs = unnormalized(walk, choice.args[0])
     if not (is_call(top_probs, operator.getitem) and top_probs.args[0] is topk):
         return None
     if not last_dim(dim, val(tokens).dim()):
@@ -59,7 +59,7 @@ def check(walk: Walk) -> SamplingMatch | None:
         walk.take(node)
     take_outputs(walk, topk)
     head = match_lm_head(walk, match_softmax(walk, topk.args[0]))
-    if head.top_k is not None or head.top_p is not None:
+    if head.top_k is not None or head.top_p is not None or head.min_p is not None:
         raise NoMatch(f"{topk.name} ranks probabilities already truncated by a mask")
     if head.logits_dtype is not None:
         raise NoMatch(
@@ -67,14 +67,3 @@ def check(walk: Walk) -> SamplingMatch | None:
             " there, and the op keeps them all where torch.topk keeps exactly k"
         )
     return SamplingMatch(head, num_samples=num_samples, top_k=k)
-
-
-def _unnormalized(walk: Walk, probs):
-    """``p / p.sum(-1, keepdim=True)`` -> ``p`` (multinomial normalizes anyway)."""
-    if is_call(probs, aten.div.Tensor) and is_call(probs.args[1], aten.sum.dim_IntList):
-        top, total = probs.args
-        ndim = val(top).dim()
-        if total.args[0] is top and over_last_dim(total.args[1], keepdim_of(total), ndim):
-            walk.take(probs), walk.take(total)
-            return top
-    return probs

@@ -3,9 +3,16 @@
 Accepted spellings of the noise: ``- log(-log(U))``, ``+ (-log(-log(U)))``, with ``eps``
 added inside the logs, or with ``E = exponential_()`` in place of ``-log(U)`` (which is also
 what Inductor's ``apply_gumbel_max_trick`` makes of the exponential race).
+
+The noisy scores may be scaled as a whole, ``argmax((logits + G) / T)``: a positive scale
+does not move the argmax, so that is Gumbel-max at temperature 1 (the noise is scaled with
+the logits). A negative or zero constant, or a tensor (whose sign the pass cannot know),
+is refused: ``argmax(-(l + G))`` draws no sample of ``softmax(l)``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +21,7 @@ from torch.fx import Node
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
 from ._tails import argmax_keepdim, match_noise
-from ._walk import Walk, is_call, strip_converts, val
+from ._walk import NoMatch, Walk, constant, is_call, strip_converts, val
 
 IDIOM = "gumbel"
 aten = torch.ops.aten
@@ -34,13 +41,45 @@ def example_inputs() -> tuple:
 
 
 def check(walk: Walk) -> SamplingMatch | None:
-    scores = strip_converts(walk, walk.terminal.args[0])
+    scores, scales = strip_converts(walk, walk.terminal.args[0]), []
+    while is_call(scores, aten.div.Tensor, aten.mul.Tensor):
+        scales.append(scores)
+        scores = strip_converts(walk, _scaled(scores))
     logits = _perturbed_logits(walk, scores)
     if logits is None:
         return None
+    for scale in scales:
+        _check_positive(scale)
+        walk.take(scale)
     walk.take(scores)
     keepdim = argmax_keepdim(walk)
     return SamplingMatch.of(match_lm_head(walk, logits), keep_dim=keepdim)
+
+
+def _scaled(scale: Node) -> Node:
+    """The tensor operand of ``x / c`` or ``x * c`` (either order for ``*``): the one with
+    the shape of the scores."""
+    a, b = scale.args
+    if scale.target == aten.mul.Tensor and isinstance(b, Node):
+        if not isinstance(a, Node) or val(a).dim() < val(b).dim():
+            return b
+    return a
+
+
+def _check_positive(scale: Node) -> None:
+    a, b = scale.args
+    factor = b if _scaled(scale) is a else a
+    value = None if isinstance(factor, Node) else constant(factor)
+    if value is None:
+        raise NoMatch(
+            f"{scale.name} scales the noisy scores by a tensor: argmax((l + G) / T) is a"
+            " sample of softmax(l) only for T > 0, which the pass cannot check"
+        )
+    if isinstance(factor, bool) or not 0.0 < value < math.inf:
+        raise NoMatch(
+            f"{scale.name} scales the noisy scores by {factor}: argmax((l + G) / T) is a"
+            " sample of softmax(l) only for a positive finite T"
+        )
 
 
 def _perturbed_logits(walk: Walk, scores: Node) -> Node | None:

@@ -3,20 +3,25 @@
 ``flashsampling_inductor.sample_logits`` samples from logits that already exist (a logits
 processor's output, a model that returns them). When a compiled graph makes those logits with
 an LM-head matmul just before, the call and the matmul become one ``fused_sample`` that
-carries everything the call asked for (temperature, top_k, top_p, seed, num_samples, impl;
-per-row tensors passed through) and never writes the logits. It draws the same tokens on the
-same seed: the op's contract (``sample_logits`` draws what ``fused_sample`` draws on logits
-equal to ``hidden @ weight.T``).
+carries everything the call asked for (temperature, top_k, top_p, min_p, softcap, seed,
+num_samples, impl; per-row tensors passed through) and never writes the logits. It draws the
+same tokens on the same seed: the op's contract (``sample_logits`` draws what
+``fused_sample`` draws on logits equal to ``hidden @ weight.T``).
 
 The chain to the matmul is any ``match_lm_head`` accepts: row selections, casts (bf16/fp16
 rounding becomes ``logits_dtype``), a bias, a temperature division. A chain temperature
 ``T_c`` and the call's own ``T`` multiply: ``softmax((l / T_c) / T)``, and top-k on
 ``l / T_c`` keeps what top-k on ``l`` keeps for ``T_c > 0`` (a negative tensor ``T_c`` is
-folded into the hidden state's sign, as for every idiom). A top-k / top-p mask on the chain
-next to the call's own truncation is refused: the op applies one of each.
+folded into the hidden state's sign, as for every idiom). A top-k / top-p / min-p mask on
+the chain next to the call's own truncation is refused: the op applies one of each. The
+call's ``softcap`` caps the logits it is given, so the chain before it must not scale, mask
+or soft-cap them (the op soft-caps the raw logits, first).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -51,14 +56,27 @@ def check(walk: Walk) -> SamplingMatch:
         raise NoMatch(f"num_samples={num_samples} is not a Python int")
     top_k = _knob(args.get("top_k"), args.get("scalar_top_k", 0), off=0)
     top_p = _knob(args.get("top_p"), args.get("scalar_top_p", 1.0), off=1.0)
+    min_p = _knob(args.get("min_p"), args.get("scalar_min_p", 0.0), off=0.0)
+    softcap = args.get("softcap", 0.0)
     head = match_lm_head(walk, args["logits"])
-    if (head.top_k is not None or head.top_p is not None) and (top_k, top_p) != (None, None):
+    masked = (head.top_k, head.top_p, head.min_p) != (None, None, None)
+    if masked and (top_k, top_p, min_p) != (None, None, None):
         raise NoMatch(f"the logits are masked before {call.name} truncates them again")
+    if isinstance(softcap, Node) or not 0.0 <= softcap < math.inf:
+        raise NoMatch(f"softcap={softcap} is not a constant >= 0")
+    if softcap != 0.0:
+        if masked or head.softcap is not None or head.temperature != 1.0:
+            raise NoMatch(
+                f"{call.name} soft-caps logits that the chain already scaled, masked or"
+                " soft-capped (the op soft-caps the raw logits, first)"
+            )
+        head = replace(head, softcap=softcap)
     return SamplingMatch(
         head,
         num_samples=num_samples,
         top_k=head.top_k if top_k is None else top_k,
         top_p=head.top_p if top_p is None else top_p,
+        min_p=head.min_p if min_p is None else min_p,
         temperature=_knob(args["temperature"], args["scalar_temperature"], off=None),
         seed=_knob(args["seed"], args["scalar_seed"], off=None),
         impl=args.get("impl", "auto"),

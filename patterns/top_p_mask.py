@@ -1,4 +1,5 @@
-"""Top-p (nucleus) as transformers' ``TopPLogitsWarper`` writes it::
+"""Top-p (nucleus) as a mask of the logits, in the two ways it is written. transformers'
+``TopPLogitsWarper`` sorts ascending::
 
     sorted_logits, sorted_indices = torch.sort(scores, descending=False)
     cumulative_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
@@ -7,18 +8,34 @@
     indices_to_remove = sorted_to_remove.scatter(1, sorted_indices, sorted_to_remove)
     scores = scores.masked_fill(indices_to_remove, -float("Inf"))
 
-A token is removed iff the mass of the tokens sorted below it, itself included, is at most
-``1 - p``: it is kept iff the mass sorted above it is < p, which is the op's ``top_p``
-(``_truncation.py``). Checked literals: an ascending sort over the vocabulary dim, ``<=``
-(``<`` differs at equality), ``p`` in (0, 1] (the literal is ``1 - p``), the largest token
-kept (``min_tokens_to_keep == 1``; without that line every token can go), the scatter back
-through the same sort's indices.
+and the older ``top_k_top_p_filtering`` helpers (transformers 2.x-4.x, and the many
+samplers copied from them) sort descending and shift the mask right by one::
 
-Ties: the op keeps every token tied with the one that crosses ``p``; transformers keeps the
-tied tokens its sort puts last (the sort's order among ties is unspecified). The two agree
-unless the crossing token ties with another, which fp32 logits make a measure-zero event
-but bf16/fp16 logits make common, so top-p on logits rounded to bf16/fp16 is not rewritten
-(``_lm_head.py`` refuses it).
+    sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+    cumulative_probs = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+    sorted_indices_to_remove = cumulative_probs > top_p
+    sorted_indices_to_remove[..., 1:] = sorted_indices_to_remove[..., :-1].clone()
+    sorted_indices_to_remove[..., 0] = 0
+    indices_to_remove = sorted_indices_to_remove.scatter(1, sorted_indices, ...)
+    logits[indices_to_remove] = filter_value
+
+Ascending, a token is removed iff the mass of the tokens sorted below it, itself included,
+is at most ``1 - p``; descending, iff the mass sorted above it is > p. Either way it is kept
+iff the mass sorted above it is < p, which is the op's ``top_p`` (``_truncation.py``), up to
+equality: ``< 1 - p`` and the descending ``> p`` keep a token whose mass above is exactly p.
+The program computes that mass by an fp32 cumsum and the op by its own fp32 sum, so a token
+within a rounding of p goes either way in both cases: a near-tie, accepted. Checked
+literals: a sort over the vocabulary dim, ``<=`` / ``<`` against ``1 - p`` ascending and
+``>`` / ``>=`` against ``p`` descending, ``p`` in (0, 1], the largest token kept
+(``min_tokens_to_keep == 1``: the last entry ascending, the shift and the first entry
+descending; without that every token can go), the scatter back through the same sort's
+indices.
+
+Ties: the op keeps every token tied with the one that crosses ``p``; the masks keep the
+tied tokens their sort puts on the kept side (its order among ties is unspecified). The two
+agree unless the crossing token ties with another, which fp32 logits make a measure-zero
+event but bf16/fp16 logits make common, so top-p on logits rounded to bf16/fp16 is not
+rewritten (``_lm_head.py`` refuses it).
 """
 
 from __future__ import annotations
@@ -28,7 +45,6 @@ import operator
 import torch
 import torch.nn.functional as F
 from torch.fx import Node
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._tails import match_softmax
 from ._truncation import Mask, take_outputs
@@ -43,6 +59,7 @@ from ._walk import (
     same,
     strip_converts,
     take_constant,
+    to_the_end,
     val,
 )
 
@@ -81,14 +98,18 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
         return None
     ndim = val(source).dim()
     sort_args = arguments(sort, "dim", "descending")
-    if not last_dim(sort_args.get("dim", -1), ndim) or sort_args.get("descending", False):
-        raise NoMatch(f"{sort.name} is not an ascending sort over the vocabulary dim")
+    if not last_dim(sort_args.get("dim", -1), ndim):
+        raise NoMatch(f"{sort.name} is not a sort over the vocabulary dim")
     if not removes:
         raise NoMatch(f"{condition.name} names the tokens kept, not the ones removed")
     if src is not sorted_removed or not last_dim(dim, ndim):
         raise NoMatch(f"{condition.name} does not scatter the sorted mask back over its sort")
-    at_most = _keep_largest(walk, sorted_removed, val(source).shape[-1])
-    p = _top_p(walk, at_most, sort)
+    if sort_args.get("descending", False):
+        over = _shifted_right(walk, sorted_removed)
+        p = _top_p(walk, over, sort, descending=True)
+    else:
+        at_most = _keep_largest(walk, sorted_removed, val(source).shape[-1])
+        p = _top_p(walk, at_most, sort, descending=False)
     walk.take(condition), walk.take(indices)
     take_outputs(walk, sort)
     return Mask(source, top_p=p)
@@ -104,12 +125,7 @@ def _keep_largest(walk: Walk, removed: Node, vocab_size) -> Node:
     end, step, ndim = args.get("end"), args.get("step", 1), val(base).dim()
     if not (is_call(zeros, aten.copy.default, aten.fill.Scalar) and constant(zeros.args[1]) == 0):
         raise NoMatch(f"{removed.name} writes something else than False into the sorted mask")
-    if not (
-        last_dim(dim, ndim)
-        and step == 1
-        and end is not None
-        and statically_known_true(end >= vocab_size)
-    ):
+    if not (last_dim(dim, ndim) and step == 1 and to_the_end(end, vocab_size)):
         raise NoMatch(f"{removed.name} does not write the last entries of the vocabulary dim")
     if not (start == -1 or same(start, vocab_size - 1)):
         raise NoMatch(f"{removed.name} keeps tokens from {start} on: min_tokens_to_keep != 1")
@@ -119,25 +135,81 @@ def _keep_largest(walk: Walk, removed: Node, vocab_size) -> Node:
     return base
 
 
-def _top_p(walk: Walk, at_most: Node, sort: Node) -> float:
-    """``cumsum(softmax(sorted), -1) <= 1 - p`` -> p in (0, 1]."""
-    if is_call(at_most, aten.lt.Scalar, aten.lt.Tensor):
-        raise NoMatch(f"{at_most.name} removes cumulative mass < 1 - p, not <= 1 - p")
-    if is_call(at_most, aten.le.Tensor):
-        raise NoMatch(f"{at_most.name} compares with a tensor (a top_p made dynamic?), not 1 - p")
-    if not is_call(at_most, aten.le.Scalar):
-        raise NoMatch(f"{at_most.name} is not cumulative mass <= 1 - p")
-    cumsum, threshold = at_most.args
+def _shifted_right(walk: Walk, removed: Node) -> Node:
+    """``r[..., 1:] = r[..., :-1].clone(); r[..., 0] = 0`` (aten: a ``slice_scatter`` of the
+    shifted slice, then a ``select_scatter`` of a zero) -> ``r`` before the shift; NoMatch if
+    it is not exactly that shift (the first, largest token kept, the others moved by one)."""
+    if not is_call(removed, aten.select_scatter.default):
+        raise NoMatch(f"{removed.name} does not keep the largest token (min_tokens_to_keep)")
+    shifted, zero, dim, index = removed.args
+    ndim = val(shifted).dim()
+    if not (
+        last_dim(dim, ndim)
+        and index == 0
+        and is_call(zero, aten.copy.default, aten.fill.Scalar)
+        and constant(zero.args[1]) == 0
+        and is_call(zero.args[0], aten.select.int)
+        and zero.args[0].args[0] is shifted
+    ):
+        raise NoMatch(f"{removed.name} writes something else than False at the largest token")
+    if not is_call(shifted, aten.slice_scatter.default):
+        raise NoMatch(f"{shifted.name} is not the removal mask shifted right by one")
+    base, into = shifted.args[0], arguments(shifted, "src", "dim", "start", "end", "step")
+    owned = [removed, zero, zero.args[0], shifted]
+    moved = into["src"]
+    if is_call(moved, aten.copy.default):  # ``r[..., 1:] = x``: a copy of x into the slice
+        if not (is_call(moved.args[0], aten.slice.Tensor) and moved.args[0].args[0] is base):
+            raise NoMatch(f"{shifted.name} is not the removal mask shifted right by one")
+        owned += [moved, moved.args[0]]
+        moved = moved.args[1]
+    if is_call(moved, aten.clone.default):
+        owned.append(moved)
+        moved = moved.args[0]
+    window = arguments(moved, "dim", "start", "end", "step")
+    vocab_size = val(base).shape[-1]
+    if not (
+        last_dim(into.get("dim", 0), ndim)
+        and into.get("start") == 1
+        and to_the_end(into.get("end"), vocab_size)
+        and into.get("step", 1) == 1
+        and is_call(moved, aten.slice.Tensor)
+        and moved.args[0] is base
+        and last_dim(window.get("dim", 0), ndim)
+        and window.get("start") in (0, None)
+        and (window.get("end") == -1 or same(window.get("end"), vocab_size - 1))
+        and window.get("step", 1) == 1
+    ):
+        raise NoMatch(f"{shifted.name} is not the removal mask shifted right by one")
+    for node in (*owned, moved):
+        walk.take(node)
+    take_constant(walk, zero.args[1])
+    return base
+
+
+def _top_p(walk: Walk, compared: Node, sort: Node, descending: bool) -> float:
+    """``cumsum(softmax(sorted), -1) <= 1 - p`` (``<`` too) for an ascending sort,
+    ``> p`` (``>=`` too) for a descending one -> p in (0, 1]."""
+    if descending:
+        wanted, tensor_ops = (aten.gt.Scalar, aten.ge.Scalar), (aten.gt.Tensor, aten.ge.Tensor)
+        what = "> p"
+    else:
+        wanted, tensor_ops = (aten.le.Scalar, aten.lt.Scalar), (aten.le.Tensor, aten.lt.Tensor)
+        what = "<= 1 - p"
+    if is_call(compared, *tensor_ops):
+        raise NoMatch(f"{compared.name} compares with a tensor (a top_p made dynamic?), not p")
+    if not is_call(compared, *wanted):
+        raise NoMatch(f"{compared.name} is not cumulative mass {what}")
+    cumsum, threshold = compared.args
     if not is_call(cumsum, aten.cumsum.default) or not last_dim(cumsum.args[1], val(cumsum).dim()):
-        raise NoMatch(f"{at_most.name} does not compare a cumsum over the vocabulary dim")
+        raise NoMatch(f"{compared.name} does not compare a cumsum over the vocabulary dim")
     if not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
-        raise NoMatch(f"{at_most.name} compares with {threshold}, not a Python float")
-    top_p = 1.0 - threshold
+        raise NoMatch(f"{compared.name} compares with {threshold}, not a Python float")
+    top_p = threshold if descending else 1.0 - threshold
     if not 0.0 < top_p <= 1.0:
         raise NoMatch(f"top_p = {top_p} is outside (0, 1]")
     probs = walk.take(cumsum).args[0]
     sorted_values = strip_converts(walk, match_softmax(walk, probs))
     if not (is_call(sorted_values, operator.getitem) and sorted_values.args[0] is sort):
         raise NoMatch(f"{cumsum.name} does not sum the softmax of the sorted logits")
-    walk.take(at_most), walk.take(sorted_values)
+    walk.take(compared), walk.take(sorted_values)
     return top_p

@@ -147,17 +147,28 @@ class AllGatherMatch:
             _erase_unused([seed])
 
 
-def _lowerable(call: Node, first: int = 10) -> bool:
-    """A fused call without truncation (the TP op does not take top-k / top-p yet). The
-    catalog's calls hold them positionally (``fused_sample``: after ``impl``, the 10th
-    argument; ``sample_logits``: from the 6th), a hand-made one may name them."""
-    names = ("top_k", "scalar_top_k", "top_p", "scalar_top_p")
-    given = dict(zip(names, call.args[first:], strict=False), **call.kwargs)
-    return (
-        given.get("top_k") is None
-        and given.get("top_p") is None
-        and given.get("scalar_top_k", 0) == 0
-        and given.get("scalar_top_p", 1.0) == 1.0
+# The arguments of fused_sample / sample_logits that the TP op does not take, and their
+# values that turn them off.
+_NOT_ACROSS_RANKS = {
+    "top_k": None,
+    "scalar_top_k": 0,
+    "top_p": None,
+    "scalar_top_p": 1.0,
+    "min_p": None,
+    "scalar_min_p": 0.0,
+    "softcap": 0.0,
+}
+
+
+def _lowerable(call: Node) -> bool:
+    """A fused call without truncation or soft-cap (the TP op does not take them yet), read
+    by the op's schema: the catalog's calls hold them positionally, a hand-made one may name
+    them."""
+    names = [argument.name for argument in call.target._schema.arguments]
+    given = dict(zip(names, call.args, strict=False), **call.kwargs)
+    return all(
+        given.get(name, off) is None if off is None else given.get(name, off) == off
+        for name, off in _NOT_ACROSS_RANKS.items()
     )
 
 
@@ -300,21 +311,28 @@ def lift(graph: Graph) -> list[AllGatherMatch]:
     return gathers
 
 
-_TRUNCATING = (aten.topk.default, aten.sort.default, aten.sort.stable, aten.cumsum.default)
+# top-k / top-p / min-p and the soft-cap, which the TP op does not take.
+_NOT_LIFTED = (
+    aten.topk.default,
+    aten.sort.default,
+    aten.sort.stable,
+    aten.cumsum.default,
+    aten.tanh.default,
+)
 
 
 def _truncated(logits: Node, limit: int = 64) -> bool:
-    """True if a top-k / top-p step is among the first ``limit`` nodes that read ``logits``
-    (a rank-independent test: every rank's program is the same after the gather)."""
+    """True if a top-k / top-p / min-p step or a soft-cap is among the first ``limit`` nodes
+    that read ``logits`` (a rank-independent test: every rank's program is the same after
+    the gather)."""
     seen, frontier = set(), [logits]
     while frontier and len(seen) < limit:
         node = frontier.pop()
         if node in seen:
             continue
         seen.add(node)
-        if is_call(node, *_TRUNCATING, *MASKING_OPS) or (
-            is_call(node, torch.ops.flashsampling.sample_logits.default)
-            and not _lowerable(node, first=6)
+        if is_call(node, *_NOT_LIFTED, *MASKING_OPS) or (
+            is_call(node, torch.ops.flashsampling.sample_logits.default) and not _lowerable(node)
         ):
             return True
         frontier.extend(node.users)

@@ -84,3 +84,11 @@ def top_p_probs(logits: torch.Tensor, p: float) -> torch.Tensor:
     removed[..., -1:] = False
     removed = removed.scatter(-1, order, removed)
     return torch.softmax(logits.masked_fill(removed, -torch.inf), -1)
+
+
+def min_p_probs(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """transformers' MinPLogitsWarper then softmax, in float64."""
+    probs = torch.softmax(logits.double(), -1)
+    return torch.softmax(
+        logits.double().masked_fill(probs < min_p * probs.amax(-1, keepdim=True), -torch.inf), -1
+    )

@@ -42,6 +42,11 @@ def bf16_step(h, seed):
     return sample_logits(logits, temperature=0.9, top_k=50, seed=seed)
 
 
+def min_p_softcap_step(h, seed):  # the call's own soft-cap and min-p
+    logits = F.linear(h, WEIGHT, BIAS)
+    return sample_logits(logits, temperature=0.8, top_p=0.9, min_p=0.05, softcap=5.0, seed=seed)
+
+
 h = torch.randn(B, T, D)
 temperature = torch.rand(B) + 0.5
 temperature[0] = 0.0  # a greedy row
@@ -52,6 +57,7 @@ CASES = [
     pytest.param(qwen3_step, (h, 1234), id="scalars"),
     pytest.param(per_row_step, (h, temperature, top_k, top_p, seeds), id="per-row-tensors"),
     pytest.param(bf16_step, (h[:, -1].bfloat16(), torch.tensor(7)), id="bf16-.float()"),
+    pytest.param(min_p_softcap_step, (h[:, -1], 99), id="min-p-softcap"),
 ]
 
 
@@ -79,6 +85,10 @@ def logits_from_elsewhere(logits):
     return sample_logits(logits * 2.0, top_k=20, seed=1)
 
 
+def softcap_of_scaled_logits(h):  # the op soft-caps the raw logits
+    return sample_logits(F.linear(h, WEIGHT) / 0.7, softcap=5.0, seed=1)
+
+
 def masked_twice(h):
     logits = F.linear(h, WEIGHT)
     logits = torch.where(logits < torch.topk(logits, 50)[0][..., -1:], -torch.inf, logits)
@@ -93,6 +103,7 @@ def masked_twice(h):
             logits_from_elsewhere, (torch.randn(B, V),), "not from an LM-head", id="no-matmul"
         ),
         pytest.param(masked_twice, (h[:, -1],), "truncates them again", id="mask-and-top-k"),
+        pytest.param(softcap_of_scaled_logits, (h[:, -1],), "already scaled", id="softcap-after-T"),
     ],
 )
 def test_near_miss_is_left_alone(fn, args, reason):

@@ -60,9 +60,18 @@ def _top_k_functional(hidden, weight_shard):  # gpt-fast's top-k after the gathe
     return torch.multinomial(torch.softmax(logits, dim=-1), 1)
 
 
+def _softcap_functional(hidden, weight_shard):  # Gemma 2's soft-cap after the gather
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden @ weight_shard.T, -1, dist.group.WORLD)[:, :VOCAB]
+    logits = torch.tanh(logits / 30.0) * 30.0
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1)
+
+
 STEPS = {
     "functional": _functional,
     "top_k": _top_k_functional,
+    "softcap": _softcap_functional,
     "sliced": _sliced_functional,
     "into_tensor": _into_tensor,
     "logits_returned": _logits_returned,
@@ -142,15 +151,16 @@ graph():
     return (view_default_1,)""",
         )
 
-    def test_top_k_after_the_gather_is_left_to_stock_inductor(self):
-        """tp_fused_sample takes no top-k yet: the gather is not lifted (a fused call on the
-        gathered weight would keep the truncation but gather the whole weight each step)."""
-        graph, rewrites = self.graph("top_k")
-        self.assertNotIn("tp_all_gather", rewrites)
-        self.assertNotIn("tp_fused_sample", graph)
-        self.assertNotIn("tp_gathered_weight", graph)
-        self.assertIn("all_gather_into_tensor", graph)
-        self.assertIn("aten.multinomial", graph)
+    def test_top_k_or_softcap_after_the_gather_is_left_to_stock_inductor(self):
+        """tp_fused_sample takes no top-k or soft-cap yet: the gather is not lifted (a fused
+        call on the gathered weight would keep them but gather the whole weight each step)."""
+        for name in ("top_k", "softcap"):
+            graph, rewrites = self.graph(name)
+            self.assertNotIn("tp_all_gather", rewrites)
+            self.assertNotIn("tp_fused_sample", graph)
+            self.assertNotIn("tp_gathered_weight", graph)
+            self.assertIn("all_gather_into_tensor", graph)
+            self.assertIn("aten.multinomial", graph)
 
     def test_gathered_logits_with_another_user_are_not_rewritten(self):
         graph, rewrites = self.graph("logits_returned")

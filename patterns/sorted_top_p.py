@@ -1,0 +1,133 @@
+"""The hand-written nucleus on sorted probabilities, as Llama's reference ``sample_top_p``
+(and xformers', and many samplers after them) writes it::
+
+    probs = torch.softmax(logits / temperature, dim=-1)
+    probs_sort, probs_idx = torch.sort(probs, dim=-1, descending=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    mask = probs_sum - probs_sort > p
+    probs_sort[mask] = 0.0
+    probs_sort.div_(probs_sort.sum(dim=-1, keepdim=True))
+    next_token = torch.multinomial(probs_sort, num_samples=1)
+    next_token = torch.gather(probs_idx, -1, next_token)
+
+A token is dropped iff the mass sorted above it exceeds ``p``; the draw among the rest, read
+back through the sort's indices, is the op's ``fused_sample(top_p=p)`` (``_rewrite.py``).
+The renormalization is optional (``multinomial`` normalizes), the zeroing may be
+``masked_fill`` or ``torch.where``. Checked literals: a descending sort over the vocabulary
+dim of the probabilities, ``cumsum - sorted`` over the same sort, ``p`` a Python float in
+(0, 1], the fill exactly 0, the gather along the vocabulary dim through the same sort's
+indices, independent draws (``multinomial_draws``).
+
+``> p`` keeps a token whose mass above equals ``p`` exactly, where the op (and ``>= p``)
+drops it. Both compute that mass in fp32, the program by its cumsum and the op by its own
+sum, so which side of ``p`` a token within a rounding of it lands on is a near-tie either
+way; fp32 probabilities are required. Ties at the token crossing ``p``: the op keeps every
+token tied with it, the sort keeps those it puts first, which agree unless two fp32 logits
+tie (measure zero); logits rounded to bf16/fp16 tie often, so they are refused, as for
+``top_p_mask``.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+
+from ._lm_head import match_lm_head
+from ._rewrite import SamplingMatch
+from ._tails import match_softmax, multinomial_draws, unnormalized
+from ._truncation import MASKING_OPS, masking_shell, take_outputs
+from ._walk import NoMatch, Walk, arguments, aten, constant, is_call, last_dim, take_constant, val
+
+IDIOM = "sorted_top_p"
+TARGET = aten.gather.default
+
+
+def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The idiom as users write it (Llama's ``sample_top_p``)."""
+    probs = torch.softmax(F.linear(hidden, weight) / temperature, dim=-1)
+    probs_sort, probs_idx = torch.sort(probs, dim=-1, descending=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    mask = probs_sum - probs_sort > 0.9
+    probs_sort[mask] = 0.0
+    probs_sort.div_(probs_sort.sum(dim=-1, keepdim=True))
+    next_token = torch.multinomial(probs_sort, num_samples=1)
+    return torch.gather(probs_idx, -1, next_token)
+
+
+def example_inputs() -> tuple:
+    """Arguments ``search`` is traced with in the tests."""
+    return torch.randn(3, 24), torch.randn(1000, 24), 0.6
+
+
+def check(walk: Walk) -> SamplingMatch | None:
+    gather = walk.terminal
+    tokens, dim, choice = gather.args[:3]
+    if not (is_call(tokens, operator.getitem) and tokens.args[1] == 1):
+        return None
+    sort = tokens.args[0]
+    if not is_call(sort, aten.sort.default, aten.sort.stable):
+        return None
+    if not is_call(choice, aten.multinomial.default):
+        return None
+    kept = unnormalized(walk, choice.args[0])
+    if not is_call(kept, *MASKING_OPS):
+        return None
+    sorted_probs, condition, fill, removes = masking_shell(kept)
+    if not (is_call(sorted_probs, operator.getitem) and sorted_probs.args[0] is sort):
+        return None
+    if sorted_probs.args[1] != 0 or constant(fill) != 0.0:
+        raise NoMatch(f"{kept.name} does not set the sorted probabilities outside p to 0")
+    ndim = val(sorted_probs).dim()
+    sort_args = arguments(sort, "dim", "descending")
+    if not last_dim(sort_args.get("dim", -1), ndim) or not sort_args.get("descending", False):
+        raise NoMatch(f"{sort.name} is not a descending sort over the vocabulary dim")
+    if not last_dim(dim, ndim):
+        raise NoMatch(f"{gather.name} gathers along dim {dim}, not the sorted dim")
+    if val(sorted_probs).dtype != torch.float32:
+        raise NoMatch(f"{sort.name} sorts {val(sorted_probs).dtype} probabilities, not fp32")
+    top_p = _top_p(walk, condition, sorted_probs, removes)
+    num_samples = multinomial_draws(choice)
+    for node in (tokens, choice, kept, sorted_probs):
+        walk.take(node)
+    take_constant(walk, fill)
+    take_outputs(walk, sort)
+    head = match_lm_head(walk, match_softmax(walk, sort.args[0]))
+    if head.top_p is not None or head.min_p is not None:
+        raise NoMatch(f"{sort.name} sorts probabilities already truncated by top-p or min-p")
+    if head.logits_dtype is not None:
+        raise NoMatch(
+            f"top-p on logits rounded to {str(head.logits_dtype)[6:]}: ties at the token"
+            " crossing p are common there, and the op would keep all of them where the sort"
+            " keeps those it puts first"
+        )
+    return SamplingMatch(head, num_samples=num_samples, top_k=head.top_k, top_p=top_p)
+
+
+def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float:
+    """``cumsum(sorted, -1) - sorted > p`` (or ``>= p``) for the tokens removed, ``<= p``
+    (or ``< p``) for the tokens kept -> p in (0, 1]."""
+    wanted = (aten.gt.Scalar, aten.ge.Scalar) if removes else (aten.le.Scalar, aten.lt.Scalar)
+    if is_call(condition, aten.gt.Tensor, aten.ge.Tensor, aten.le.Tensor, aten.lt.Tensor):
+        raise NoMatch(f"{condition.name} compares with a tensor (a per-row or dynamic p)")
+    if not is_call(condition, *wanted):
+        role = "removed" if removes else "kept"
+        raise NoMatch(f"{condition.name} does not name the tokens {role} by their mass above")
+    above, p = condition.args
+    if not (
+        is_call(above, aten.sub.Tensor)
+        and "alpha" not in above.kwargs
+        and above.args[1] is sorted_probs
+        and is_call(above.args[0], aten.cumsum.default)
+        and above.args[0].args[0] is sorted_probs
+        and last_dim(above.args[0].args[1], val(sorted_probs).dim())
+    ):
+        raise NoMatch(f"{condition.name} does not compare the mass sorted above each token")
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise NoMatch(f"{condition.name} compares with {p}, not a Python float")
+    if not 0.0 < p <= 1.0:
+        raise NoMatch(f"top_p = {p} is outside (0, 1]")
+    for node in (condition, above, above.args[0]):
+        walk.take(node)
+    return float(p)
