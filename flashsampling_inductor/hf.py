@@ -18,9 +18,9 @@ transformers runs it, eagerly, and its token is drawn by ``sample_logits`` from 
 
 or, per call, ``model.generate(ids, ..., custom_generate=fused_generate)``.
 
-It fuses greedy search and sampling with a temperature, top-k and top-p (generate's defaults
-and a model's generation_config included). Anything else (other logits processors such as a
-repetition penalty or min-p, beam search, assisted decoding, returned scores or logits,
+It fuses greedy search and sampling with a temperature, top-k, top-p and min-p (generate's
+defaults and a model's generation_config included). Anything else (other logits processors
+such as a repetition penalty, beam search, assisted decoding, returned scores or logits,
 ``synced_gpus``, encoder-decoder models, a cache that is not static) runs transformers' own
 loop and says why once, at WARNING, on the ``flashsampling_inductor`` logger.
 """
@@ -164,6 +164,7 @@ class _Sampling:
     temperature: float  # 0: greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
 
     def as_tensors(self, device: torch.device) -> dict:
         """The knobs as 0-d device tensors, which the op applies to every row: new values reuse
@@ -178,12 +179,14 @@ class _Sampling:
             temperature=scalar(self.temperature, torch.float32),
             top_k=scalar(self.top_k, torch.int64) if self.top_k else None,
             top_p=scalar(self.top_p, torch.float32) if self.top_p < 1.0 else None,
+            min_p=scalar(self.min_p, torch.float32) if self.min_p > 0.0 else None,
         )
 
 
 def _sampling_settings(logits_processor, generation_config) -> _Sampling | str:
     """-> the sampling the processors ask for, or why the op cannot draw it."""
     from transformers.generation.logits_process import (
+        MinPLogitsWarper,
         TemperatureLogitsWarper,
         TopKLogitsWarper,
         TopPLogitsWarper,
@@ -194,9 +197,9 @@ def _sampling_settings(logits_processor, generation_config) -> _Sampling | str:
         if processors:
             return f"the logits processors {processors} are not fused"
         return _Sampling(temperature=0.0)
-    # transformers applies temperature, then top-k, then top-p: the op's order.
-    order = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
-    temperature, top_k, top_p, last = 1.0, 0, 1.0, -1
+    # transformers applies temperature, then top-k, top-p, min-p: the op's order.
+    order = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
+    temperature, top_k, top_p, min_p, last = 1.0, 0, 1.0, 0.0, -1
     for processor in logits_processor:
         kind = type(processor)
         position = order.index(kind) if kind in order else None
@@ -212,11 +215,14 @@ def _sampling_settings(logits_processor, generation_config) -> _Sampling | str:
         elif kind is TopKLogitsWarper:
             top_k = int(processor.top_k)
         elif processor.min_tokens_to_keep != 1:
-            return f"top-p with min_tokens_to_keep={processor.min_tokens_to_keep} is not fused"
-        else:
+            name = "top-p" if kind is TopPLogitsWarper else "min-p"
+            return f"{name} with min_tokens_to_keep={processor.min_tokens_to_keep} is not fused"
+        elif kind is TopPLogitsWarper:
             top_p = float(processor.top_p)
+        else:
+            min_p = float(processor.min_p)
         last = position
-    return _Sampling(temperature, top_k, top_p)
+    return _Sampling(temperature, top_k, top_p, min_p)
 
 
 def _unfusable_setup(model, generation_config, synced_gpus, model_kwargs) -> str:
@@ -327,10 +333,11 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     return input_ids
 
 
-def _decode_step(model, inputs: dict, temperature, top_k, top_p) -> torch.Tensor:
+def _decode_step(model, inputs: dict, temperature, top_k, top_p, min_p) -> torch.Tensor:
     """One decode step: the forward and the token choice, one graph. -> tokens [B]."""
     logits = model(**inputs, return_dict=True).logits[:, -1, :]
-    return sample_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).squeeze(1)
+    tokens = sample_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    return tokens.squeeze(1)
 
 
 def _compiled_step(model, generation_config):
@@ -347,11 +354,11 @@ def _compiled_step(model, generation_config):
     cached = getattr(model, "_flashsampling_step", None)
     if cached is None or cached[0] != key:
 
-        def decode_step(inputs: dict, temperature, top_k, top_p) -> torch.Tensor:
+        def decode_step(inputs: dict, temperature, top_k, top_p, min_p) -> torch.Tensor:
             # A function of its own (not a functools.partial): Dynamo's record of which sizes
             # changed between runs (automatic dynamic shapes, kept across processes) is keyed
             # on the compiled code, so this step's record is its own.
-            return _decode_step(model, inputs, temperature, top_k, top_p)
+            return _decode_step(model, inputs, temperature, top_k, top_p, min_p)
 
         compiled = torch.compile(
             decode_step,

@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 transformers = pytest.importorskip("transformers", minversion="5.17")
 from transformers.generation.logits_process import (  # noqa: E402
     LogitsProcessorList,
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -139,36 +140,34 @@ def test_greedy_stops_at_eos_as_generate_does(model):
     torch.testing.assert_close(model.generate(prompt, **settings), expected, rtol=0, atol=0)
 
 
-def _warped(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def _warped(logits: torch.Tensor, temperature, top_k, top_p, min_p) -> torch.Tensor:
     """generate's own warpers on [N, V] logits -> float64 probabilities."""
     warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
     if top_k:
         warpers.append(TopKLogitsWarper(top_k))
     if top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p))
+    if min_p:
+        warpers.append(MinPLogitsWarper(min_p))
     return torch.softmax(warpers(None, logits.float()).double(), dim=-1)
 
 
 @torch.no_grad()
-def _token_probs(model, prompt, temperature, top_k, top_p, chunk=2048):
+def _token_probs(model, prompt, temperature, top_k, top_p, min_p, chunk=2048):
     """-> generate's distributions [V] float64 of the first and the second new token after
     prompt [1, L] (the second's summed over the first; a row that drew the eos is padded with
     it, the pad token defaulting to the eos)."""
-    first = _warped(model(prompt).logits[:, -1], temperature, top_k, top_p)[0]
+    first = _warped(model(prompt).logits[:, -1], temperature, top_k, top_p, min_p)[0]
     vocab, eos = first.numel(), model.generation_config.eos_token_id
     second = torch.zeros_like(first)
     for start in range(0, vocab, chunk):
         tokens = torch.arange(start, min(start + chunk, vocab), device=prompt.device)
         both = torch.cat([prompt.expand(len(tokens), -1), tokens[:, None]], dim=1)
-        after = _warped(model(both).logits[:, -1], temperature, top_k, top_p)
+        after = _warped(model(both).logits[:, -1], temperature, top_k, top_p, min_p)
         if eos is not None and start <= eos < start + chunk:
             after[eos - start] = torch.nn.functional.one_hot(torch.tensor(eos), vocab)
         second += first[tokens] @ after
     return first, second
-
-
-def _second_token_probs(model, prompt, temperature, top_k, top_p):
-    return _token_probs(model, prompt, temperature, top_k, top_p)[1]
 
 
 # 40_000 rows, two new tokens each: the first is the prompt's (drawn from the prefill's logits),
@@ -176,16 +175,22 @@ def _second_token_probs(model, prompt, temperature, top_k, top_p):
 # second's sums over the first), so one-sample chi-squares over V = 48 cells have power
 # against a ~1% shift in any one likely token's probability; p > 1e-4 keeps the fixed-seed
 # tests from flaking. The settings include generate's default top_k = 50 (> V: every token
-# survives) and, in a model's generation_config, Qwen3's (0.6, 20, 0.95).
+# survives), in a model's generation_config Qwen3's (0.6, 20, 0.95), and top-p without top-k
+# followed by min-p.
 @pytest.mark.parametrize(
-    "kind, temperature, top_k, top_p",
-    [("llama", 0.7, 0, 1.0), ("llama", 1.0, 50, 1.0), ("qwen3", 0.6, 20, 0.95)],
+    "kind, temperature, top_k, top_p, min_p",
+    [
+        ("llama", 0.7, 0, 1.0, None),
+        ("llama", 1.0, 50, 1.0, None),
+        ("qwen3", 0.6, 20, 0.95, None),
+        ("llama", 0.8, 0, 0.9, 0.1),
+    ],
 )
-def test_sampling_keeps_the_distribution(models, kind, caplog, temperature, top_k, top_p):
+def test_sampling_keeps_the_distribution(models, kind, caplog, temperature, top_k, top_p, min_p):
     model, rows, prompt = models[kind], 40_000, torch.randint(0, VOCAB, (1, 4))
-    first, second = _token_probs(model, prompt, temperature, top_k, top_p)
+    first, second = _token_probs(model, prompt, temperature, top_k, top_p, min_p)
     config = copy.deepcopy(model.generation_config)
-    config.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
+    config.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     counters.clear()
     torch.manual_seed(1)
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
@@ -218,7 +223,7 @@ def test_new_prompts_and_settings_reuse_the_compiled_step(model):
     "settings, why",
     [
         (dict(do_sample=True, repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
-        (dict(do_sample=True, min_p=0.1), "MinPLogitsWarper"),
+        (dict(do_sample=True, typical_p=0.9), "TypicalLogitsWarper"),
         (dict(do_sample=True, return_dict_in_generate=True, output_scores=True), "scores"),
     ],
 )
@@ -306,7 +311,7 @@ def test_sampling_on_cuda():
         # Logits with a spread of ~2: the likeliest tokens get 0.5-1.5% of the draws each.
         model.lm_head.weight.mul_(6)
     prompt = torch.randint(0, vocab, (1, 6), device="cuda")
-    probs = _second_token_probs(model, prompt, 0.8, 0, 1.0)
+    probs = _token_probs(model, prompt, 0.8, 0, 1.0, None)[1]
     counters.clear()
     out = model.generate(
         prompt.expand(16_384, 6), do_sample=True, temperature=0.8, top_k=0, max_new_tokens=2
