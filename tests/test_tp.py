@@ -236,9 +236,10 @@ def test_shared_seed_stream_needs_no_seeding_alike():
     assert not torch.equal(per_rank[0][0], per_rank[0][1])
 
 
-def test_skewed_ranks_agree_on_every_step():
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_skewed_ranks_agree_on_every_step(world_size):
     steps = 20
-    per_rank = run_ranks(3, _skewed_worker, steps)
+    per_rank = run_ranks(world_size, _skewed_worker, steps)
     hidden, weight = make_problem(4, 1000, 16, device=torch.device("cpu"))
     for step in range(steps):
         expected = fused_sample(hidden, weight, seed=step, impl="torch")
