@@ -144,6 +144,38 @@ def _nucleus_bound(keys, weights, total, top_p):
 
 
 @triton.jit
+def _nucleus_bound_wide(keys, weights, total, top_p):
+    """``_nucleus_bound`` four bits at a time: each pass sums the mass above 16 trials at once
+    ([16, n] held in registers, so for a few thousand keys at most), 8 block-wide reductions
+    instead of 32. The same bound: the mass above a trial does not increase with it."""
+    threshold = top_p * total
+    below = tl.full((), KEY_PAD, tl.int64)
+    digits = tl.arange(0, 16).to(tl.int64)
+    for i in tl.static_range(8):
+        shift: tl.constexpr = 28 - 4 * i
+        trials = (below + (digits << shift)).to(tl.int32)
+        mass = tl.sum(tl.where(keys[None, :] > trials[:, None], weights[None, :], 0.0), axis=1)
+        # mass >= threshold on a prefix of the trials, trial 0 (= below) included but for
+        # the first pass, where below = KEY_PAD may miss it as the bit search's does.
+        count = tl.maximum(tl.sum((mass >= threshold).to(tl.int64)), 1)
+        below = below + ((count - 1) << shift)
+    return (below + 1).to(tl.int32)
+
+
+@triton.jit
+def _heaviest(weights, LIMIT: tl.constexpr):
+    """A mask of the heaviest candidates, about LIMIT of them at most: those above the
+    power-of-two weight level below which a histogram of the weights' binary exponents
+    (weights in [0, 1]) counts more than LIMIT. Only a guess: the caller counts and checks."""
+    bucket = tl.minimum(tl.floor(-tl.log2(weights)), 63.0).to(tl.int32)
+    cumulative = tl.cumsum(tl.histogram(bucket, 64), axis=0)
+    # (weight 0 lands in bucket 63, which is never selected)
+    fits = (cumulative <= LIMIT) & (tl.arange(0, 64) < 63)
+    levels = tl.sum(fits.to(tl.int32))
+    return weights > tl.exp2(-levels.to(tl.float32))
+
+
+@triton.jit
 def _pack(keys, index, select, count, pack, key_ptr, index_ptr, COMPACT: tl.constexpr):
     """The selected candidates (count of them) packed into the row's COMPACT slots and read
     back as [COMPACT] tensors (KEY_PAD past count) when ``pack``; all KEY_PAD otherwise."""
@@ -287,7 +319,9 @@ def _truncated_stage2(
         # the candidates lack.
         if compact:
             small_weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
-            keep_bound = _nucleus_bound(small_keys, small_weights, tl.sum(small_weights), top_p)
+            keep_bound = _nucleus_bound_wide(
+                small_keys, small_weights, tl.sum(small_weights), top_p
+            )
         elif SINGLE:
             weights = _weights(row_keys, top_value, inv_temperature, survivor_bound)
             total = tl.sum(weights)
@@ -298,7 +332,23 @@ def _truncated_stage2(
                             mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK
                         )
             if total > 0:
-                keep_bound = tl.maximum(keep_bound, _nucleus_bound(row_keys, weights, total, top_p))
+                # The nucleus is usually a few dozen tokens: when the heaviest candidates
+                # (at most COMPACT) already hold p of the mass, they are an upper set of the
+                # keys that decides the bound alone, so they are packed and searched wide.
+                heavy = _heaviest(weights, COMPACT)
+                num_heavy = tl.sum(heavy.to(tl.int32))
+                heavy_mass = tl.sum(tl.where(heavy, weights, 0.0))
+                pruned = (num_heavy <= COMPACT) & (heavy_mass >= top_p * total)
+                heavy_keys, _ = _pack(
+                    row_keys, row_index, heavy, num_heavy, pruned, compact_key_ptr,
+                    compact_index_ptr, COMPACT,
+                )  # fmt: skip
+                if pruned:
+                    heavy_weights = _weights(heavy_keys, top_value, inv_temperature, KEY_PAD)
+                    nucleus = _nucleus_bound_wide(heavy_keys, heavy_weights, total, top_p)
+                else:
+                    nucleus = _nucleus_bound(row_keys, weights, total, top_p)
+                keep_bound = tl.maximum(keep_bound, nucleus)
         else:
             total = _mass_above(key_ptr, index_ptr, num_candidates, KEY_PAD, top_value,
                                 inv_temperature, survivor_bound, COMPLETE, BLOCK)  # fmt: skip
