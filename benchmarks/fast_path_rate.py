@@ -20,6 +20,7 @@ the kernels run under the Triton interpreter (B <= 32 there; a few minutes); the
 not depend on the device.
 
     python benchmarks/fast_path_rate.py [--batch 32] [--rows-per-family 32] [--out FILE]
+                                        [--families zipf-4,flat]
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ def main() -> None:
     parser.add_argument("--rows-per-family", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the table to this file")
+    parser.add_argument(
+        "--families", default=None, help="comma list (default all: zipf-1..4, flat, uniform)"
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and args.batch > 32:
@@ -132,6 +136,8 @@ def main() -> None:
     ]
     print("\n".join(lines), flush=True)
     for name, scores in families(args.rows_per_family, args.seed, device).items():
+        if args.families and name not in args.families.split(","):
+            continue
         h = entropy(scores)
         for filter_name, top_p, min_p in (("top_p 0.9", 0.9, 0.0), ("min_p 0.1", 1.0, 0.1)):
             sizes = kept_sizes(scores, top_p, min_p)

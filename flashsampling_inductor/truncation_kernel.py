@@ -152,7 +152,7 @@ def _nucleus_bound_wide(keys, weights, total, top_p):
     below = tl.full((), KEY_PAD, tl.int64)
     digits = tl.arange(0, 16).to(tl.int64)
     for i in tl.static_range(8):
-        shift: tl.constexpr = 28 - 4 * i
+        shift = 28 - 4 * i
         trials = (below + (digits << shift)).to(tl.int32)
         mass = tl.sum(tl.where(keys[None, :] > trials[:, None], weights[None, :], 0.0), axis=1)
         # mass >= threshold on a prefix of the trials, trial 0 (= below) included but for

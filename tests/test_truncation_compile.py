@@ -1,0 +1,89 @@
+"""The truncating kernels compile for Hopper (sm_90a) without a GPU.
+
+The interpreter runs these kernels as Python, so it accepts code the compiler rejects (a
+constexpr reassigned inside a ``static_range`` passed the CPU tests once and failed
+``triton.compile``); this compiles stage 1 with the soft-cap and top-m candidates, both
+stage-2 variants of rows without top-k (top-p's pruned wide search, min-p) and the fallback,
+with Triton's own ptxas, as ``benchmarks/kernel_sass.py`` does for plain stage 1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+SCRIPT = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from flashsampling_inductor import sampling_kernel, truncation_kernel
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def compile_kernel(kernel, signature, constants, **options):
+    signature = {**signature, **{name: "constexpr" for name in constants}}
+    constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
+    triton.compile(ASTSource(kernel, signature, constexprs), target=HOPPER, options=options)
+
+
+knob_modes = dict(TEMPERATURE_MODE=2, SEED_MODE=2, TOP_K_MODE=0, TOP_P_MODE=2, MIN_P_MODE=2)
+stage2 = {
+    "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",
+    "temperature_ptr": "*fp32", "seed_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
+    "out_ptr": "*i64", "overflow_ptr": "*i32", "compact_key_ptr": "*i32",
+    "compact_index_ptr": "*i32", "num_candidates": "i32", "num_tiles": "i32", "V": "i32",
+    "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "scalar_top_k": "i64",
+    "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32",
+}
+compile_kernel(
+    truncation_kernel._truncated_stage2, stage2,
+    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
+         HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True, FAST_MATH=True,
+         BLOCK=16384, COMPACT=2048),
+    num_warps=16,
+)
+stage1 = {
+    "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "temperature_ptr": "*fp32",
+    "seed_ptr": "*i64", "top_m_key_ptr": "*i32", "top_m_index_ptr": "*i32",
+    "hidden_key_ptr": "*i32", "mass_ptr": "*fp32", "B": "i32", "V": "i32", "D": "i32",
+    "stride_hb": "i32", "stride_hd": "i32", "stride_wv": "i32", "stride_wd": "i32",
+    "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "num_samples": "i32",
+    "vocab_offset": "i32", "softcap": "fp32",
+}
+compile_kernel(
+    sampling_kernel._sample_stage1, stage1,
+    dict(hidden_desc=None, weight_desc=None, bias_ptr=None, cand_score_ptr=None,
+         cand_index_ptr=None, HAS_BIAS=False, HAS_SOFTCAP=True, TEMPERATURE_MODE=2,
+         SEED_MODE=2, LOGITS_DTYPE=None, DOT_PRECISION="ieee", SWAP_AB=True, USE_TMA=False,
+         EPILOGUE_CHUNKS=1, EVEN_D=True, EVEN_V=False, INTERPRETER=False, BLOCK_B=16,
+         BLOCK_V=64, BLOCK_D=128, PLAIN=False, TOP_M=4, ROW_MASS=True),
+    num_warps=4, num_stages=4,
+)
+fallback = {
+    "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "overflow_ptr": "*i32",
+    "scratch_ptr": "*fp32", "B": "i32", "V": "i32", "D": "i32", "stride_hb": "i32",
+    "stride_hd": "i32", "stride_wv": "i32", "stride_wd": "i32", "softcap": "fp32",
+}
+compile_kernel(
+    truncation_kernel._fallback_logits, fallback,
+    dict(bias_ptr=None, HAS_BIAS=False, LOGITS_DTYPE=None, HAS_SOFTCAP=True,
+         INTERPRETER=False, BLOCK_V=128, BLOCK_D=64),
+    num_warps=4,
+)
+print("compiled")
+"""
+
+
+def test_truncating_kernels_compile_for_hopper():
+    """Stage 1 (soft-cap, top-m, mass partials), stage 2 (per-row top-p and min-p, no
+    top-k) and the fallback (soft-cap) compile for sm_90a."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "compiled" in child.stdout
