@@ -55,6 +55,9 @@ _GENERATE_ARGUMENTS = (
     "negative_prompt_attention_mask",
 )
 _warned: set[str] = set()
+# Graphs one compiled decode step may hold: 2^3 on/off states of top-k, top-p and min-p, times
+# a few shape changes (see _mark_steps).
+_STEP_GRAPHS_LIMIT = 64
 
 
 def enable(model):
@@ -373,14 +376,22 @@ def _compiled_step(model, generation_config):
 
 
 def _mark_steps(compiled, mode):
-    """Under CUDA graphs each decode step is a new iteration: the previous step's output
-    (the tokens, already copied into input_ids) may be overwritten."""
-    if mode is None or "reduce-overhead" not in mode:
-        return compiled
+    """The compiled step as the loop calls it.
+
+    Each knob that is on or off (top-k, top-p, min-p: a tensor or None) is a graph of its own,
+    and so is each first sight of a new batch size or cache length before Dynamo makes that
+    dimension dynamic: a long-lived model meeting many settings can need more graphs than
+    Dynamo's default limit (8), past which a fullgraph compile fails. The bound is known
+    (2^3 knob states, a few shape changes), so the step's limit is raised to cover it.
+    Under CUDA graphs each decode step is a new iteration: the previous step's output (the
+    tokens, already copied into input_ids) may be overwritten."""
+    cuda_graphs = mode is not None and "reduce-overhead" in mode
 
     def step(*args, **kwargs):
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args, **kwargs)
+        with torch._dynamo.config.patch(recompile_limit=_STEP_GRAPHS_LIMIT):
+            if cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            return compiled(*args, **kwargs)
 
     return step
 
