@@ -27,7 +27,13 @@ from .sampling_oracle import (
     top_p_margin,
     warped_probabilities,
 )
-from .test_truncation import IMPLS, TOP_P_MARGIN, contract_sample, exact_logits
+from .test_truncation import (
+    IMPLS,
+    TOP_P_MARGIN,
+    assert_bad_knobs_raise,
+    contract_sample,
+    exact_logits,
+)
 
 MIN_PS = [0.0, 0.05, 0.1, 0.3, 1.0]
 # (top_k, top_p) before min-p: none, top-p over the whole row, top-k, both.
@@ -200,12 +206,7 @@ BAD_KNOBS = [
 @pytest.mark.parametrize("entry", ["fused_sample", "sample_logits"])
 def test_bad_min_p_and_softcap_raise_naming_the_argument(knobs, error, message, entry):
     """CPU eager calls check min_p and softcap on the host: an error naming them."""
-    hidden, weight = make_exact_problem(3, 50, 16, device=torch.device("cpu"))
-    with pytest.raises(error, match=message):
-        if entry == "fused_sample":
-            fused_sample(hidden, weight, impl="torch", **knobs)
-        else:
-            sample_logits(exact_logits(hidden, weight), impl="torch", **knobs)
+    assert_bad_knobs_raise(entry, knobs, error, message)
 
 
 def test_a_bad_softcap_in_a_graph_fails_when_the_op_runs():

@@ -214,6 +214,12 @@ BAD_KNOBS = [
 @pytest.mark.parametrize("entry", ["fused_sample", "sample_logits"])
 def test_bad_top_k_top_p_raise_naming_the_argument(knobs, error, message, entry):
     """CPU eager calls check k and p on the host: a ValueError / TypeError naming them."""
+    assert_bad_knobs_raise(entry, knobs, error, message)
+
+
+def assert_bad_knobs_raise(entry: str, knobs: dict, error: type, message: str) -> None:
+    """``entry`` ("fused_sample" or "sample_logits") called eagerly on the CPU with ``knobs``
+    raises ``error`` whose message names the argument."""
     hidden, weight = make_exact_problem(3, 50, 16, device=torch.device("cpu"))
     with pytest.raises(error, match=message):
         if entry == "fused_sample":
