@@ -68,8 +68,18 @@ def _softcap_functional(hidden, weight_shard):  # Gemma 2's soft-cap after the g
     return torch.multinomial(torch.softmax(logits, dim=-1), 1)
 
 
+def _single_row_functional(hidden, weight_shard):
+    """B = 1 with gather_dim=1: the functional gather's re-layout is then one view. (With
+    gather_dim=-1 torch itself mis-shapes that view at B = 1, in eager too.)"""
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden[:1] @ weight_shard.T, 1, dist.group.WORLD)
+    return torch.multinomial(torch.softmax(logits[:, :VOCAB] / 0.7, dim=-1), 1)
+
+
 STEPS = {
     "functional": _functional,
+    "single_row": _single_row_functional,
     "top_k": _top_k_functional,
     "softcap": _softcap_functional,
     "sliced": _sliced_functional,
@@ -150,6 +160,12 @@ graph():
     %view_default_1 : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%tp_fused_sample_default, [3]), kwargs = {})
     return (view_default_1,)""",
         )
+
+    def test_single_row_gather_is_one_view_and_rewritten(self):
+        graph, rewrites = self.graph("single_row")
+        self.assertEqual(rewrites.get("tp_all_gather"), 1, graph)
+        self.assertIn("tp_fused_sample", graph)
+        self.assertNotIn("all_gather_into_tensor", graph)
 
     def test_top_k_or_softcap_after_the_gather_is_left_to_stock_inductor(self):
         """tp_fused_sample takes no top-k or soft-cap yet: the gather is not lifted (a fused

@@ -190,3 +190,28 @@ def test_a_flat_row_takes_the_fallback_exactly(knobs, overflowed):
     assert torch.equal(tokens, expected)
     (flags,) = overflowed
     assert flags.tolist() == [True, False]
+
+
+@pytest.mark.parametrize(
+    "knobs, wide",
+    [
+        ({"scalar_top_k": 50}, True),
+        ({"scalar_top_k": 50, "scalar_top_p": 0.9}, True),
+        ({"scalar_min_p": 0.1}, True),
+        ({"scalar_top_p": 0.9}, False),
+        ({"scalar_top_p": 0.9, "scalar_min_p": 0.1}, False),
+        ({"top_k": torch.tensor([50, 0]), "scalar_top_p": 0.9}, False),
+        ({"scalar_top_k": 1000, "top_p": torch.tensor([0.9, 1.0])}, True),
+        ({}, False),
+    ],
+    ids=["top-k", "top-k+top-p", "min-p", "top-p", "top-p+min-p", "k-tensor+top-p", "k+p-tensor",
+         "plain"],
+)  # fmt: skip
+def test_only_top_p_without_top_k_keeps_the_narrow_tiles(knobs, wide):
+    """At B <= 32 on CUDA, truncating calls take 128-wide tiles (half the candidates for
+    stage 2) unless top-p may run without top-k on some row: a nucleus of hundreds of tokens
+    would overflow a 128-wide tile's 4 candidates far more often (sampling_kernel)."""
+    from flashsampling_inductor.sampling_kernel import _wide_truncation_tiles
+
+    params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
+    assert _wide_truncation_tiles(params, vocab_size=151936) is wide
