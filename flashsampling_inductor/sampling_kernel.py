@@ -548,14 +548,15 @@ def triton_fused_sample(
             _launch_stage2(cand_score, cand_index, out, out_score)
             return out
         overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
+        floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
         truncation_kernel.launch_stage2(
-            stage1, params, vocab_size, temperature_mode, out, overflow,
+            stage1, params, vocab_size, temperature_mode, out, overflow, floor,
             fast_math=not interpreter,
         )  # fmt: skip
         truncation_kernel.launch_fallback(
             hidden, weight, bias, params, temperature_mode, out, overflow,
             tl_logits_dtype, "ieee" if hidden.dtype != torch.float32 else fp32_precision,
-            not interpreter,
+            not interpreter, floor,
         )  # fmt: skip
     return out
 

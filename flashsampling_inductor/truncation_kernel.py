@@ -60,18 +60,26 @@ __all__ = [
 _INT32_MAX = tl.constexpr(2147483647)
 # Top-k survivors (k plus ties) up to this many are packed for top-p and the noise.
 COMPACT_SLOTS = 2048
+# Up to this many candidates (or, in the fallback, tokens) of a row stay in registers for
+# the whole of stage 2 (32 a thread); more are read in chunks of it. (Tests lower it to run
+# the chunked path, which real vocabularies take in the fallback, on small ones.)
+STAGE2_LANES = 16384
 
 
 @triton.jit
-def _chunk_keys(key_ptr, index_ptr, start, n, COMPLETE: tl.constexpr, BLOCK: tl.constexpr):
+def _chunk_keys(key_ptr, index_ptr, start, n, packed, COMPLETE: tl.constexpr,
+                BLOCK: tl.constexpr):  # fmt: skip
     """Keys (KEY_PAD past n) and global indices of candidates start..start+BLOCK of a row.
-    COMPLETE: key_ptr holds the row's fp32 logits and the index is the position."""
+    COMPLETE: key_ptr holds the row's fp32 logits and the index is the position, or, once
+    ``packed``, the logits above the row's floor and index_ptr their indices."""
     offs = start + tl.arange(0, BLOCK)
     mask = offs < n
     if COMPLETE:
         values = tl.load(key_ptr + offs, mask=mask, other=0.0)
         keys = tl.where(mask, ordered_key(values), KEY_PAD)
         index = offs
+        if packed:
+            index = tl.load(index_ptr + offs, mask=mask, other=0)
     else:
         keys = tl.load(key_ptr + offs, mask=mask, other=KEY_PAD)
         index = tl.load(index_ptr + offs, mask=mask, other=0)
@@ -84,7 +92,7 @@ def _count_at_least(key_ptr, index_ptr, n, bound, COMPLETE: tl.constexpr, BLOCK:
     fewer candidates stay in registers and are counted inline)."""
     count = 0
     for start in range(0, n, BLOCK):
-        keys, _ = _chunk_keys(key_ptr, index_ptr, start, n, COMPLETE, BLOCK)
+        keys, _ = _chunk_keys(key_ptr, index_ptr, start, n, False, COMPLETE, BLOCK)
         count += tl.sum((keys >= bound).to(tl.int32))
     return count
 
@@ -105,7 +113,7 @@ def _mass_above(key_ptr, index_ptr, n, bound, top_value, inv_temperature, surviv
     """The weight of the survivors whose key is > bound, read BLOCK at a time."""
     mass = 0.0
     for start in range(0, n, BLOCK):
-        keys, _ = _chunk_keys(key_ptr, index_ptr, start, n, COMPLETE, BLOCK)
+        keys, _ = _chunk_keys(key_ptr, index_ptr, start, n, False, COMPLETE, BLOCK)
         weights = _weights(keys, top_value, inv_temperature, survivor_bound)
         mass += tl.sum(tl.where(keys > bound, weights, 0.0))
     return mass
@@ -211,7 +219,7 @@ def _gumbel_winner(keys, index, keep_bound, noise_scale, row_counter, sample_ind
 def _truncated_stage2(
     key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
     temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
-    compact_key_ptr, compact_index_ptr,
+    floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
     num_candidates, num_tiles, V,
     scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
     num_samples,
@@ -244,7 +252,7 @@ def _truncated_stage2(
     min_p_on = (min_p > 0.0) & (temperature > 0)
 
     # With SINGLE every candidate of the row stays in registers from here on.
-    row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, COMPLETE, BLOCK)
+    row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, False, COMPLETE, BLOCK)
     # The row's maximum key and, ties to the lowest index, its token (greedy rows' answer).
     top_key = tl.full((), KEY_PAD, tl.int32)
     top_index = tl.full((), _INT32_MAX, tl.int32)
@@ -252,7 +260,9 @@ def _truncated_stage2(
         if SINGLE:
             keys, index = row_keys, row_index
         else:
-            keys, index = _chunk_keys(key_ptr, index_ptr, start, num_candidates, COMPLETE, BLOCK)
+            keys, index = _chunk_keys(
+                key_ptr, index_ptr, start, num_candidates, False, COMPLETE, BLOCK
+            )
         chunk_top = tl.max(keys)
         chunk_index = tl.min(tl.where(keys == chunk_top, index, _INT32_MAX))
         better = (chunk_top > top_key) | ((chunk_top == top_key) & (chunk_index < top_index))
@@ -286,6 +296,38 @@ def _truncated_stage2(
                     best_index = tl.where(take, index, best_index)
                 tl.store(out_ptr + row64 * num_samples + sample_index, best_index.to(tl.int64))
             return
+
+    # The fallback over V tokens read in chunks: every kept token (and, with top-k, every
+    # top-k survivor) is at or above the floor that stage 2 proved for the row when it
+    # flagged it, so when at most COMPACT tokens are, they are packed once (their logits and
+    # indices) and the searches below read that one chunk instead of all of V; the row's
+    # mass for top-p alone is summed on the way. Otherwise (a flat row) all of V is searched.
+    packed = top_key < KEY_PAD  # False
+    row_total = tl.zeros((), tl.float32)
+    if COMPLETE:
+        if not SINGLE:
+            floor = tl.load(floor_ptr + row)
+            pack_value_ptr = compact_value_ptr + row64 * COMPACT
+            pack_index_ptr = compact_index_ptr + row64 * COMPACT
+            inv_t = INV_LN2 / tl.where(temperature > 0, temperature, 1.0)
+            count = tl.zeros((), tl.int32)
+            for start in range(0, num_candidates, BLOCK):
+                keys, index = _chunk_keys(
+                    key_ptr, index_ptr, start, num_candidates, False, COMPLETE, BLOCK
+                )
+                row_total += tl.sum(_weights(keys, top_value, inv_t, KEY_PAD))
+                select = (keys >= floor) & (keys > KEY_PAD)
+                slot = count + tl.cumsum(select.to(tl.int32), axis=0) - 1
+                fits = select & (slot < COMPACT)
+                tl.store(pack_value_ptr + slot, key_value(keys), mask=fits)
+                tl.store(pack_index_ptr + slot, index, mask=fits)
+                count += tl.sum(select.to(tl.int32))
+            tl.debug_barrier()
+            packed = count <= COMPACT
+            if packed:
+                key_ptr = pack_value_ptr
+                index_ptr = pack_index_ptr
+                num_candidates = count
 
     # Top-k: the largest key with at least k candidate keys >= it, built bit by bit from
     # KEY_PAD = -2**31 up (so a trial never leaves the int32 range).
@@ -365,6 +407,10 @@ def _truncated_stage2(
                         total = _row_mass(
                             mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK
                         )
+            if COMPLETE:
+                if packed:
+                    if not k_on:
+                        total = row_total  # the packed tokens hold only part of the mass
             if total > 0:
                 below = tl.full((), KEY_PAD, tl.int32)
                 for i in range(32):
@@ -396,8 +442,13 @@ def _truncated_stage2(
                              other=KEY_PAD)  # fmt: skip
             hides += tl.sum(((hidden >= check_bound) & (hidden > KEY_MINUS_INF)).to(tl.int32))
         if hides > 0:
+            # The fallback draws this row. Every token it keeps is at or above check_bound:
+            # the k-th largest candidate is <= the row's k-th value, a nucleus bound from the
+            # candidates (the row's exact mass, a subset's mass above each key) is <= the
+            # row's, and min-p's bound is exact.
+            tl.store(floor_ptr + row, check_bound)
             tl.store(overflow_ptr + row, 1)
-            return  # the fallback draws this row
+            return
 
     if SINGLE:
         if heavy_packed:
@@ -435,7 +486,7 @@ def _truncated_stage2(
                     keys, index = row_keys, row_index
                 else:
                     keys, index = _chunk_keys(
-                        key_ptr, index_ptr, start, num_candidates, COMPLETE, BLOCK
+                        key_ptr, index_ptr, start, num_candidates, packed, COMPLETE, BLOCK
                     )
                 chunk_best, chunk_index = _gumbel_winner(
                     keys, index, keep_bound, noise_scale, row_counter, sample_index, k0, k1,
@@ -531,6 +582,7 @@ def launch_stage2(
     temperature_mode: int,
     out: torch.Tensor,
     overflow: torch.Tensor,
+    floor: torch.Tensor,
     *,
     complete: bool = False,
     fast_math: bool = True,
@@ -538,23 +590,27 @@ def launch_stage2(
     """Stage 2 of a truncating call over stage 1's candidates (``stage1``: top_m_key,
     top_m_index [B, tiles * m], hidden_key [B, tiles], mass [B, tiles, 2] or None, plain
     score / index [B, S, tiles] or None), or with ``complete`` over the fallback's [B, V]
-    fp32 logits (``stage1["top_m_key"]``) for the rows flagged in ``overflow``."""
+    fp32 logits (``stage1["top_m_key"]``) for the rows flagged in ``overflow``. ``floor``
+    [B] int32: where stage 2 flags a row, a key that every token the row keeps is at or
+    above, which the fallback uses to search few tokens instead of V."""
     batch = out.shape[0]
     keys = stage1["top_m_key"]
     num_candidates = keys.shape[1]
     num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
     seed_u64 = params.scalar_seed % 2**64
-    # Up to 16384 candidates stay in registers for the whole search (32 a thread).
-    block = min(16384, max(16, triton.next_power_of_2(num_candidates)))
+    block = min(STAGE2_LANES, max(16, triton.next_power_of_2(num_candidates)))
     compact_slots = min(COMPACT_SLOTS, block)
     compact_key = torch.empty((batch, compact_slots), dtype=torch.int32, device=out.device)
     compact_index = torch.empty_like(compact_key)
+    # The fallback packs the logits above each flagged row's floor here.
+    compact_value = torch.empty_like(compact_key, dtype=torch.float32) if complete else None
     dummy = keys
     _truncated_stage2[(batch,)](
-        keys, stage1.get("top_m_index", dummy), stage1.get("hidden_key", dummy),
+        keys, stage1.get("top_m_index", compact_index), stage1.get("hidden_key", dummy),
         stage1.get("mass"), stage1.get("plain_score"), stage1.get("plain_index"),
         params.temperature, params.seed, params.top_k, params.top_p, params.min_p, out,
-        overflow, compact_key, compact_index, num_candidates, num_tiles, vocab_size,
+        overflow, floor, compact_key, compact_index, compact_value,
+        num_candidates, num_tiles, vocab_size,
         params.scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32,
         params.scalar_top_k, params.scalar_top_p, params.scalar_min_p, params.num_samples,
         TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
@@ -578,6 +634,7 @@ def launch_fallback(
     logits_dtype,
     dot_precision: str,
     fast_math: bool,
+    floor: torch.Tensor,
 ) -> None:
     """The exact path of the rows stage 2 flagged: their logits into a [B, V] scratch, then
     stage 2 over all V tokens. Both kernels always launch (no host sync) and return at once
@@ -598,6 +655,6 @@ def launch_fallback(
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64, num_warps=4, num_stages=3,
     )  # fmt: skip
     launch_stage2(
-        {"top_m_key": scratch}, params, vocab_size, temperature_mode, out, overflow,
+        {"top_m_key": scratch}, params, vocab_size, temperature_mode, out, overflow, floor,
         complete=True, fast_math=fast_math,
     )  # fmt: skip

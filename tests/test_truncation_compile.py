@@ -33,15 +33,24 @@ knob_modes = dict(TEMPERATURE_MODE=2, SEED_MODE=2, TOP_K_MODE=0, TOP_P_MODE=2, M
 stage2 = {
     "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",
     "temperature_ptr": "*fp32", "seed_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
-    "out_ptr": "*i64", "overflow_ptr": "*i32", "compact_key_ptr": "*i32",
+    "out_ptr": "*i64", "overflow_ptr": "*i32", "floor_ptr": "*i32", "compact_key_ptr": "*i32",
     "compact_index_ptr": "*i32", "num_candidates": "i32", "num_tiles": "i32", "V": "i32",
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "scalar_top_k": "i64",
     "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32",
 }
 compile_kernel(
     truncation_kernel._truncated_stage2, stage2,
+    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
+         **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
+         FAST_MATH=True, BLOCK=16384, COMPACT=2048),
+    num_warps=16,
+)
+# The fallback's stage 2 over V = 151936 logits, read in chunks and packed above the floor.
+compile_kernel(
+    truncation_kernel._truncated_stage2,
+    {**stage2, "key_ptr": "*fp32", "compact_value_ptr": "*fp32"},
     dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
-         HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True, FAST_MATH=True,
+         HAS_PLAIN=False, HAS_MASS=False, COMPLETE=True, SINGLE=False, FAST_MATH=True,
          BLOCK=16384, COMPACT=2048),
     num_warps=16,
 )
@@ -70,8 +79,8 @@ fallback = {
 compile_kernel(
     truncation_kernel._fallback_logits, fallback,
     dict(bias_ptr=None, HAS_BIAS=False, LOGITS_DTYPE=None, HAS_SOFTCAP=True,
-         INTERPRETER=False, BLOCK_V=128, BLOCK_D=64),
-    num_warps=4,
+         DOT_PRECISION="ieee", INTERPRETER=False, BLOCK_B=16, BLOCK_V=128, BLOCK_D=64),
+    num_warps=4, num_stages=3,
 )
 print("compiled")
 """
@@ -79,7 +88,8 @@ print("compiled")
 
 def test_truncating_kernels_compile_for_hopper():
     """Stage 1 (soft-cap, top-m, mass partials), stage 2 (per-row top-p and min-p, no
-    top-k) and the fallback (soft-cap) compile for sm_90a."""
+    top-k; on candidates in registers, and the fallback's over V in chunks) and the
+    fallback's logits (soft-cap, MMA tiles) compile for sm_90a."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.run(

@@ -138,13 +138,19 @@ def test_k_beyond_the_candidates_is_exact():
     assert torch.equal(tokens, expected)
 
 
-def test_min_p_and_top_p_alone_take_candidates_or_fallback_exactly(overflowed):
+@pytest.mark.parametrize("lanes", [None, 512], ids=["registers", "chunked"])
+def test_min_p_and_top_p_alone_take_candidates_or_fallback_exactly(lanes, monkeypatch, overflowed):
     """The 20-row min-p grid of test_min_p_softcap (min_p in {0, 0.05, 0.1, 0.3, 1} after no
     truncation, top-p alone, top-k, top-k + top-p; T in {0.7, 1.3, 0}) on 16-wide tiles with
     m = 8 candidates each, per-row seeds, a masked bias, and a soft-cap of 2 (in stage 1 and
     in the fallback): the contract's tokens from every row, some through the candidates and
     some (many survivors: min_p 0.05 at T = 1.3 keeps most of the row) through the
-    fallback. (One call: the interpreter takes ~15 s for it.)"""
+    fallback. (One call: the interpreter takes ~15 s for it.) "chunked": stage 2 reads 512
+    candidates (the fallback 512 tokens) at a time, as at V = 151936 on the GPU, and the
+    fallback packs the tokens above a flagged row's floor where at most 512 are (two of the
+    four flagged rows here, 352 and 415 tokens; the others search all 1000)."""
+    if lanes:
+        monkeypatch.setattr(truncation_kernel, "STAGE2_LANES", lanes)
     softcap = 2.0
     top_k, top_p, min_p, temperature = min_p_grid()
     batch = len(top_k)
@@ -215,3 +221,27 @@ def test_only_top_p_without_top_k_keeps_the_narrow_tiles(knobs, wide):
 
     params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
     assert _wide_truncation_tiles(params, vocab_size=151936) is wide
+
+
+@pytest.mark.parametrize("lanes", [64, 256])
+def test_chunked_stage2_matches_the_contract(lanes, monkeypatch, overflowed):
+    """Stage 2 reading its candidates (and the fallback its V tokens) in chunks, as the
+    fallback does at V = 151936 on the GPU: forced here on a small vocabulary by lowering the
+    register budget. Per-row k / p / T, two samples, a masked bias; rows on the candidates
+    and rows through the fallback both draw the contract's tokens."""
+    monkeypatch.setattr(truncation_kernel, "STAGE2_LANES", lanes)
+    top_k = torch.tensor([1, 20, 50, 0, 20, 200], device=DEVICE)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 0.95, 1.0], device=DEVICE)
+    temperature = torch.tensor([0.7, 1.3, 0.0, 1.0, 0.7, 1.3], device=DEVICE)
+    hidden, weight = make_exact_problem(6, 600, 64, seed=5)
+    bias = torch.zeros(600, device=DEVICE)
+    bias[5::13] = float("-inf")
+    seed = torch.arange(6, device=DEVICE) * 5 + 1
+    params = SamplingParams(temperature, 1.0, seed, 0, 2, None, top_k, 0, top_p, 1.0)
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    expected = contract_sample(
+        exact_logits(hidden, weight, bias), temperature, top_k, top_p, seed, 2
+    )
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    assert bool(flags.any()), flags  # the chunked fallback ran too
