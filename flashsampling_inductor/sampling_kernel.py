@@ -514,6 +514,8 @@ def triton_fused_sample(
     if config.programs_per_sm:
         grid = min(num_tiles, config.programs_per_sm * _num_sms(hidden.device))
     fp32_precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    # (the fallback recomputes logits with stage 1's precision, so they are stage 1's)
+    dot_precision = "ieee" if hidden.dtype != torch.float32 else fp32_precision
     tl_logits_dtype = None if logits_dtype is None else _TL_DTYPES[logits_dtype]
     interpreter = hidden.device.type == "cpu"
     # Triton launches on the current device: make it the inputs' one.
@@ -532,7 +534,7 @@ def triton_fused_sample(
             TEMPERATURE_MODE=temperature_mode,
             SEED_MODE=seed_mode,
             LOGITS_DTYPE=tl_logits_dtype,
-            DOT_PRECISION="ieee" if hidden.dtype != torch.float32 else fp32_precision,
+            DOT_PRECISION=dot_precision,
             SWAP_AB=config.swap_ab,
             USE_TMA=weight_desc is not None,
             EPILOGUE_CHUNKS=config.epilogue_chunks,
@@ -555,8 +557,7 @@ def triton_fused_sample(
         )  # fmt: skip
         truncation_kernel.launch_fallback(
             hidden, weight, bias, params, temperature_mode, out, overflow,
-            tl_logits_dtype, "ieee" if hidden.dtype != torch.float32 else fp32_precision,
-            not interpreter, floor,
+            tl_logits_dtype, dot_precision, not interpreter, floor,
         )  # fmt: skip
     return out
 
