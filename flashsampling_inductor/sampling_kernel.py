@@ -380,14 +380,14 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
 
 def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
     """Whether a truncating call at B <= 32 takes 128-wide tiles instead of 64 (see the call
-    site): for top-k on every row (k <= 64 survivors in 1187 tiles: a tile holding more than
-    m = 4 of them is a ~1e-6 event) and min-p alone (a few survivors on real rows), not for
-    top-p without top-k, whose nucleus may hold hundreds of tokens (433 in the zipf-4 rows of
-    benchmarks/fast_path_rate.py): spread at random, such a row overflows to the exact path
-    (a pass over W and a slow search) in ~4.5% of rows over 1187 tiles against ~0.3% over
-    2374 (Poisson estimate of a tile holding more than 4), which costs more than stage 2
-    saves (92 -> 64 us at B = 1, H100)."""
-    if not params.truncates:
+    site). Not when stage 2 merges its candidates per group of tiles (most calls): it then
+    sees 64 groups' 32 largest whatever the tile width, and 64-wide tiles cost stage 1 less
+    and overflow less. Otherwise for top-k on every row (k > 1024, m = 16 candidates per
+    tile: half as many on 128-wide tiles), not for top-p without top-k, whose nucleus may
+    hold hundreds of tokens (433 in the zipf-4 rows of benchmarks/fast_path_rate.py): spread
+    at random, such a row overflows to the exact path in ~4.5% of rows over 1187 tiles
+    against ~0.3% over 2374 (Poisson estimate of a tile holding more than 4)."""
+    if not params.truncates or truncation_kernel.merge_keep(params, vocab_size):
         return False
     top_k_on_every_row = params.top_k is None and 0 < params.scalar_top_k < vocab_size
     top_p_may_be_on = params.top_p is not None or params.scalar_top_p < 1.0
@@ -440,10 +440,9 @@ def triton_fused_sample(
     if config is None:
         config = default_config(batch, hidden_size, hidden.device)
         if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
-            # Truncating calls keep m candidates per tile for stage 2, one program per row:
-            # 128-wide tiles halve them (4748 at V = 151936 with m = 4), which then fit 8192
-            # lanes instead of 16384. H100, D = 2048, B = 1: stage 2 40 -> 27 us (top-k 50),
-            # 38 -> 22 (min-p 0.1); stage 1 7-9 us slower.
+            # Truncating calls that stage 2 does not merge keep m candidates per tile for
+            # stage 2, one program per row: 128-wide tiles halve them. H100, D = 2048, B = 1
+            # (before the merge): stage 2 40 -> 27 us (top-k 50); stage 1 7-9 us slower.
             config = dataclasses.replace(config, block_v=128)
     if config.block_v % 4 or config.block_v < 16:
         raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")

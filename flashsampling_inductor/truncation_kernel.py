@@ -53,6 +53,7 @@ __all__ = [
     "k_may_be_off",
     "launch_fallback",
     "launch_stage2",
+    "merge_keep",
     "min_p_may_be_off",
     "p_may_be_off",
 ]
@@ -60,10 +61,22 @@ __all__ = [
 _INT32_MAX = tl.constexpr(2147483647)
 # Top-k survivors (k plus ties) up to this many are packed for top-p and the noise.
 COMPACT_SLOTS = 2048
+# The fallback's stage 2 packs the tokens above a flagged row's proven floor (a nucleus of a
+# few thousand tokens) into this many slots, one chunk of registers, when they fit.
+FALLBACK_PACK_SLOTS = 16384
 # Up to this many candidates (or, in the fallback, tokens) of a row stay in registers for
 # the whole of stage 2 (32 a thread); more are read in chunks of it. (Tests lower it to run
 # the chunked path, which real vocabularies take in the fallback, on small ones.)
 STAGE2_LANES = 16384
+# Stage 2's candidates are first merged in groups of tiles (one program per row and group)
+# into each group's MERGE_KEEP largest: MERGE_GROUPS * MERGE_KEEP per row instead of
+# tiles * m (9496 at V = 151936 on 64-wide tiles). Tests lower them to merge small rows.
+MERGE_GROUPS = 64
+MERGE_KEEP = 32
+# Only up to this batch: one program per row leaves most SMs idle there, and the merge (its
+# 64 programs per row) is cheaper than the 9496-candidate search it replaces; from B = 64 on
+# it cost more than it saved (H100, D = 2048: +3 to +20 us).
+MERGE_MAX_BATCH = 32
 
 
 @triton.jit
@@ -152,25 +165,6 @@ def _nucleus_bound(keys, weights, total, top_p):
 
 
 @triton.jit
-def _nucleus_bound_wide(keys, weights, total, top_p):
-    """``_nucleus_bound`` four bits at a time: each pass sums the mass above 16 trials at once
-    ([16, n] held in registers, so for a few thousand keys at most), 8 block-wide reductions
-    instead of 32. The same bound: the mass above a trial does not increase with it."""
-    threshold = top_p * total
-    below = tl.full((), KEY_PAD, tl.int64)
-    digits = tl.arange(0, 16).to(tl.int64)
-    for i in tl.static_range(8):
-        shift = 28 - 4 * i
-        trials = (below + (digits << shift)).to(tl.int32)
-        mass = tl.sum(tl.where(keys[None, :] > trials[:, None], weights[None, :], 0.0), axis=1)
-        # mass >= threshold on a prefix of the trials, trial 0 (= below) included but for
-        # the first pass, where below = KEY_PAD may miss it as the bit search's does.
-        count = tl.maximum(tl.sum((mass >= threshold).to(tl.int64)), 1)
-        below = below + ((count - 1) << shift)
-    return (below + 1).to(tl.int32)
-
-
-@triton.jit
 def _heaviest(weights, LIMIT: tl.constexpr):
     """A mask of the heaviest candidates, about LIMIT of them at most: those above the
     power-of-two weight level below which a histogram of the weights' binary exponents
@@ -214,13 +208,73 @@ def _gumbel_winner(keys, index, keep_bound, noise_scale, row_counter, sample_ind
     return best, tl.min(tl.where(scores == best, index, _INT32_MAX))
 
 
+@triton.jit(do_not_specialize=["scalar_temperature"])
+def _merge_tiles(
+    key_ptr, index_ptr, hidden_key_ptr, mass_ptr, temperature_ptr,
+    merged_key_ptr, merged_index_ptr, merged_hidden_ptr, merged_mass_ptr,
+    num_tiles, tiles_per_group, scalar_temperature,
+    TEMPERATURE_MODE: tl.constexpr, HAS_MASS: tl.constexpr, TOP_M: tl.constexpr,
+    KEEP: tl.constexpr, BLOCK: tl.constexpr, TILE_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program (row, group): the KEEP - 1 or fewer largest candidate keys of the group's
+    tiles, those strictly above the KEEP-th largest (so ties there never need breaking),
+    and the group's hidden key: the largest of its tiles' hidden keys and that KEEP-th key.
+    Every token the group leaves out is at or below it, so stage 2's completeness proof
+    holds over groups as over tiles. The tiles' mass partials merge into the group's."""
+    row = tl.program_id(0)
+    group = tl.program_id(1)
+    row64 = row.to(tl.int64)
+    num_groups = tl.num_programs(1)
+    first = group * tiles_per_group
+    group_tiles = tl.minimum(tiles_per_group, num_tiles - first)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < group_tiles * TOP_M
+    source = row64 * num_tiles * TOP_M + first * TOP_M + offs
+    keys = tl.load(key_ptr + source, mask=mask, other=KEY_PAD)
+    index = tl.load(index_ptr + source, mask=mask, other=0)
+    # The KEEP-th largest key, bit by bit from KEY_PAD up (KEY_PAD when fewer are real).
+    one = tl.full((), 1, tl.int64)
+    bound = tl.full((), KEY_PAD, tl.int32)
+    for i in range(32):
+        trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+        count = tl.sum((keys >= trial).to(tl.int32))
+        bound = tl.where(count >= KEEP, trial, bound)
+    keep = keys > bound
+    slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    target = row64 * num_groups * KEEP + group * KEEP
+    tl.store(merged_key_ptr + target + slot, keys, mask=keep)
+    tl.store(merged_index_ptr + target + slot, index, mask=keep)
+    slots = tl.arange(0, KEEP)
+    tl.store(merged_key_ptr + target + slots, KEY_PAD, mask=slots >= tl.sum(keep.to(tl.int32)))
+
+    tiles = tl.arange(0, TILE_BLOCK)
+    tile_mask = tiles < group_tiles
+    tile_slot = row64 * num_tiles + first + tiles
+    hidden = tl.load(hidden_key_ptr + tile_slot, mask=tile_mask, other=KEY_PAD)
+    tl.store(merged_hidden_ptr + row64 * num_groups + group, tl.maximum(tl.max(hidden), bound))
+    if HAS_MASS:
+        temperature = knob_per_row(
+            temperature_ptr, row, scalar_temperature, TEMPERATURE_MODE, tl.float32
+        )
+        inv_temperature = INV_LN2 / tl.where(temperature > 0, temperature, 1.0)
+        tile_max = tl.load(mass_ptr + tile_slot * 2, mask=tile_mask, other=float("-inf"))
+        tile_sum = tl.load(mass_ptr + tile_slot * 2 + 1, mask=tile_mask, other=0.0)
+        group_max = tl.max(tile_max)
+        scale = tl.exp2((tile_max - group_max) * inv_temperature)
+        scale = tl.where(tile_max == group_max, 1.0, scale)
+        group_sum = tl.sum(tl.where(tile_max > float("-inf"), tile_sum * scale, 0.0))
+        merged = merged_mass_ptr + (row64 * num_groups + group) * 2
+        tl.store(merged, group_max)
+        tl.store(merged + 1, group_sum)
+
+
 @triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
                                "scalar_top_p", "scalar_min_p"])  # fmt: skip
 def _truncated_stage2(
     key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
     temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
     floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
-    num_candidates, num_tiles, V,
+    num_candidates, num_tiles, num_plain_tiles, V,
     scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
     num_samples,
     TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
@@ -230,6 +284,7 @@ def _truncated_stage2(
     COMPLETE: tl.constexpr,  # the fallback: key_ptr is the rows' [B, V] fp32 logits
     SINGLE: tl.constexpr,  # num_candidates <= BLOCK: one chunk, kept in registers
     FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+    PACK: tl.constexpr,  # the fallback's slots for the tokens above a row's floor
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates."""
     row = tl.program_id(0)
@@ -281,11 +336,11 @@ def _truncated_stage2(
             # Nothing truncates this row: stage 1's plain candidates, as the plain stage 2.
             offs = tl.arange(0, BLOCK)
             for sample_index in range(num_samples):
-                base = (row64 * num_samples + sample_index) * num_tiles
+                base = (row64 * num_samples + sample_index) * num_plain_tiles
                 best = tl.full((), float("-inf"), tl.float32)
                 best_index = tl.zeros((), tl.int32)
-                for start in range(0, num_tiles, BLOCK):
-                    mask = start + offs < num_tiles
+                for start in range(0, num_plain_tiles, BLOCK):
+                    mask = start + offs < num_plain_tiles
                     scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
                                      other=float("-inf"))  # fmt: skip
                     chunk_best, arg = tl.max(scores, axis=0, return_indices=True,
@@ -299,7 +354,7 @@ def _truncated_stage2(
 
     # The fallback over V tokens read in chunks: every kept token (and, with top-k, every
     # top-k survivor) is at or above the floor that stage 2 proved for the row when it
-    # flagged it, so when at most COMPACT tokens are, they are packed once (their logits and
+    # flagged it, so when at most PACK tokens are, they are packed once (their logits and
     # indices) and the searches below read that one chunk instead of all of V; the row's
     # mass for top-p alone is summed on the way. Otherwise (a flat row) all of V is searched.
     packed = top_key < KEY_PAD  # False
@@ -307,8 +362,8 @@ def _truncated_stage2(
     if COMPLETE:
         if not SINGLE:
             floor = tl.load(floor_ptr + row)
-            pack_value_ptr = compact_value_ptr + row64 * COMPACT
-            pack_index_ptr = compact_index_ptr + row64 * COMPACT
+            pack_value_ptr = compact_value_ptr + row64 * PACK
+            pack_index_ptr = compact_index_ptr + row64 * PACK
             inv_t = INV_LN2 / tl.where(temperature > 0, temperature, 1.0)
             count = tl.zeros((), tl.int32)
             for start in range(0, num_candidates, BLOCK):
@@ -318,12 +373,12 @@ def _truncated_stage2(
                 row_total += tl.sum(_weights(keys, top_value, inv_t, KEY_PAD))
                 select = (keys >= floor) & (keys > KEY_PAD)
                 slot = count + tl.cumsum(select.to(tl.int32), axis=0) - 1
-                fits = select & (slot < COMPACT)
+                fits = select & (slot < PACK)
                 tl.store(pack_value_ptr + slot, key_value(keys), mask=fits)
                 tl.store(pack_index_ptr + slot, index, mask=fits)
                 count += tl.sum(select.to(tl.int32))
             tl.debug_barrier()
-            packed = count <= COMPACT
+            packed = count <= PACK
             if packed:
                 key_ptr = pack_value_ptr
                 index_ptr = pack_index_ptr
@@ -351,6 +406,8 @@ def _truncated_stage2(
     compact = k_on & (num_survivors <= COMPACT)
     if not SINGLE:
         compact = k_on & False
+    if BLOCK <= COMPACT:
+        compact = k_on & False  # (packing would not shrink anything: merged candidates)
     compact_key_ptr += row64 * COMPACT
     compact_index_ptr += row64 * COMPACT
     small_keys, small_index = _pack(
@@ -367,9 +424,7 @@ def _truncated_stage2(
         # the candidates lack.
         if compact:
             small_weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
-            keep_bound = _nucleus_bound_wide(
-                small_keys, small_weights, tl.sum(small_weights), top_p
-            )
+            keep_bound = _nucleus_bound(small_keys, small_weights, tl.sum(small_weights), top_p)
         elif SINGLE:
             weights = _weights(row_keys, top_value, inv_temperature, survivor_bound)
             total = tl.sum(weights)
@@ -380,21 +435,25 @@ def _truncated_stage2(
                             mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK
                         )
             if total > 0:
-                # The nucleus is usually a few dozen tokens: when the heaviest candidates
-                # (at most COMPACT) already hold p of the mass, they are an upper set of the
-                # keys that decides the bound alone, so they are packed and searched wide.
-                heavy = _heaviest(weights, COMPACT)
-                num_heavy = tl.sum(heavy.to(tl.int32))
-                heavy_mass = tl.sum(tl.where(heavy, weights, 0.0))
-                pruned = (num_heavy <= COMPACT) & (heavy_mass >= top_p * total)
-                heavy_keys, heavy_index = _pack(
-                    row_keys, row_index, heavy, num_heavy, pruned, compact_key_ptr,
-                    compact_index_ptr, COMPACT,
-                )  # fmt: skip
-                heavy_packed = pruned
-                if pruned:
-                    heavy_weights = _weights(heavy_keys, top_value, inv_temperature, KEY_PAD)
-                    nucleus = _nucleus_bound_wide(heavy_keys, heavy_weights, total, top_p)
+                if BLOCK > COMPACT:
+                    # The nucleus is usually a few dozen tokens: when the heaviest candidates
+                    # (at most COMPACT) already hold p of the mass, they are an upper set of
+                    # the keys that decides the bound alone, so they are packed and searched
+                    # on COMPACT lanes (and drawn there: see below).
+                    heavy = _heaviest(weights, COMPACT)
+                    num_heavy = tl.sum(heavy.to(tl.int32))
+                    heavy_mass = tl.sum(tl.where(heavy, weights, 0.0))
+                    pruned = (num_heavy <= COMPACT) & (heavy_mass >= top_p * total)
+                    heavy_keys, heavy_index = _pack(
+                        row_keys, row_index, heavy, num_heavy, pruned, compact_key_ptr,
+                        compact_index_ptr, COMPACT,
+                    )  # fmt: skip
+                    heavy_packed = pruned
+                    if pruned:
+                        heavy_weights = _weights(heavy_keys, top_value, inv_temperature, KEY_PAD)
+                        nucleus = _nucleus_bound(heavy_keys, heavy_weights, total, top_p)
+                    else:
+                        nucleus = _nucleus_bound(row_keys, weights, total, top_p)
                 else:
                     nucleus = _nucleus_bound(row_keys, weights, total, top_p)
                 keep_bound = tl.maximum(keep_bound, nucleus)
@@ -457,18 +516,19 @@ def _truncated_stage2(
             compact = heavy_packed
             small_keys = heavy_keys
             small_index = heavy_index
-        elif not compact:
-            # Min-p (and top-p when the heaviest did not suffice) usually keep a few dozen of
-            # the thousands of candidates: packed, the noise (a Philox evaluation per lane)
-            # runs on COMPACT lanes; the noise of every lane instead cost 10 to 140 us more
-            # (H100, 16384 lanes, B = 1 to 256).
-            kept = (row_keys >= keep_bound) & (row_keys > KEY_PAD)
-            num_kept = tl.sum(kept.to(tl.int32))
-            compact = num_kept <= COMPACT
-            small_keys, small_index = _pack(
-                row_keys, row_index, kept, num_kept, compact, compact_key_ptr,
-                compact_index_ptr, COMPACT,
-            )  # fmt: skip
+        elif BLOCK > COMPACT:
+            if not compact:
+                # Min-p (and top-p when the heaviest did not suffice) usually keep a few dozen
+                # of the thousands of candidates: packed, the noise (a Philox evaluation per
+                # lane) runs on COMPACT lanes; the noise of every lane instead cost 10 to 140
+                # us more (H100, 16384 lanes, B = 1 to 256).
+                kept = (row_keys >= keep_bound) & (row_keys > KEY_PAD)
+                num_kept = tl.sum(kept.to(tl.int32))
+                compact = num_kept <= COMPACT
+                small_keys, small_index = _pack(
+                    row_keys, row_index, kept, num_kept, compact, compact_key_ptr,
+                    compact_index_ptr, COMPACT,
+                )  # fmt: skip
 
     k0, k1, row_counter = row_seeds(seed_ptr, row, seed_lo, seed_hi, SEED_MODE)
     noise_scale = temperature * LN2
@@ -499,50 +559,72 @@ def _truncated_stage2(
         tl.store(out_ptr + row64 * num_samples + sample_index, winner)
 
 
+@triton.jit
+def _flagged_rows(overflow_ptr, B, first, BLOCK_B: tl.constexpr, SCAN: tl.constexpr):
+    """The rows of flagged ranks first..first + BLOCK_B - 1 (flagged rows in row order) and
+    which of those ranks exist, from the [B] flags read SCAN at a time."""
+    slots = first + tl.arange(0, BLOCK_B)
+    rows = tl.zeros((BLOCK_B,), tl.int32)
+    found = tl.zeros((BLOCK_B,), tl.int32)
+    seen = 0
+    for start in range(0, B, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        flagged = (tl.load(overflow_ptr + offs, mask=offs < B, other=0) != 0).to(tl.int32)
+        rank = seen + tl.cumsum(flagged, axis=0) - 1
+        match = (flagged[None, :] != 0) & (rank[None, :] == slots[:, None])
+        rows += tl.sum(tl.where(match, offs[None, :], 0), axis=1)
+        found += tl.sum(match.to(tl.int32), axis=1)
+        seen += tl.sum(flagged)
+    return rows, found != 0
+
+
 @triton.jit(do_not_specialize=["softcap"])
 def _fallback_logits(
     hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
     B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap,
     HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, SCAN: tl.constexpr,
 ):  # fmt: skip
     """Recompute the logits of the rows that overflowed into scratch [B, V] fp32. Program v
-    takes vocabulary tile v of every BLOCK_B-row tile holding a flagged row (an MMA: one
-    flagged row costs what a tile of them does), so a flagged step reads W about once with
-    every SM busy; without flags each program reads B flags and returns."""
+    takes vocabulary tile v of the flagged rows, BLOCK_B of them per MMA (gathered by rank,
+    so 4 flagged rows of 256 cost one read of W, not one per 16-row tile holding one): a
+    flagged step reads W about once per BLOCK_B flagged rows with every SM busy; without
+    flags each program reads the B flags and returns."""
     pid_v = tl.program_id(0)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = offs_v < V
     w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
-    for b_start in range(0, B, BLOCK_B):
-        offs_b = b_start + tl.arange(0, BLOCK_B)
-        b_mask = offs_b < B
-        flagged = tl.load(overflow_ptr + offs_b, mask=b_mask, other=0) != 0
-        if tl.max(flagged.to(tl.int32)) != 0:
-            h_rows = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb
-            acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
-            for d_start in range(0, D, BLOCK_D):
-                offs_d = d_start + tl.arange(0, BLOCK_D)
-                d_mask = offs_d < D
-                h = tl.load(h_rows + offs_d[None, :] * stride_hd,
-                            mask=flagged[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-                w = tl.load(w_rows + offs_d[None, :] * stride_wd,
-                            mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-                if INTERPRETER:
-                    # (the interpreter multiplies bf16 as raw uint16, as in stage 1)
-                    h = h.to(tl.float32)
-                    w = w.to(tl.float32)
-                acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-            logits = acc
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-                logits += bias[None, :]
-            logits = round_logits(logits, LOGITS_DTYPE)
-            if HAS_SOFTCAP:
-                logits = softcap_logits(logits, softcap, INTERPRETER)
-            tl.store(scratch_ptr + offs_b.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
-                     mask=flagged[:, None] & v_mask[None, :])  # fmt: skip
+    num_flagged = 0
+    for start in range(0, B, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        flags = tl.load(overflow_ptr + offs, mask=offs < B, other=0)
+        num_flagged += tl.sum((flags != 0).to(tl.int32))
+    for first in range(0, num_flagged, BLOCK_B):
+        rows, found = _flagged_rows(overflow_ptr, B, first, BLOCK_B, SCAN)
+        h_rows = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hb
+        acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
+        for d_start in range(0, D, BLOCK_D):
+            offs_d = d_start + tl.arange(0, BLOCK_D)
+            d_mask = offs_d < D
+            h = tl.load(h_rows + offs_d[None, :] * stride_hd,
+                        mask=found[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+            w = tl.load(w_rows + offs_d[None, :] * stride_wd,
+                        mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+            if INTERPRETER:
+                # (the interpreter multiplies bf16 as raw uint16, as in stage 1)
+                h = h.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        logits = acc
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+            logits += bias[None, :]
+        logits = round_logits(logits, LOGITS_DTYPE)
+        if HAS_SOFTCAP:
+            logits = softcap_logits(logits, softcap, INTERPRETER)
+        tl.store(scratch_ptr + rows.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
+                 mask=found[:, None] & v_mask[None, :])  # fmt: skip
 
 
 def candidates_per_tile(params: SamplingParams) -> int:
@@ -571,6 +653,51 @@ def min_p_may_be_off(params: SamplingParams) -> bool:
     return params.min_p is not None or params.scalar_min_p <= 0.0
 
 
+def merge_keep(params: SamplingParams, vocab_size: int) -> int:
+    """How many candidates each group of tiles keeps for stage 2 (0: no merging).
+
+    A row overflows when a group holds MERGE_KEEP or more of the tokens that decide it: the
+    top-k survivors (k / MERGE_GROUPS per group on average, hence twice the slots from
+    k = 256 and no merging past k = 1024 or for per-row k, which may be any size), top-p's
+    nucleus or min-p's survivors (a few hundred on real rows: a handful per group)."""
+    if params.top_k is not None:
+        return 0
+    k = params.scalar_top_k
+    if not 0 < k < vocab_size or k <= 256:
+        return MERGE_KEEP
+    return 2 * MERGE_KEEP if k <= 1024 else 0
+
+
+def _merge(
+    stage1: dict[str, torch.Tensor | None], params: SamplingParams, temperature_mode: int, keep: int
+) -> dict[str, torch.Tensor | None]:
+    """Stage 1's per-tile candidates, hidden keys and mass partials merged per group of
+    tiles (``_merge_tiles``); the plain candidates are left as they are."""
+    keys, mass = stage1["top_m_key"], stage1.get("mass")
+    batch, num_tiles = stage1["hidden_key"].shape
+    top_m = keys.shape[1] // num_tiles
+    tiles_per_group = triton.cdiv(num_tiles, MERGE_GROUPS)
+    groups = triton.cdiv(num_tiles, tiles_per_group)
+    merged_key = torch.empty((batch, groups * keep), dtype=torch.int32, device=keys.device)
+    merged = {
+        **stage1,
+        "top_m_key": merged_key,
+        "top_m_index": torch.empty_like(merged_key),
+        "hidden_key": torch.empty((batch, groups), dtype=torch.int32, device=keys.device),
+        "mass": None if mass is None else torch.empty((batch, groups, 2), device=keys.device),
+    }
+    block = max(16, triton.next_power_of_2(tiles_per_group * top_m))
+    _merge_tiles[(batch, groups)](
+        keys, stage1["top_m_index"], stage1["hidden_key"], mass, params.temperature,
+        merged["top_m_key"], merged["top_m_index"], merged["hidden_key"], merged["mass"],
+        num_tiles, tiles_per_group, params.scalar_temperature,
+        TEMPERATURE_MODE=temperature_mode, HAS_MASS=mass is not None, TOP_M=top_m, KEEP=keep,
+        BLOCK=block, TILE_BLOCK=max(16, triton.next_power_of_2(tiles_per_group)),
+        num_warps=max(1, min(4, block // 256)),
+    )  # fmt: skip
+    return merged
+
+
 def _mode(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else (1 if tensor.dim() == 0 else 2)
 
@@ -594,23 +721,36 @@ def launch_stage2(
     [B] int32: where stage 2 flags a row, a key that every token the row keeps is at or
     above, which the fallback uses to search few tokens instead of V."""
     batch = out.shape[0]
+    num_plain_tiles = num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
+    keep = 0 if complete or batch > MERGE_MAX_BATCH else merge_keep(params, vocab_size)
+    if keep and stage1["top_m_key"].shape[1] > MERGE_GROUPS * keep:
+        stage1 = _merge(stage1, params, temperature_mode, keep)
+        num_tiles = stage1["hidden_key"].shape[1]
     keys = stage1["top_m_key"]
     num_candidates = keys.shape[1]
-    num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
     seed_u64 = params.scalar_seed % 2**64
     block = min(STAGE2_LANES, max(16, triton.next_power_of_2(num_candidates)))
     compact_slots = min(COMPACT_SLOTS, block)
+    pack_slots = min(FALLBACK_PACK_SLOTS, block)
     compact_key = torch.empty((batch, compact_slots), dtype=torch.int32, device=out.device)
-    compact_index = torch.empty_like(compact_key)
-    # The fallback packs the logits above each flagged row's floor here.
-    compact_value = torch.empty_like(compact_key, dtype=torch.float32) if complete else None
+    compact_index = torch.empty(
+        (batch, max(compact_slots, pack_slots) if complete else compact_slots),
+        dtype=torch.int32, device=out.device,
+    )  # fmt: skip
+    # The fallback packs the logits above each flagged row's floor here (their indices in
+    # compact_index).
+    compact_value = (
+        torch.empty((batch, pack_slots), dtype=torch.float32, device=out.device)
+        if complete
+        else None
+    )
     dummy = keys
     _truncated_stage2[(batch,)](
         keys, stage1.get("top_m_index", compact_index), stage1.get("hidden_key", dummy),
         stage1.get("mass"), stage1.get("plain_score"), stage1.get("plain_index"),
         params.temperature, params.seed, params.top_k, params.top_p, params.min_p, out,
         overflow, floor, compact_key, compact_index, compact_value,
-        num_candidates, num_tiles, vocab_size,
+        num_candidates, num_tiles, num_plain_tiles, vocab_size,
         params.scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32,
         params.scalar_top_k, params.scalar_top_p, params.scalar_min_p, params.num_samples,
         TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
@@ -619,7 +759,7 @@ def launch_stage2(
         HAS_PLAIN=stage1.get("plain_score") is not None,
         HAS_MASS=stage1.get("mass") is not None,
         COMPLETE=complete, SINGLE=num_candidates <= block, FAST_MATH=fast_math, BLOCK=block,
-        COMPACT=compact_slots, num_warps=16 if block >= 8192 else 8,
+        COMPACT=compact_slots, PACK=pack_slots, num_warps=16 if block >= 8192 else 8,
     )  # fmt: skip
 
 
@@ -652,7 +792,8 @@ def launch_fallback(
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), params.softcap,
         HAS_BIAS=bias is not None, LOGITS_DTYPE=logits_dtype, HAS_SOFTCAP=params.softcap > 0,
         DOT_PRECISION=dot_precision, INTERPRETER=interpreter,
-        BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64, num_warps=4, num_stages=3,
+        BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
+        SCAN=min(256, max(16, triton.next_power_of_2(batch))), num_warps=4, num_stages=3,
     )  # fmt: skip
     launch_stage2(
         {"top_m_key": scratch}, params, vocab_size, temperature_mode, out, overflow, floor,

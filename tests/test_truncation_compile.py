@@ -2,9 +2,10 @@
 
 The interpreter runs these kernels as Python, so it accepts code the compiler rejects (a
 constexpr reassigned inside a ``static_range`` passed the CPU tests once and failed
-``triton.compile``); this compiles stage 1 with the soft-cap and top-m candidates, both
-stage-2 variants of rows without top-k (top-p's pruned wide search, min-p) and the fallback,
-with Triton's own ptxas, as ``benchmarks/kernel_sass.py`` does for plain stage 1.
+``triton.compile``); this compiles stage 1 with the soft-cap and top-m candidates, their merge
+per group of tiles, both stage-2 variants of rows without top-k (top-p's pruned wide search,
+min-p) and the fallback, with Triton's own ptxas, as ``benchmarks/kernel_sass.py`` does for
+plain stage 1.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ stage2 = {
     "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",
     "temperature_ptr": "*fp32", "seed_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
     "out_ptr": "*i64", "overflow_ptr": "*i32", "floor_ptr": "*i32", "compact_key_ptr": "*i32",
-    "compact_index_ptr": "*i32", "num_candidates": "i32", "num_tiles": "i32", "V": "i32",
+    "compact_index_ptr": "*i32", "num_candidates": "i32", "num_tiles": "i32",
+    "num_plain_tiles": "i32", "V": "i32",
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "scalar_top_k": "i64",
     "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32",
 }
@@ -42,8 +44,16 @@ compile_kernel(
     truncation_kernel._truncated_stage2, stage2,
     dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
          **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
-         FAST_MATH=True, BLOCK=16384, COMPACT=2048),
+         FAST_MATH=True, BLOCK=16384, COMPACT=2048, PACK=2048),
     num_warps=16,
+)
+# The same on merged candidates: 64 groups of 32 in 2048 lanes (no packing there).
+compile_kernel(
+    truncation_kernel._truncated_stage2, stage2,
+    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
+         **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
+         FAST_MATH=True, BLOCK=2048, COMPACT=2048, PACK=2048),
+    num_warps=8,
 )
 # The fallback's stage 2 over V = 151936 logits, read in chunks and packed above the floor.
 compile_kernel(
@@ -51,8 +61,20 @@ compile_kernel(
     {**stage2, "key_ptr": "*fp32", "compact_value_ptr": "*fp32"},
     dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
          HAS_PLAIN=False, HAS_MASS=False, COMPLETE=True, SINGLE=False, FAST_MATH=True,
-         BLOCK=16384, COMPACT=2048),
+         BLOCK=16384, COMPACT=2048, PACK=16384),
     num_warps=16,
+)
+# Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).
+merge = {
+    "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",
+    "temperature_ptr": "*fp32", "merged_key_ptr": "*i32", "merged_index_ptr": "*i32",
+    "merged_hidden_ptr": "*i32", "merged_mass_ptr": "*fp32", "num_tiles": "i32",
+    "tiles_per_group": "i32", "scalar_temperature": "fp32",
+}
+compile_kernel(
+    truncation_kernel._merge_tiles, merge,
+    dict(TEMPERATURE_MODE=2, HAS_MASS=True, TOP_M=4, KEEP=32, BLOCK=256, TILE_BLOCK=64),
+    num_warps=2,
 )
 stage1 = {
     "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "temperature_ptr": "*fp32",
@@ -79,7 +101,8 @@ fallback = {
 compile_kernel(
     truncation_kernel._fallback_logits, fallback,
     dict(bias_ptr=None, HAS_BIAS=False, LOGITS_DTYPE=None, HAS_SOFTCAP=True,
-         DOT_PRECISION="ieee", INTERPRETER=False, BLOCK_B=16, BLOCK_V=128, BLOCK_D=64),
+         DOT_PRECISION="ieee", INTERPRETER=False, BLOCK_B=16, BLOCK_V=128, BLOCK_D=64,
+         SCAN=256),
     num_warps=4, num_stages=3,
 )
 print("compiled")

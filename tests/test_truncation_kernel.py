@@ -201,22 +201,26 @@ def test_a_flat_row_takes_the_fallback_exactly(knobs, overflowed):
 @pytest.mark.parametrize(
     "knobs, wide",
     [
-        ({"scalar_top_k": 50}, True),
-        ({"scalar_top_k": 50, "scalar_top_p": 0.9}, True),
-        ({"scalar_min_p": 0.1}, True),
+        ({"scalar_top_k": 50}, False),
+        ({"scalar_top_k": 50, "scalar_top_p": 0.9}, False),
+        ({"scalar_min_p": 0.1}, False),
         ({"scalar_top_p": 0.9}, False),
-        ({"scalar_top_p": 0.9, "scalar_min_p": 0.1}, False),
+        ({"scalar_top_k": 1000, "top_p": torch.tensor([0.9, 1.0])}, False),
+        ({"scalar_top_k": 2000}, True),
+        ({"scalar_top_k": 2000, "scalar_top_p": 0.9}, True),
+        ({"top_k": torch.tensor([50, 0])}, True),
         ({"top_k": torch.tensor([50, 0]), "scalar_top_p": 0.9}, False),
-        ({"scalar_top_k": 1000, "top_p": torch.tensor([0.9, 1.0])}, True),
         ({}, False),
     ],
-    ids=["top-k", "top-k+top-p", "min-p", "top-p", "top-p+min-p", "k-tensor+top-p", "k+p-tensor",
-         "plain"],
+    ids=["top-k", "top-k+top-p", "min-p", "top-p", "k1000+p-tensor", "k2000", "k2000+top-p",
+         "k-tensor", "k-tensor+top-p", "plain"],
 )  # fmt: skip
-def test_only_top_p_without_top_k_keeps_the_narrow_tiles(knobs, wide):
-    """At B <= 32 on CUDA, truncating calls take 128-wide tiles (half the candidates for
-    stage 2) unless top-p may run without top-k on some row: a nucleus of hundreds of tokens
-    would overflow a 128-wide tile's 4 candidates far more often (sampling_kernel)."""
+def test_wide_tiles_only_where_stage2_does_not_merge(knobs, wide):
+    """At B <= 32 on CUDA, a truncating call whose stage 2 merges its candidates per group of
+    tiles keeps 64-wide tiles (the merge makes stage 2's size independent of the width);
+    one that does not (k > 1024, per-row k) takes 128-wide tiles (half the candidates)
+    unless top-p may run without top-k on some row: a nucleus of hundreds of tokens would
+    overflow a 128-wide tile's 4 candidates far more often (sampling_kernel)."""
     from flashsampling_inductor.sampling_kernel import _wide_truncation_tiles
 
     params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
@@ -245,3 +249,109 @@ def test_chunked_stage2_matches_the_contract(lanes, monkeypatch, overflowed):
     assert torch.equal(tokens, expected)
     (flags,) = overflowed
     assert bool(flags.any()), flags  # the chunked fallback ran too
+
+
+@pytest.fixture
+def merged(monkeypatch):
+    """Stage 2 on small rows merging its candidates in groups of tiles (as at V = 151936,
+    where 2374 tiles become 64 groups of 32): 4 groups of 8 here, each call recorded."""
+    calls = []
+    merge = truncation_kernel._merge
+
+    def record(stage1, *rest):
+        calls.append(stage1["hidden_key"].shape)
+        return merge(stage1, *rest)
+
+    monkeypatch.setattr(truncation_kernel, "_merge", record)
+    monkeypatch.setattr(truncation_kernel, "MERGE_GROUPS", 4)
+    monkeypatch.setattr(truncation_kernel, "MERGE_KEEP", 8)
+    return calls
+
+
+def test_merged_groups_match_the_contract_for_top_k(merged, overflowed):
+    """Top-k 20 on every row with the per-row top-p and temperatures of the 24-row grid, per-row
+    seeds, two samples, a masked bias: stage 2 sees each group's 7 largest candidates and the
+    group's hidden key, and draws the contract's tokens; rows with more than 7 survivors in a
+    group take the fallback (both happen)."""
+    _, top_p, temperature = per_row_grid()
+    batch = len(top_p)
+    hidden, weight = make_exact_problem(batch, 1000, 64)
+    bias = torch.zeros(1000, device=DEVICE)
+    bias[7::11] = float("-inf")
+    seed = torch.arange(batch, device=DEVICE) * 7 + 3
+    params = SamplingParams(temperature, 1.0, seed, 0, 2, None, None, 20, top_p, 1.0)
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    top_k = torch.full((batch,), 20, device=DEVICE)
+    expected = contract_sample(
+        exact_logits(hidden, weight, bias), temperature, top_k, top_p, seed, 2
+    )
+    assert torch.equal(tokens, expected)
+    assert merged == [(batch, 63)]
+    (flags,) = overflowed
+    assert bool(flags.any()) and not bool(flags.all()), flags
+
+
+def test_merged_groups_match_the_contract_for_top_p_and_min_p(merged, overflowed):
+    """Top-p alone and min-p (per row, over the whole row: the groups' merged mass partials
+    give top-p its total) with a soft-cap, per-row temperatures with greedy rows: the
+    contract's tokens from every row, through the merged candidates or the fallback."""
+    softcap = 2.0
+    _, top_p, min_p, temperature = min_p_grid()
+    batch = len(top_p)
+    top_k = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
+    hidden, weight = make_exact_problem(batch, 1000, 64, seed=5)
+    bias = torch.zeros(1000, device=DEVICE)
+    bias[7::11] = float("-inf")
+    scores = torch.tanh(exact_logits(hidden, weight, bias) / softcap) * softcap
+    assert_margins(scores, temperature, top_k, top_p, min_p)
+    seed = torch.arange(batch, device=DEVICE) * 5 + 1
+    params = SamplingParams(
+        temperature, 1.0, seed, 0, 2, None, None, 0, top_p, 1.0, min_p, 0.0, softcap
+    )
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    expected = contract_sample(scores, temperature, top_k, top_p, seed, 2, min_p.cpu())
+    assert torch.equal(tokens, expected)
+    assert merged == [(batch, 63)]
+    (flags,) = overflowed
+    assert not bool(flags.all()), flags
+
+
+@pytest.mark.parametrize(
+    "knobs, keep",
+    [
+        ({"scalar_top_k": 50}, 32),
+        ({"scalar_top_k": 600, "scalar_top_p": 0.9}, 64),
+        ({"scalar_top_k": 2000}, 0),
+        ({"top_k": torch.tensor([50, 0])}, 0),
+        ({"scalar_top_p": 0.9}, 32),
+        ({"min_p": torch.tensor([0.1, 0.0])}, 32),
+    ],
+    ids=["k50", "k600", "k2000", "k-tensor", "top-p", "min-p"],
+)
+def test_merge_keeps_enough_candidates_per_group(knobs, keep):
+    """Each of the 64 groups keeps 32 candidates, 64 from k = 257 (k / 64 survivors per group
+    on average), and nothing merges past k = 1024 or with a per-row k of unknown size."""
+    params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
+    assert truncation_kernel.merge_keep(params, vocab_size=151936) == keep
+
+
+def test_more_flagged_rows_than_one_mma_holds_take_the_fallback_exactly(overflowed):
+    """19 flat rows interleaved with 19 peaked ones, top-p 0.9: the fallback gathers the
+    flagged rows 16 at a time (two MMA row groups, neither a block of adjacent rows) and
+    every row draws the contract's tokens. hidden = the logits, weight = I."""
+    vocab = 200
+    ramp = torch.arange(vocab).float()
+    rows = []
+    for i in range(19):
+        rows.append(ramp.roll(i) * 1e-3)  # flat
+        rows.append(-((ramp + i) % 10) * 3 + ramp * 1e-3)  # peaked
+    logits = torch.stack(rows).to(DEVICE)
+    params = SamplingParams(None, 1.0, None, 6, 2, None, None, 0, None, 0.9)
+    tokens = triton_fused_sample(
+        logits, torch.eye(vocab, device=DEVICE), None, params, SampleConfig(16, 16, 64)
+    )
+    knob = torch.ones(len(rows))
+    expected = contract_sample(logits, knob.to(DEVICE), knob * 0, knob * 0.9, 6, 2)
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    assert flags.tolist() == [True, False] * 19
