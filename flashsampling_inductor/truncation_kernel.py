@@ -3,7 +3,9 @@
 Stage 1 (``sampling_kernel._sample_stage1`` with ``TOP_M > 0``) leaves, per row and
 vocabulary tile, the tile's ``m`` largest scores as order-preserving int32 keys with their
 global indices, and the largest key it did NOT keep (``hidden_key``): no [B, V] logits, and
-no noise for truncated rows. Stage 2, one program per row, works on those candidates only:
+no noise for truncated rows. At B <= 64, ``_merge_tiles`` first keeps each group of ~37
+tiles' 31 largest candidates (what it leaves out joins the group's hidden key), so stage 2
+sees 2048 candidates instead of 9496. Stage 2, one program per row, works on those only:
 
 * top-k: the k-th largest candidate key by a binary search on the key bits (32 counting
   passes, no sort); survivors are the keys >= it, ties all kept;
@@ -73,10 +75,11 @@ STAGE2_LANES = 16384
 # tiles * m (9496 at V = 151936 on 64-wide tiles). Tests lower them to merge small rows.
 MERGE_GROUPS = 64
 MERGE_KEEP = 32
-# Only up to this batch: one program per row leaves most SMs idle there, and the merge (its
-# 64 programs per row) is cheaper than the 9496-candidate search it replaces; from B = 64 on
-# it cost more than it saved (H100, D = 2048: +3 to +20 us).
-MERGE_MAX_BATCH = 32
+# Only up to this batch: one program per row leaves SMs idle there, and the merge (64
+# one-warp programs per row, 4-8 us) is cheaper than the search over 4748-9496 candidates it
+# replaces (H100, B = 64: top-p 0.9 281 -> 268 us at D = 2048, 495 -> 484 at D = 4096); at
+# B = 256 it cost more than it saved (+15 to +20 us).
+MERGE_MAX_BATCH = 64
 
 
 @triton.jit
