@@ -550,13 +550,14 @@ def triton_fused_sample(
             return out
         overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
         floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
+        patch = truncation_kernel.patch_buffers(stage1, config.block_v)
         truncation_kernel.launch_stage2(
             stage1, params, vocab_size, temperature_mode, out, overflow, floor,
-            fast_math=not interpreter,
+            patch=patch, fast_math=not interpreter,
         )  # fmt: skip
         truncation_kernel.launch_fallback(
             hidden, weight, bias, params, temperature_mode, out, overflow,
-            tl_logits_dtype, dot_precision, not interpreter, floor,
+            tl_logits_dtype, dot_precision, not interpreter, floor, stage1, patch,
         )  # fmt: skip
     return out
 

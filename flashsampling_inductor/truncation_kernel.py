@@ -80,6 +80,11 @@ MERGE_KEEP = 32
 # replaces (H100, B = 64: top-p 0.9 281 -> 268 us at D = 2048, 495 -> 484 at D = 4096); at
 # B = 256 it cost more than it saved (+15 to +20 us).
 MERGE_MAX_BATCH = 64
+# A flagged row's overflow code: the whole row recomputed (OVERFLOW_FULL) or only the tiles
+# that may hide a kept token, at most PATCH_TILES of them (OVERFLOW_PATCH).
+OVERFLOW_FULL = tl.constexpr(1)
+OVERFLOW_PATCH = tl.constexpr(2)
+PATCH_TILES = 16
 
 
 @triton.jit
@@ -211,6 +216,44 @@ def _gumbel_winner(keys, index, keep_bound, noise_scale, row_counter, sample_ind
     return best, tl.min(tl.where(scores == best, index, _INT32_MAX))
 
 
+@triton.jit
+def _hiding_tiles(hidden_ptr, num_tiles, bound, out_ptr, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    """How many tiles' hidden keys are >= bound (and above -inf); the first LIMIT of them
+    (tile numbers) written to out_ptr."""
+    count = 0
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, num_tiles, BLOCK):
+        mask = start + offs < num_tiles
+        hidden = tl.load(hidden_ptr + start + offs, mask=mask, other=KEY_PAD)
+        hiding = (hidden >= bound) & (hidden > KEY_MINUS_INF) & mask
+        slot = count + tl.cumsum(hiding.to(tl.int32), axis=0) - 1
+        tl.store(out_ptr + slot, start + offs, mask=hiding & (slot < LIMIT))
+        count += tl.sum(hiding.to(tl.int32))
+    return count
+
+
+@triton.jit
+def _patched_keys(keys, index, n, row64, patch_tile_ptr, patch_count_ptr, patch_key_ptr,
+                  patch_index_ptr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """A patched row's candidates: stage 1's n per-tile ones (lanes below n), except those
+    of the recomputed tiles, whose every token follows instead (lanes from n on)."""
+    offs = tl.arange(0, BLOCK)
+    count = tl.load(patch_count_ptr + row64)
+    lane = tl.maximum(offs - n, 0)
+    in_patch = (offs >= n) & (lane // PATCH_V < count)
+    source = row64 * (PATCH_TILES * PATCH_V) + lane
+    patch_keys = tl.load(patch_key_ptr + source, mask=in_patch, other=KEY_PAD)
+    patch_index = tl.load(patch_index_ptr + source, mask=in_patch, other=0)
+    tile = index // PATCH_V
+    covered = offs < 0
+    for j in tl.static_range(PATCH_TILES):
+        listed = tl.load(patch_tile_ptr + row64 * PATCH_TILES + j)
+        covered = covered | ((j < count) & (tile == listed))
+    keys = tl.where(offs < n, tl.where(covered, KEY_PAD, keys), patch_keys)
+    return keys, tl.where(offs < n, index, patch_index)
+
+
 @triton.jit(do_not_specialize=["scalar_temperature"])
 def _merge_tiles(
     key_ptr, index_ptr, hidden_key_ptr, mass_ptr, temperature_ptr,
@@ -277,7 +320,8 @@ def _truncated_stage2(
     key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
     temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
     floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
-    num_candidates, num_tiles, num_plain_tiles, V,
+    tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
+    num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, V,
     scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
     num_samples,
     TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
@@ -288,11 +332,18 @@ def _truncated_stage2(
     SINGLE: tl.constexpr,  # num_candidates <= BLOCK: one chunk, kept in registers
     FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
     PACK: tl.constexpr,  # the fallback's slots for the tokens above a row's floor
+    # Flagged rows whose hiding tiles are at most PATCH_TILES (0: never) are patched: their
+    # tiles (PATCH_V wide, stage 1's) listed for recomputation, then (PATCHED) this kernel
+    # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
+    PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates."""
     row = tl.program_id(0)
     if COMPLETE:
-        if tl.load(overflow_ptr + row) == 0:
+        if tl.load(overflow_ptr + row) != OVERFLOW_FULL:
+            return
+    elif PATCHED:
+        if tl.load(overflow_ptr + row) != OVERFLOW_PATCH:
             return
     else:
         tl.store(overflow_ptr + row, 0)
@@ -311,6 +362,11 @@ def _truncated_stage2(
 
     # With SINGLE every candidate of the row stays in registers from here on.
     row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, False, COMPLETE, BLOCK)
+    if PATCHED:
+        row_keys, row_index = _patched_keys(
+            row_keys, row_index, num_candidates, row64, patch_tile_ptr, patch_count_ptr,
+            patch_key_ptr, patch_index_ptr, PATCH_TILES, PATCH_V, BLOCK,
+        )  # fmt: skip
     # The row's maximum key and, ties to the lowest index, its token (greedy rows' answer).
     top_key = tl.full((), KEY_PAD, tl.int32)
     top_index = tl.full((), _INT32_MAX, tl.int32)
@@ -490,7 +546,7 @@ def _truncated_stage2(
         log_min_p = tl.log(tl.where(min_p_on, min_p, 1.0))
         keep_bound = tl.maximum(keep_bound, ordered_key(top_value + temperature * log_min_p))
 
-    if not COMPLETE:
+    if not (COMPLETE or PATCHED):
         # Could a tile hide a token that the row keeps (or, with top-k and top-p, any top-k
         # survivor: top-p's mass needs them all)? With top-k alone, a hidden token below
         # keep_bound cannot raise the k-th value above it: the k-th largest of the
@@ -509,7 +565,19 @@ def _truncated_stage2(
             # candidates (the row's exact mass, a subset's mass above each key) is <= the
             # row's, and min-p's bound is exact.
             tl.store(floor_ptr + row, check_bound)
-            tl.store(overflow_ptr + row, 1)
+            code = OVERFLOW_FULL
+            if PATCH_TILES > 0:
+                # The tiles (not groups) whose left-out key reaches the floor: when few, only
+                # they are recomputed. Every other tile hides less than the floor, which is
+                # at or below the bound the patched candidates (a superset of these) give.
+                num_hiding = _hiding_tiles(
+                    tile_hidden_ptr + row64 * num_patch_tiles, num_patch_tiles, check_bound,
+                    patch_tile_ptr + row64 * PATCH_TILES, PATCH_TILES, BLOCK,
+                )  # fmt: skip
+                if num_hiding <= PATCH_TILES:
+                    tl.store(patch_count_ptr + row, num_hiding)
+                    code = OVERFLOW_PATCH
+            tl.store(overflow_ptr + row, code)
             return
 
     if SINGLE:
@@ -564,15 +632,16 @@ def _truncated_stage2(
 
 @triton.jit
 def _flagged_rows(overflow_ptr, B, first, BLOCK_B: tl.constexpr, SCAN: tl.constexpr):
-    """The rows of flagged ranks first..first + BLOCK_B - 1 (flagged rows in row order) and
-    which of those ranks exist, from the [B] flags read SCAN at a time."""
+    """The rows of flagged ranks first..first + BLOCK_B - 1 (rows flagged OVERFLOW_FULL, in
+    row order) and which of those ranks exist, from the [B] flags read SCAN at a time."""
     slots = first + tl.arange(0, BLOCK_B)
     rows = tl.zeros((BLOCK_B,), tl.int32)
     found = tl.zeros((BLOCK_B,), tl.int32)
     seen = 0
     for start in range(0, B, SCAN):
         offs = start + tl.arange(0, SCAN)
-        flagged = (tl.load(overflow_ptr + offs, mask=offs < B, other=0) != 0).to(tl.int32)
+        flags = tl.load(overflow_ptr + offs, mask=offs < B, other=0)
+        flagged = (flags == OVERFLOW_FULL).to(tl.int32)
         rank = seen + tl.cumsum(flagged, axis=0) - 1
         match = (flagged[None, :] != 0) & (rank[None, :] == slots[:, None])
         rows += tl.sum(tl.where(match, offs[None, :], 0), axis=1)
@@ -581,20 +650,77 @@ def _flagged_rows(overflow_ptr, B, first, BLOCK_B: tl.constexpr, SCAN: tl.conste
     return rows, found != 0
 
 
+@triton.jit
+def _patch_tile(hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr, patch_count_ptr,
+                patch_key_ptr, patch_index_ptr, row, j, V, D, stride_hb, stride_hd, stride_wv,
+                stride_wd, softcap, HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                INTERPRETER: tl.constexpr, BLOCK_D: tl.constexpr, PATCH_TILES: tl.constexpr,
+                PATCH_V: tl.constexpr):  # fmt: skip
+    """Tile j of a patched row: its PATCH_V logits (as _fallback_logits computes them, on a
+    16-row MMA holding the one row) stored as keys and global indices."""
+    if tl.load(overflow_ptr + row) == OVERFLOW_PATCH:
+        if j < tl.load(patch_count_ptr + row):
+            row64 = row.to(tl.int64)
+            tile = tl.load(patch_tile_ptr + row64 * PATCH_TILES + j)
+            offs_v = tile * PATCH_V + tl.arange(0, PATCH_V)
+            v_mask = offs_v < V
+            lanes = tl.arange(0, 16)
+            h_rows = hidden_ptr + row64 * stride_hb + lanes[:, None] * 0
+            w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
+            acc = tl.zeros((16, PATCH_V), tl.float32)
+            for d_start in range(0, D, BLOCK_D):
+                offs_d = d_start + tl.arange(0, BLOCK_D)
+                d_mask = offs_d < D
+                h = tl.load(h_rows + offs_d[None, :] * stride_hd,
+                            mask=(lanes[:, None] == 0) & d_mask[None, :], other=0.0)  # fmt: skip
+                w = tl.load(w_rows + offs_d[None, :] * stride_wd,
+                            mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+                if INTERPRETER:
+                    h = h.to(tl.float32)
+                    w = w.to(tl.float32)
+                acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            logits = tl.sum(tl.where(lanes[:, None] == 0, acc, 0.0), axis=0)
+            if HAS_BIAS:
+                logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+            logits = round_logits(logits, LOGITS_DTYPE)
+            if HAS_SOFTCAP:
+                logits = softcap_logits(logits, softcap, INTERPRETER)
+            keys = tl.where(v_mask, ordered_key(logits), KEY_PAD)
+            slot = row64 * (PATCH_TILES * PATCH_V) + j * PATCH_V + tl.arange(0, PATCH_V)
+            tl.store(patch_key_ptr + slot, keys)
+            tl.store(patch_index_ptr + slot, offs_v)
+
+
 @triton.jit(do_not_specialize=["softcap"])
 def _fallback_logits(
     hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
-    B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap,
+    patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
+    B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap, num_full_programs,
     HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, SCAN: tl.constexpr,
+    PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
 ):  # fmt: skip
     """Recompute the logits of the rows that overflowed into scratch [B, V] fp32. Program v
     takes vocabulary tile v of the flagged rows, BLOCK_B of them per MMA (gathered by rank,
     so 4 flagged rows of 256 cost one read of W, not one per 16-row tile holding one): a
     flagged step reads W about once per BLOCK_B flagged rows with every SM busy; without
-    flags each program reads the B flags and returns."""
+    flags each program reads the B flags and returns. Programs below B * PATCH_TILES first
+    recompute tile j of row r (pid = r * PATCH_TILES + j) for a patched row (OVERFLOW_PATCH)
+    listing at least j + 1 tiles, as keys and indices for the patched stage 2."""
     pid_v = tl.program_id(0)
+    if PATCH_TILES > 0:
+        if pid_v < B * PATCH_TILES:
+            _patch_tile(
+                hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr,
+                patch_count_ptr, patch_key_ptr, patch_index_ptr, pid_v // PATCH_TILES,
+                pid_v % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
+                softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER,
+                BLOCK_D, PATCH_TILES, PATCH_V,
+            )  # fmt: skip
+    if pid_v >= num_full_programs:
+        return
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = offs_v < V
     w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
@@ -602,7 +728,7 @@ def _fallback_logits(
     for start in range(0, B, SCAN):
         offs = start + tl.arange(0, SCAN)
         flags = tl.load(overflow_ptr + offs, mask=offs < B, other=0)
-        num_flagged += tl.sum((flags != 0).to(tl.int32))
+        num_flagged += tl.sum((flags == OVERFLOW_FULL).to(tl.int32))
     for first in range(0, num_flagged, BLOCK_B):
         rows, found = _flagged_rows(overflow_ptr, B, first, BLOCK_B, SCAN)
         h_rows = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hb
@@ -705,6 +831,31 @@ def _mode(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else (1 if tensor.dim() == 0 else 2)
 
 
+def patch_buffers(
+    stage1: dict[str, torch.Tensor | None], block_v: int
+) -> dict[str, torch.Tensor | int] | None:
+    """The buffers of the tile-level fallback (``PATCH_TILES`` recomputed tiles per flagged
+    row, ``block_v`` wide: stage 1's tiles), or None where a patched row's candidates (stage
+    1's per-tile ones and the recomputed tokens) would not fit STAGE2_LANES registers."""
+    keys = stage1["top_m_key"]
+    batch, num_candidates = keys.shape
+    width = PATCH_TILES * block_v
+    if triton.next_power_of_2(num_candidates + width) > STAGE2_LANES:
+        return None
+    # (one allocation, split in contiguous parts: this runs on every truncating call, most
+    # of which never patch)
+    tiles, count, keys, index = torch.empty(
+        batch * (PATCH_TILES + 1 + 2 * width), dtype=torch.int32, device=keys.device
+    ).split([batch * PATCH_TILES, batch, batch * width, batch * width])
+    return {
+        "tiles": tiles.view(batch, PATCH_TILES),
+        "count": count,
+        "keys": keys.view(batch, width),
+        "index": index.view(batch, width),
+        "width": block_v,
+    }
+
+
 def launch_stage2(
     stage1: dict[str, torch.Tensor | None],
     params: SamplingParams,
@@ -715,24 +866,33 @@ def launch_stage2(
     floor: torch.Tensor,
     *,
     complete: bool = False,
+    patched: bool = False,
+    patch: dict[str, torch.Tensor | int] | None = None,
     fast_math: bool = True,
 ) -> None:
     """Stage 2 of a truncating call over stage 1's candidates (``stage1``: top_m_key,
     top_m_index [B, tiles * m], hidden_key [B, tiles], mass [B, tiles, 2] or None, plain
     score / index [B, S, tiles] or None), or with ``complete`` over the fallback's [B, V]
-    fp32 logits (``stage1["top_m_key"]``) for the rows flagged in ``overflow``. ``floor``
-    [B] int32: where stage 2 flags a row, a key that every token the row keeps is at or
-    above, which the fallback uses to search few tokens instead of V."""
+    fp32 logits (``stage1["top_m_key"]``) for the rows flagged OVERFLOW_FULL, or with
+    ``patched`` over stage 1's candidates and ``patch``'s recomputed tiles for the rows
+    flagged OVERFLOW_PATCH. ``floor`` [B] int32: where stage 2 flags a row, a key that every
+    token the row keeps is at or above, which the fallback uses to search few tokens
+    instead of V. ``patch`` (``patch_buffers``): where the first pass lists a flagged row's
+    hiding tiles, when few, for the tile-level fallback."""
     batch = out.shape[0]
     num_plain_tiles = num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
-    keep = 0 if complete or batch > MERGE_MAX_BATCH else merge_keep(params, vocab_size)
+    tile_hidden = stage1.get("hidden_key")
+    keep = 0 if complete or patched or batch > MERGE_MAX_BATCH else merge_keep(params, vocab_size)
     if keep and stage1["top_m_key"].shape[1] > MERGE_GROUPS * keep:
         stage1 = _merge(stage1, params, temperature_mode, keep)
         num_tiles = stage1["hidden_key"].shape[1]
     keys = stage1["top_m_key"]
     num_candidates = keys.shape[1]
     seed_u64 = params.scalar_seed % 2**64
-    block = min(STAGE2_LANES, max(16, triton.next_power_of_2(num_candidates)))
+    patch_tiles = PATCH_TILES if patch is not None and not complete else 0
+    patch_width = patch["width"] if patch_tiles else 16
+    lanes = num_candidates + (patch_tiles * patch_width if patched else 0)
+    block = min(STAGE2_LANES, max(16, triton.next_power_of_2(lanes)))
     compact_slots = min(COMPACT_SLOTS, block)
     pack_slots = min(FALLBACK_PACK_SLOTS, block)
     compact_key = torch.empty((batch, compact_slots), dtype=torch.int32, device=out.device)
@@ -748,12 +908,16 @@ def launch_stage2(
         else None
     )
     dummy = keys
+    patch = patch if patch_tiles else {}
     _truncated_stage2[(batch,)](
         keys, stage1.get("top_m_index", compact_index), stage1.get("hidden_key", dummy),
         stage1.get("mass"), stage1.get("plain_score"), stage1.get("plain_index"),
         params.temperature, params.seed, params.top_k, params.top_p, params.min_p, out,
         overflow, floor, compact_key, compact_index, compact_value,
-        num_candidates, num_tiles, num_plain_tiles, vocab_size,
+        tile_hidden if patch_tiles else None, patch.get("tiles"), patch.get("count"),
+        patch.get("keys"), patch.get("index"),
+        num_candidates, num_tiles, num_plain_tiles,
+        tile_hidden.shape[1] if patch_tiles else 0, vocab_size,
         params.scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32,
         params.scalar_top_k, params.scalar_top_p, params.scalar_min_p, params.num_samples,
         TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
@@ -761,8 +925,9 @@ def launch_stage2(
         MIN_P_MODE=_mode(params.min_p),
         HAS_PLAIN=stage1.get("plain_score") is not None,
         HAS_MASS=stage1.get("mass") is not None,
-        COMPLETE=complete, SINGLE=num_candidates <= block, FAST_MATH=fast_math, BLOCK=block,
-        COMPACT=compact_slots, PACK=pack_slots, num_warps=16 if block >= 8192 else 8,
+        COMPLETE=complete, SINGLE=lanes <= block, FAST_MATH=fast_math, BLOCK=block,
+        COMPACT=compact_slots, PACK=pack_slots, PATCHED=patched, PATCH_TILES=patch_tiles,
+        PATCH_V=patch_width, num_warps=16 if block >= 8192 else 8,
     )  # fmt: skip
 
 
@@ -778,26 +943,43 @@ def launch_fallback(
     dot_precision: str,
     fast_math: bool,
     floor: torch.Tensor,
+    stage1: dict[str, torch.Tensor | None] | None = None,
+    patch: dict[str, torch.Tensor | int] | None = None,
 ) -> None:
-    """The exact path of the rows stage 2 flagged: their logits into a [B, V] scratch, then
-    stage 2 over all V tokens. Both kernels always launch (no host sync) and return at once
-    for rows without the flag. ``logits_dtype`` is the Triton dtype (or None);
-    ``dot_precision`` stage 1's, so the recomputed logits are stage 1's."""
+    """The exact paths of the rows stage 2 flagged. Rows flagged OVERFLOW_PATCH: the few
+    tiles that may hide a kept token recomputed, then stage 2 over stage 1's candidates
+    (``stage1``) with those tiles' tokens in place of theirs (``patch``). Rows flagged
+    OVERFLOW_FULL: their logits into a [B, V] scratch, then stage 2 over all V tokens. Every
+    kernel always launches (no host sync) and returns at once for rows without its flag.
+    ``logits_dtype`` is the Triton dtype (or None); ``dot_precision`` stage 1's, so the
+    recomputed logits are stage 1's."""
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     scratch = torch.empty((batch, vocab_size), dtype=torch.float32, device=hidden.device)
     interpreter = hidden.device.type == "cpu"
     # (the interpreter runs programs one by one: wide tiles are fastest there)
     block_v = 512 if interpreter else 128
-    _fallback_logits[(triton.cdiv(vocab_size, block_v),)](
-        hidden, weight, bias, overflow, scratch,
+    full_programs = triton.cdiv(vocab_size, block_v)
+    patch_tiles = PATCH_TILES if patch is not None else 0
+    buffers = patch if patch is not None else {}
+    _fallback_logits[(max(full_programs, batch * patch_tiles),)](
+        hidden, weight, bias, overflow, scratch, buffers.get("tiles"), buffers.get("count"),
+        buffers.get("keys"), buffers.get("index"),
         batch, vocab_size, hidden_size,
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), params.softcap,
+        full_programs,
         HAS_BIAS=bias is not None, LOGITS_DTYPE=logits_dtype, HAS_SOFTCAP=params.softcap > 0,
         DOT_PRECISION=dot_precision, INTERPRETER=interpreter,
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
-        SCAN=min(256, max(16, triton.next_power_of_2(batch))), num_warps=4, num_stages=3,
+        SCAN=min(256, max(16, triton.next_power_of_2(batch))),
+        PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
+        num_warps=4, num_stages=3,
     )  # fmt: skip
+    if patch is not None:
+        launch_stage2(
+            stage1, params, vocab_size, temperature_mode, out, overflow, floor,
+            patched=True, patch=patch, fast_math=fast_math,
+        )  # fmt: skip
     launch_stage2(
         {"top_m_key": scratch}, params, vocab_size, temperature_mode, out, overflow, floor,
         complete=True, fast_math=fast_math,

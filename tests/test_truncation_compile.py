@@ -35,8 +35,10 @@ stage2 = {
     "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",
     "temperature_ptr": "*fp32", "seed_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
     "out_ptr": "*i64", "overflow_ptr": "*i32", "floor_ptr": "*i32", "compact_key_ptr": "*i32",
-    "compact_index_ptr": "*i32", "num_candidates": "i32", "num_tiles": "i32",
-    "num_plain_tiles": "i32", "V": "i32",
+    "compact_index_ptr": "*i32", "tile_hidden_ptr": "*i32", "patch_tile_ptr": "*i32",
+    "patch_count_ptr": "*i32", "patch_key_ptr": "*i32", "patch_index_ptr": "*i32",
+    "num_candidates": "i32", "num_tiles": "i32", "num_plain_tiles": "i32",
+    "num_patch_tiles": "i32", "V": "i32",
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "scalar_top_k": "i64",
     "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32",
 }
@@ -44,7 +46,17 @@ compile_kernel(
     truncation_kernel._truncated_stage2, stage2,
     dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
          **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
-         FAST_MATH=True, BLOCK=16384, COMPACT=2048, PACK=2048),
+         FAST_MATH=True, BLOCK=16384, COMPACT=2048, PACK=2048, PATCHED=False,
+         PATCH_TILES=16, PATCH_V=64),
+    num_warps=16,
+)
+# A patched row's second pass: stage 1's candidates with 16 recomputed 128-wide tiles.
+compile_kernel(
+    truncation_kernel._truncated_stage2, stage2,
+    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
+         **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
+         FAST_MATH=True, BLOCK=8192, COMPACT=2048, PACK=2048, PATCHED=True,
+         PATCH_TILES=16, PATCH_V=128),
     num_warps=16,
 )
 # The same on merged candidates: 64 groups of 32 in 2048 lanes (no packing there).
@@ -52,16 +64,19 @@ compile_kernel(
     truncation_kernel._truncated_stage2, stage2,
     dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
          **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
-         FAST_MATH=True, BLOCK=2048, COMPACT=2048, PACK=2048),
+         FAST_MATH=True, BLOCK=2048, COMPACT=2048, PACK=2048, PATCHED=False,
+         PATCH_TILES=16, PATCH_V=64),
     num_warps=8,
 )
 # The fallback's stage 2 over V = 151936 logits, read in chunks and packed above the floor.
 compile_kernel(
     truncation_kernel._truncated_stage2,
     {**stage2, "key_ptr": "*fp32", "compact_value_ptr": "*fp32"},
-    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
-         HAS_PLAIN=False, HAS_MASS=False, COMPLETE=True, SINGLE=False, FAST_MATH=True,
-         BLOCK=16384, COMPACT=2048, PACK=16384),
+    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, tile_hidden_ptr=None,
+         patch_tile_ptr=None, patch_count_ptr=None, patch_key_ptr=None, patch_index_ptr=None,
+         **knob_modes, HAS_PLAIN=False, HAS_MASS=False, COMPLETE=True, SINGLE=False,
+         FAST_MATH=True, BLOCK=16384, COMPACT=2048, PACK=16384, PATCHED=False,
+         PATCH_TILES=0, PATCH_V=16),
     num_warps=16,
 )
 # Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).
@@ -95,14 +110,16 @@ compile_kernel(
 )
 fallback = {
     "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "overflow_ptr": "*i32",
-    "scratch_ptr": "*fp32", "B": "i32", "V": "i32", "D": "i32", "stride_hb": "i32",
-    "stride_hd": "i32", "stride_wv": "i32", "stride_wd": "i32", "softcap": "fp32",
+    "scratch_ptr": "*fp32", "patch_tile_ptr": "*i32", "patch_count_ptr": "*i32",
+    "patch_key_ptr": "*i32", "patch_index_ptr": "*i32", "B": "i32", "V": "i32", "D": "i32",
+    "stride_hb": "i32", "stride_hd": "i32", "stride_wv": "i32", "stride_wd": "i32",
+    "softcap": "fp32", "num_full_programs": "i32",
 }
 compile_kernel(
     truncation_kernel._fallback_logits, fallback,
     dict(bias_ptr=None, HAS_BIAS=False, LOGITS_DTYPE=None, HAS_SOFTCAP=True,
          DOT_PRECISION="ieee", INTERPRETER=False, BLOCK_B=16, BLOCK_V=128, BLOCK_D=64,
-         SCAN=256),
+         SCAN=256, PATCH_TILES=16, PATCH_V=128),
     num_warps=4, num_stages=3,
 )
 print("compiled")

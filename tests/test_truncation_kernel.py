@@ -355,3 +355,34 @@ def test_more_flagged_rows_than_one_mma_holds_take_the_fallback_exactly(overflow
     assert torch.equal(tokens, expected)
     (flags,) = overflowed
     assert flags.tolist() == [True, False] * 19
+
+
+def test_few_hiding_tiles_are_patched_and_many_take_the_full_fallback(monkeypatch):
+    """The 24-row (k, p) grid on 16-wide tiles: a flagged row whose left-out keys reach its
+    floor in at most 16 tiles has only those tiles recomputed (OVERFLOW_PATCH: stage 2 again
+    over stage 1's candidates with those tiles' every token in place of theirs), one with
+    more recomputes its whole row (OVERFLOW_FULL); both draw the contract's tokens."""
+    codes = []
+    launch = truncation_kernel.launch_fallback
+
+    def record(hidden, weight, bias, params, temperature_mode, out, overflow, *rest):
+        codes.append(overflow.clone().cpu())
+        return launch(hidden, weight, bias, params, temperature_mode, out, overflow, *rest)
+
+    monkeypatch.setattr(truncation_kernel, "launch_fallback", record)
+    top_k, top_p, temperature = per_row_grid()
+    batch = len(top_k)
+    hidden, weight = make_exact_problem(batch, 1000, 64)
+    bias = torch.zeros(1000, device=DEVICE)
+    bias[7::11] = float("-inf")
+    seed = torch.arange(batch, device=DEVICE) * 7 + 3
+    params = SamplingParams(temperature, 1.0, seed, 0, 2, None, top_k, 0, top_p, 1.0)
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    expected = contract_sample(
+        exact_logits(hidden, weight, bias), temperature, top_k, top_p, seed, 2
+    )
+    assert torch.equal(tokens, expected)
+    (code,) = codes
+    assert set(code.tolist()) == {
+        0, truncation_kernel.OVERFLOW_FULL.value, truncation_kernel.OVERFLOW_PATCH.value
+    }, code  # fmt: skip
