@@ -3,8 +3,9 @@
 The truncating kernel keeps each vocabulary tile's m largest scores (``candidates_per_tile``)
 and proves in stage 2 that they hold every token the row keeps; a row it cannot prove takes
 the exact fallback, which recomputes that row's logits (truncation_kernel.py). This script
-counts the rows that stay on the fast path, by recording the overflow flags stage 2 hands to
-the fallback, for:
+counts the rows that stay on the fast path, and of the others those whose few hiding tiles
+are recomputed (patched) or whose whole row is, by recording the overflow codes stage 2
+hands to the fallback, for:
 
     zipf-H   Zipf-like rows whose softmax has entropy H nats (H = 1, 2, 3, 4): scores
              -alpha * ln(rank) + N(0, 0.3) jitter, ranks placed at random vocabulary indices
@@ -84,13 +85,14 @@ def kept_sizes(scores: torch.Tensor, top_p: float, min_p: float) -> torch.Tensor
     return (larger < top_p).sum(-1)
 
 
-def fast_path_rows(scores: torch.Tensor, batch: int, device, top_p: float, min_p: float):
-    """-> bool [rows]: True where stage 2 proved its candidates complete."""
+def overflow_codes(scores: torch.Tensor, batch: int, device, top_p: float, min_p: float):
+    """-> int [rows]: 0 where stage 2 proved its candidates complete, else the fallback it
+    chose (truncation_kernel.OVERFLOW_PATCH: a few tiles recomputed; OVERFLOW_FULL: the row)."""
     flags = []
     launch = truncation_kernel.launch_fallback
 
     def record(hidden, weight, bias, params, temperature_mode, out, overflow, *rest):
-        flags.append(overflow.clone().bool().cpu())
+        flags.append(overflow.clone().cpu())
 
     truncation_kernel.launch_fallback = record
     try:
@@ -107,7 +109,7 @@ def fast_path_rows(scores: torch.Tensor, batch: int, device, top_p: float, min_p
             triton_fused_sample(hidden, weight, None, params, config)
     finally:
         truncation_kernel.launch_fallback = launch
-    return ~torch.cat(flags)
+    return torch.cat(flags)
 
 
 def main() -> None:
@@ -131,8 +133,12 @@ def main() -> None:
         f"# fast_path_rate: V = {VOCAB}, B = {args.batch}, tiles {config.block_v} wide, "
         f"m = {m} candidates per tile, T = 1, {where}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        "| rows | entropy (nats) | filter | kept tokens (median, max) | fast path |",
-        "|---|---|---|---|---|",
+        f"# stage 2 merges candidates in {truncation_kernel.MERGE_GROUPS} groups per row at"
+        f" B <= {truncation_kernel.MERGE_MAX_BATCH}; a flagged row with at most"
+        f" {truncation_kernel.PATCH_TILES} hiding tiles is patched (those tiles recomputed)",
+        "| rows | entropy (nats) | filter | kept tokens (median, max) | fast path | patched |"
+        " whole row recomputed |",
+        "|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     for name, scores in families(args.rows_per_family, args.seed, device).items():
@@ -141,11 +147,14 @@ def main() -> None:
         h = entropy(scores)
         for filter_name, top_p, min_p in (("top_p 0.9", 0.9, 0.0), ("min_p 0.1", 1.0, 0.1)):
             sizes = kept_sizes(scores, top_p, min_p)
-            fast = fast_path_rows(scores, args.batch, device, top_p, min_p)
+            codes = overflow_codes(scores, args.batch, device, top_p, min_p)
+            fast = codes == 0
+            patched = int((codes == truncation_kernel.OVERFLOW_PATCH.value).sum())
+            full = int((codes == truncation_kernel.OVERFLOW_FULL.value).sum())
             line = (
                 f"| {name} | {h.median():.2f} | {filter_name} | {int(sizes.median())}, "
                 f"{int(sizes.max())} | {int(fast.sum())}/{len(fast)} "
-                f"({100 * fast.double().mean():.0f}%) |"
+                f"({100 * fast.double().mean():.0f}%) | {patched} | {full} |"
             )
             lines.append(line)
             print(line, flush=True)
