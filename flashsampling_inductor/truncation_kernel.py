@@ -24,9 +24,13 @@ sees 2048 candidates instead of 9496. Stage 2, one program per row, works on tho
   ``reference.gumbel_noise``) and Gumbel-max among the kept ones, ties to the lowest index.
 
 Overflowing rows (rare: a tile holding more than m survivors) are resampled exactly without
-a host sync: two kernels that always launch and exit at once on rows without the flag
-recompute the flagged rows' logits into a [B, V] scratch and run the same selection on all
-V tokens (``COMPLETE``), where nothing can hide.
+a host sync, in kernels that always launch and return at once on rows without their flag.
+Stage 2 records the row's floor (a key every kept token is at or above). When at most
+PATCH_TILES tiles have a left-out key at or above it, only those tiles are recomputed and
+stage 2 runs again over the per-tile candidates with those tiles' tokens in place of theirs
+(``OVERFLOW_PATCH``); otherwise the row's logits are recomputed into a [B, V] scratch and
+the same selection runs on all V tokens (``COMPLETE``, ``OVERFLOW_FULL``), where nothing
+can hide.
 """
 
 from __future__ import annotations
