@@ -386,3 +386,21 @@ def test_few_hiding_tiles_are_patched_and_many_take_the_full_fallback(monkeypatc
     assert set(code.tolist()) == {
         0, truncation_kernel.OVERFLOW_FULL.value, truncation_kernel.OVERFLOW_PATCH.value
     }, code  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "num_tiles, top_m, block_v, patched",
+    [(2374, 4, 64, True), (1187, 4, 128, True), (594, 4, 256, True), (2374, 8, 64, False)],
+    ids=["64-wide", "128-wide", "256-wide", "m8-64-wide"],
+)
+def test_patching_only_where_a_patched_row_fits_the_registers(num_tiles, top_m, block_v, patched):
+    """The tile-level fallback needs stage 1's candidates plus 16 recomputed tiles in one
+    program's STAGE2_LANES lanes: CUDA's tiles at V = 151936 with m = 4 fit (10520, 6796,
+    6472), m = 8 on 64-wide tiles (per-row k at B <= 32: 20016) does not, and such rows
+    recompute the whole row instead."""
+    keys = torch.empty((2, num_tiles * top_m), dtype=torch.int32)
+    buffers = truncation_kernel.patch_buffers({"top_m_key": keys}, block_v)
+    assert (buffers is not None) is patched
+    if patched:
+        assert buffers["keys"].shape == (2, truncation_kernel.PATCH_TILES * block_v)
+        assert buffers["tiles"].is_contiguous() and buffers["index"].is_contiguous()
