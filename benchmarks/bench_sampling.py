@@ -17,14 +17,14 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
     flashinfer_topk50        matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=1.0)
     flashinfer_topk50_topp09 matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=0.9)
     hf_topk50                transformers' TopKLogitsWarper(50) + softmax + multinomial,
-                             stock torch.compile (Inductor)
+                             stock torch.compile, mode="reduce-overhead" (CUDA graphs)
     hf_topk50_topp09         the same with TopPLogitsWarper(0.9) after the top-k warper
     fused_topp09             fused_sample(..., top_p=0.9): nucleus over the whole row
     fused_minp01             fused_sample(..., min_p=0.1)
     flashinfer_topp09        matmul + softmax + top_p_sampling_from_probs(top_p=0.9)
     flashinfer_minp01        matmul + softmax + min_p_sampling_from_probs(min_p=0.1)
     hf_topp09                transformers' TopPLogitsWarper(0.9) + softmax + multinomial,
-                             stock torch.compile (Inductor)
+                             stock torch.compile, mode="reduce-overhead" (CUDA graphs)
     hf_minp01                the same with MinPLogitsWarper(0.1)
     matmul                   cuBLAS hidden @ weight.T alone: what a perfect fused kernel costs
     floor                    bytes of W over the measured device-to-device copy bandwidth
@@ -145,7 +145,8 @@ class WarpedDecodeStep(DecodeStep):
 def warped_builder(top_p: float | None) -> Callable[..., Step]:
     def build(weight: torch.Tensor, static_batch: bool) -> Step:
         dynamic = False if static_batch else None
-        return torch.compile(WarpedDecodeStep(weight, top_p), backend="inductor", dynamic=dynamic)
+        step = WarpedDecodeStep(weight, top_p)
+        return torch.compile(step, backend="inductor", mode=CG, dynamic=dynamic)
 
     return build
 
@@ -182,7 +183,7 @@ def filtered_builder(**knobs: float) -> Callable[..., Step]:
     def build(weight: torch.Tensor, static_batch: bool) -> Step:
         dynamic = False if static_batch else None
         step = FilteredDecodeStep(weight, **knobs)
-        return torch.compile(step, backend="inductor", dynamic=dynamic)
+        return torch.compile(step, backend="inductor", mode=CG, dynamic=dynamic)
 
     return build
 
@@ -301,14 +302,14 @@ PROVIDERS = {
         Provider(
             "flashinfer_topk50_topp09", flashinfer_builder(True, TOP_K, TOP_P), flashinfer=True
         ),
-        Provider("hf_topk50", warped_builder(None), **COMPILED),
-        Provider("hf_topk50_topp09", warped_builder(TOP_P), **COMPILED),
+        Provider("hf_topk50", warped_builder(None), **COMPILED_CG),
+        Provider("hf_topk50_topp09", warped_builder(TOP_P), **COMPILED_CG),
         Provider("fused_topp09", fused_truncated_builder(top_p=TOP_P)),
         Provider("fused_minp01", fused_truncated_builder(min_p=MIN_P)),
         Provider("flashinfer_topp09", flashinfer_probs_builder(top_p=TOP_P), flashinfer=True),
         Provider("flashinfer_minp01", flashinfer_probs_builder(min_p=MIN_P), flashinfer=True),
-        Provider("hf_topp09", filtered_builder(top_p=TOP_P), **COMPILED),
-        Provider("hf_minp01", filtered_builder(min_p=MIN_P), **COMPILED),
+        Provider("hf_topp09", filtered_builder(top_p=TOP_P), **COMPILED_CG),
+        Provider("hf_minp01", filtered_builder(min_p=MIN_P), **COMPILED_CG),
     )
 }
 ALL_PROVIDERS = (*PROVIDERS, "floor")

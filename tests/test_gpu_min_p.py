@@ -79,6 +79,58 @@ def test_gpu_a_flat_row_takes_the_exact_fallback(knobs):
     assert_pathwise_equal(tokens, expected, hidden, weight, temperature=1.0, seed=5)
 
 
+def three_kinds_of_rows(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact hidden / weight whose rows cycle through, for min-p 0.1: a model-like row (std
+    ~5.7, a handful of survivors: stage 2 decides it), a row whose survivors are the ~300
+    tokens 1000-1299 (more than 4 per stage-1 tile, but all in at most 6 tiles: the
+    tile-level fallback), and a flat row (every token survives: the whole row is
+    recomputed). (Top-p 0.9 would send the second kind to the whole-row fallback too: its
+    stage 2 sees 24 of the 300 and cannot bound the nucleus's last key.)"""
+    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
+    # a row with hidden[:72] = 3: logit 18 +- 0.5 at tokens 1000-1299, below ~8 elsewhere
+    weight[1000:1300, :64] = 3 / 32
+    hidden[1::3] = 0
+    hidden[1::3, :72] = 3
+    hidden[2::3] = 0
+    hidden[2::3, 100] = 1  # logits in {-3, ..., 3} / 32
+    return hidden, weight
+
+
+@pytest.mark.parametrize("batch", [3, 40, 200], ids=["B3-merged", "B40-merged", "B200"])
+def test_gpu_stage2_patched_and_whole_row_fallbacks_in_one_batch(batch, monkeypatch):
+    """One batch with rows stage 2 decides, rows the tile-level fallback patches and rows
+    the whole-row fallback recomputes (all three codes seen): every row draws the
+    reference's tokens, and so does a CUDA-graph replay of the same seeds."""
+    from flashsampling_inductor import truncation_kernel
+
+    codes = []
+    launch = truncation_kernel.launch_fallback
+
+    def record(hidden, weight, bias, params, temperature_mode, out, overflow, *rest):
+        codes.append(overflow.clone().cpu())
+        return launch(hidden, weight, bias, params, temperature_mode, out, overflow, *rest)
+
+    hidden, weight = three_kinds_of_rows(batch)
+    seed = torch.arange(batch, device=CUDA) * 7919 + 5
+    arguments = dict(temperature=1.0, min_p=0.1, seed=seed, num_samples=2)
+    expected = fused_sample(hidden, weight, impl="torch", **arguments)
+    with monkeypatch.context() as patch:
+        patch.setattr(truncation_kernel, "launch_fallback", record)
+        tokens = fused_sample(hidden, weight, impl="triton", **arguments)
+    assert_pathwise_equal(tokens, expected, hidden, weight, temperature=1.0, seed=seed)
+    (code,) = codes
+    kinds = {0, truncation_kernel.OVERFLOW_PATCH.value, truncation_kernel.OVERFLOW_FULL.value}
+    assert set(code.tolist()) == kinds, code
+
+    graph = torch.cuda.CUDAGraph()
+    fused_sample(hidden, weight, impl="triton", **arguments)  # warm-up outside the capture
+    with torch.cuda.graph(graph):
+        out = fused_sample(hidden, weight, impl="triton", **arguments)
+    out.fill_(-1)
+    graph.replay()
+    assert torch.equal(out, tokens)
+
+
 @pytest.mark.parametrize(
     "top_p, min_p, temperature, softcap",
     [(0.9, 0.0, 0.6, 0.0), (1.0, 0.1, 1.0, 0.0), (0.95, 0.05, 0.8, 15.0)],

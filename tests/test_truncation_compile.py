@@ -42,42 +42,36 @@ stage2 = {
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "scalar_top_k": "i64",
     "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32",
 }
-compile_kernel(
-    truncation_kernel._truncated_stage2, stage2,
-    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
-         **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
-         FAST_MATH=True, BLOCK=16384, COMPACT=2048, PACK=2048, PATCHED=False,
-         PATCH_TILES=16, PATCH_V=64),
-    num_warps=16,
+# What every stage-2 variant below shares: per-row temperature, seed, top-p and min-p (no
+# top-k), mass partials.
+stage2_shared = dict(
+    plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
+    HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048,
 )
+
+
+def compile_stage2(signature=stage2, num_warps=16, **constants):
+    compile_kernel(
+        truncation_kernel._truncated_stage2, signature, {**stage2_shared, **constants},
+        num_warps=num_warps,
+    )
+
+
+first_pass = dict(compact_value_ptr=None, HAS_MASS=True, COMPLETE=False, SINGLE=True, PACK=2048)
+# Stage 2 over stage 1's per-tile candidates in registers, listing hiding tiles to patch.
+compile_stage2(**first_pass, BLOCK=16384, PATCHED=False, PATCH_TILES=16, PATCH_V=64)
 # A patched row's second pass: stage 1's candidates with 16 recomputed 128-wide tiles.
-compile_kernel(
-    truncation_kernel._truncated_stage2, stage2,
-    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
-         **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
-         FAST_MATH=True, BLOCK=8192, COMPACT=2048, PACK=2048, PATCHED=True,
-         PATCH_TILES=16, PATCH_V=128),
-    num_warps=16,
-)
+compile_stage2(**first_pass, BLOCK=8192, PATCHED=True, PATCH_TILES=16, PATCH_V=128)
 # The same on merged candidates: 64 groups of 32 in 2048 lanes (no packing there).
-compile_kernel(
-    truncation_kernel._truncated_stage2, stage2,
-    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, compact_value_ptr=None,
-         **knob_modes, HAS_PLAIN=False, HAS_MASS=True, COMPLETE=False, SINGLE=True,
-         FAST_MATH=True, BLOCK=2048, COMPACT=2048, PACK=2048, PATCHED=False,
-         PATCH_TILES=16, PATCH_V=64),
-    num_warps=8,
+compile_stage2(
+    **first_pass, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64, num_warps=8
 )
 # The fallback's stage 2 over V = 151936 logits, read in chunks and packed above the floor.
-compile_kernel(
-    truncation_kernel._truncated_stage2,
+compile_stage2(
     {**stage2, "key_ptr": "*fp32", "compact_value_ptr": "*fp32"},
-    dict(plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, tile_hidden_ptr=None,
-         patch_tile_ptr=None, patch_count_ptr=None, patch_key_ptr=None, patch_index_ptr=None,
-         **knob_modes, HAS_PLAIN=False, HAS_MASS=False, COMPLETE=True, SINGLE=False,
-         FAST_MATH=True, BLOCK=16384, COMPACT=2048, PACK=16384, PATCHED=False,
-         PATCH_TILES=0, PATCH_V=16),
-    num_warps=16,
+    tile_hidden_ptr=None, patch_tile_ptr=None, patch_count_ptr=None, patch_key_ptr=None,
+    patch_index_ptr=None, HAS_MASS=False, COMPLETE=True, SINGLE=False, BLOCK=16384,
+    PACK=16384, PATCHED=False, PATCH_TILES=0, PATCH_V=16,
 )
 # Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).
 merge = {
