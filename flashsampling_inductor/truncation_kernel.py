@@ -655,14 +655,70 @@ def _flagged_rows(overflow_ptr, B, first, BLOCK_B: tl.constexpr, SCAN: tl.conste
 
 
 @triton.jit
+def _tile_logits(
+    hidden_ptr, weight_ptr, bias_ptr, rows, row_mask, offs_v, v_mask, D,
+    stride_hb, stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS: tl.constexpr,
+    LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    INTERPRETER: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_ROWS, BLOCK_V] logits of hidden rows ``rows`` (those in ``row_mask``; the
+    others are zero vectors) against vocabulary entries ``offs_v``, as stage 1 computes them:
+    one MMA chain over D with stage 1's precision, then bias, rounding, soft-cap."""
+    h_rows = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hb
+    w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
+    acc = tl.zeros((BLOCK_ROWS, BLOCK_V), tl.float32)
+    for d_start in range(0, D, BLOCK_D):
+        offs_d = d_start + tl.arange(0, BLOCK_D)
+        d_mask = offs_d < D
+        h = tl.load(h_rows + offs_d[None, :] * stride_hd,
+                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+        w = tl.load(w_rows + offs_d[None, :] * stride_wd,
+                    mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+        if INTERPRETER:
+            # (the interpreter multiplies bf16 as raw uint16, as in stage 1)
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    logits = acc
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+        logits += bias[None, :]
+    logits = round_logits(logits, LOGITS_DTYPE)
+    if HAS_SOFTCAP:
+        logits = softcap_logits(logits, softcap, INTERPRETER)
+    return logits
+
+
+@triton.jit
+def _flagged_rows(overflow_ptr, B, first, BLOCK_B: tl.constexpr, SCAN: tl.constexpr):
+    """The rows of flagged ranks first..first + BLOCK_B - 1 (rows flagged OVERFLOW_FULL, in
+    row order) and which of those ranks exist, from the [B] flags read SCAN at a time."""
+    slots = first + tl.arange(0, BLOCK_B)
+    rows = tl.zeros((BLOCK_B,), tl.int32)
+    found = tl.zeros((BLOCK_B,), tl.int32)
+    seen = 0
+    for start in range(0, B, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        flags = tl.load(overflow_ptr + offs, mask=offs < B, other=0)
+        flagged = (flags == OVERFLOW_FULL).to(tl.int32)
+        rank = seen + tl.cumsum(flagged, axis=0) - 1
+        match = (flagged[None, :] != 0) & (rank[None, :] == slots[:, None])
+        rows += tl.sum(tl.where(match, offs[None, :], 0), axis=1)
+        found += tl.sum(match.to(tl.int32), axis=1)
+        seen += tl.sum(flagged)
+    return rows, found != 0
+
+
+@triton.jit
 def _patch_tile(hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr, patch_count_ptr,
                 patch_key_ptr, patch_index_ptr, row, j, V, D, stride_hb, stride_hd, stride_wv,
                 stride_wd, softcap, HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 INTERPRETER: tl.constexpr, BLOCK_D: tl.constexpr, PATCH_TILES: tl.constexpr,
                 PATCH_V: tl.constexpr):  # fmt: skip
-    """Tile j of a patched row: its PATCH_V logits (as _fallback_logits computes them, on a
-    16-row MMA holding the one row) stored as keys and global indices."""
+    """Tile j of a patched row: its PATCH_V logits (the row in lane 0 of a 16-row MMA, the
+    smallest tl.dot takes) stored as keys and global indices."""
     if tl.load(overflow_ptr + row) == OVERFLOW_PATCH:
         if j < tl.load(patch_count_ptr + row):
             row64 = row.to(tl.int64)
@@ -670,26 +726,12 @@ def _patch_tile(hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr, 
             offs_v = tile * PATCH_V + tl.arange(0, PATCH_V)
             v_mask = offs_v < V
             lanes = tl.arange(0, 16)
-            h_rows = hidden_ptr + row64 * stride_hb + lanes[:, None] * 0
-            w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
-            acc = tl.zeros((16, PATCH_V), tl.float32)
-            for d_start in range(0, D, BLOCK_D):
-                offs_d = d_start + tl.arange(0, BLOCK_D)
-                d_mask = offs_d < D
-                h = tl.load(h_rows + offs_d[None, :] * stride_hd,
-                            mask=(lanes[:, None] == 0) & d_mask[None, :], other=0.0)  # fmt: skip
-                w = tl.load(w_rows + offs_d[None, :] * stride_wd,
-                            mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-                if INTERPRETER:
-                    h = h.to(tl.float32)
-                    w = w.to(tl.float32)
-                acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-            logits = tl.sum(tl.where(lanes[:, None] == 0, acc, 0.0), axis=0)
-            if HAS_BIAS:
-                logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-            logits = round_logits(logits, LOGITS_DTYPE)
-            if HAS_SOFTCAP:
-                logits = softcap_logits(logits, softcap, INTERPRETER)
+            logits = _tile_logits(
+                hidden_ptr, weight_ptr, bias_ptr, row + lanes * 0, lanes == 0, offs_v, v_mask,
+                D, stride_hb, stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS,
+                LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER, 16, PATCH_V, BLOCK_D,
+            )  # fmt: skip
+            logits = tl.sum(tl.where(lanes[:, None] == 0, logits, 0.0), axis=0)
             keys = tl.where(v_mask, ordered_key(logits), KEY_PAD)
             slot = row64 * (PATCH_TILES * PATCH_V) + j * PATCH_V + tl.arange(0, PATCH_V)
             tl.store(patch_key_ptr + slot, keys)
@@ -727,7 +769,6 @@ def _fallback_logits(
         return
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = offs_v < V
-    w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
     num_flagged = 0
     for start in range(0, B, SCAN):
         offs = start + tl.arange(0, SCAN)
@@ -735,27 +776,11 @@ def _fallback_logits(
         num_flagged += tl.sum((flags == OVERFLOW_FULL).to(tl.int32))
     for first in range(0, num_flagged, BLOCK_B):
         rows, found = _flagged_rows(overflow_ptr, B, first, BLOCK_B, SCAN)
-        h_rows = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hb
-        acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
-        for d_start in range(0, D, BLOCK_D):
-            offs_d = d_start + tl.arange(0, BLOCK_D)
-            d_mask = offs_d < D
-            h = tl.load(h_rows + offs_d[None, :] * stride_hd,
-                        mask=found[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-            w = tl.load(w_rows + offs_d[None, :] * stride_wd,
-                        mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-            if INTERPRETER:
-                # (the interpreter multiplies bf16 as raw uint16, as in stage 1)
-                h = h.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        logits = acc
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-            logits += bias[None, :]
-        logits = round_logits(logits, LOGITS_DTYPE)
-        if HAS_SOFTCAP:
-            logits = softcap_logits(logits, softcap, INTERPRETER)
+        logits = _tile_logits(
+            hidden_ptr, weight_ptr, bias_ptr, rows, found, offs_v, v_mask, D, stride_hb,
+            stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP,
+            DOT_PRECISION, INTERPRETER, BLOCK_B, BLOCK_V, BLOCK_D,
+        )  # fmt: skip
         tl.store(scratch_ptr + rows.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
                  mask=found[:, None] & v_mask[None, :])  # fmt: skip
 
