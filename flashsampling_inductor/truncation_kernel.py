@@ -691,26 +691,6 @@ def _tile_logits(
 
 
 @triton.jit
-def _flagged_rows(overflow_ptr, B, first, BLOCK_B: tl.constexpr, SCAN: tl.constexpr):
-    """The rows of flagged ranks first..first + BLOCK_B - 1 (rows flagged OVERFLOW_FULL, in
-    row order) and which of those ranks exist, from the [B] flags read SCAN at a time."""
-    slots = first + tl.arange(0, BLOCK_B)
-    rows = tl.zeros((BLOCK_B,), tl.int32)
-    found = tl.zeros((BLOCK_B,), tl.int32)
-    seen = 0
-    for start in range(0, B, SCAN):
-        offs = start + tl.arange(0, SCAN)
-        flags = tl.load(overflow_ptr + offs, mask=offs < B, other=0)
-        flagged = (flags == OVERFLOW_FULL).to(tl.int32)
-        rank = seen + tl.cumsum(flagged, axis=0) - 1
-        match = (flagged[None, :] != 0) & (rank[None, :] == slots[:, None])
-        rows += tl.sum(tl.where(match, offs[None, :], 0), axis=1)
-        found += tl.sum(match.to(tl.int32), axis=1)
-        seen += tl.sum(flagged)
-    return rows, found != 0
-
-
-@triton.jit
 def _patch_tile(hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr, patch_count_ptr,
                 patch_key_ptr, patch_index_ptr, row, j, V, D, stride_hb, stride_hd, stride_wv,
                 stride_wd, softcap, HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,

@@ -25,3 +25,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "multigpu" in item.keywords and gpu_count < 2:
             item.add_marker(skip_multigpu)
+
+
+@pytest.fixture
+def overflowed(monkeypatch):
+    """The overflow code of every row, per fused call, as stage 2 left them for the
+    fallback: 0 (stage 2 drew the row), OVERFLOW_FULL or OVERFLOW_PATCH."""
+    from flashsampling_inductor import truncation_kernel
+
+    codes = []
+    launch = truncation_kernel.launch_fallback
+
+    def record(hidden, weight, bias, params, temperature_mode, out, overflow, *rest):
+        codes.append(overflow.clone().cpu())
+        return launch(hidden, weight, bias, params, temperature_mode, out, overflow, *rest)
+
+    monkeypatch.setattr(truncation_kernel, "launch_fallback", record)
+    return codes
