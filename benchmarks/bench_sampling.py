@@ -14,6 +14,7 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
     flashinfer_fi1           matmul + top_k_top_p_sampling_from_logits(top_k=V, top_p=1.0)
     fused_topk50             fused_sample(..., top_k=50): exact top-k, logits never written
     fused_topk50_topp09      fused_sample(..., top_k=50, top_p=0.9)
+    fused_topk256            fused_sample(..., top_k=256): the largest k issue 17's goal names
     flashinfer_topk50        matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=1.0)
     flashinfer_topk50_topp09 matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=0.9)
     hf_topk50                transformers' TopKLogitsWarper(50) + softmax + multinomial,
@@ -298,6 +299,7 @@ PROVIDERS = {
         Provider("flashinfer_fi1", flashinfer_builder(top_k_top_p=True), flashinfer=True),
         Provider("fused_topk50", fused_truncated_builder(top_k=TOP_K)),
         Provider("fused_topk50_topp09", fused_truncated_builder(top_k=TOP_K, top_p=TOP_P)),
+        Provider("fused_topk256", fused_truncated_builder(top_k=256)),
         Provider("flashinfer_topk50", flashinfer_builder(True, TOP_K), flashinfer=True),
         Provider(
             "flashinfer_topk50_topp09", flashinfer_builder(True, TOP_K, TOP_P), flashinfer=True
@@ -700,6 +702,7 @@ PEER_LABELS = {
     "flashinfer_fi1": "FlashInfer FI1",
     "fused_topk50": "fused top-k 50",
     "fused_topk50_topp09": "fused top-k 50 + top-p 0.9",
+    "fused_topk256": "fused top-k 256",
     "flashinfer_topk50": "FlashInfer top-k 50",
     "flashinfer_topk50_topp09": "FlashInfer top-k 50 + top-p 0.9",
     "hf_topk50": "transformers top-k 50, compiled",
@@ -715,6 +718,7 @@ PEER_LABELS = {
 FUSED_OF = {
     "fused_topk50": "matmul",
     "fused_topk50_topp09": "matmul",
+    "fused_topk256": "matmul",
     "flashinfer_topk50": "fused_topk50",
     "hf_topk50": "fused_topk50",
     "flashinfer_topk50_topp09": "fused_topk50_topp09",

@@ -105,7 +105,7 @@ def overflow_codes(scores: torch.Tensor, batch: int, device, top_p: float, min_p
                 None, 1.0, None, start, 1, None, None, 0, None, top_p, None, min_p
             )
             # The tiles CUDA uses for this batch (default_config's CPU choice differs).
-            config = default_config(len(chunk), batch, torch.device("cuda"))
+            config = default_config(len(chunk), batch, torch.device("cuda"), truncates=True)
             triton_fused_sample(hidden, weight, None, params, config)
     finally:
         truncation_kernel.launch_fallback = launch
@@ -125,7 +125,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and args.batch > 32:
         parser.error("on CPU --batch must be <= 32 (default_config asks CUDA beyond that)")
-    config = default_config(args.batch, args.batch, torch.device("cuda"))
+    config = default_config(args.batch, args.batch, torch.device("cuda"), truncates=True)
     params = SamplingParams(None, 1.0, None, 0, 1, None, None, 0, None, 0.9)
     m = truncation_kernel.candidates_per_tile(params)
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"

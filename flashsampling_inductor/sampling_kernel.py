@@ -338,9 +338,13 @@ class SampleConfig:
     warp_specialized_rows: int = 0
 
 
-def default_config(batch: int, hidden_size: int, device: torch.device) -> SampleConfig:
+def default_config(
+    batch: int, hidden_size: int, device: torch.device, truncates: bool = False
+) -> SampleConfig:
     """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
-    from sweeps on an H200 (benchmarks/results/kernel_sweep_*.json)."""
+    from sweeps on an H200 and an H100 (benchmarks/results/kernel_sweep_*.json); ``truncates``
+    for a call with top-k / top-p / min-p, whose stage 1 keeps each tile's largest scores
+    instead of drawing noise."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
@@ -353,6 +357,16 @@ def default_config(batch: int, hidden_size: int, device: torch.device) -> Sample
     # 64-row tiles up to 128 rows too: 128-row ones are no faster there and spill with
     # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
     hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and is_hopper(device) else 0
+    if batch <= 64 and truncates:
+        # The Gluon kernel has no top-m epilogue, so these run on the Triton kernel, whose
+        # epilogue then runs no MMA: long reductions hide it best with the vocabulary on M
+        # and eight warps, short ones with TMA copies. Whole calls with top-k 50 on an H100,
+        # against the tiles below: D = 4096 1.042 -> 1.021x of cuBLAS (B = 48), 1.044 -> 1.029
+        # (64); D = 8192 1.009 -> 0.981, 1.011 -> 0.984; D = 2048 with TMA 1.096 -> 1.090,
+        # 1.096 -> 1.089 (kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
+        if hidden_size >= 4096:
+            return SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
+        return SampleConfig(64, 128, 64, swap_ab=False, num_stages=4, tma=True)
     if batch <= 64:
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
@@ -438,7 +452,7 @@ def triton_fused_sample(
     if batch == 0:
         return out
     if config is None:
-        config = default_config(batch, hidden_size, hidden.device)
+        config = default_config(batch, hidden_size, hidden.device, params.truncates)
         if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
             # Truncating calls that stage 2 does not merge keep m candidates per tile for
             # stage 2, one program per row: 128-wide tiles halve them. H100, D = 2048, B = 1
