@@ -92,7 +92,7 @@ def _generate(model, generate, inputs=None, generation_config=None, **kwargs):
     if mode.name not in _FUSED_MODES:
         _warn_once(f"{mode.name.lower()} is not fused")
         return generate(model, inputs, generation_config, **kwargs)
-    if config.cache_implementation is None and kwargs.get("past_key_values") is None:
+    if config.cache_implementation is None and kwargs.get(_cache_key()) is None:
         kwargs["cache_implementation"] = "static"
     # generate would keep the streamer from a custom_generate: it travels under another name.
     kwargs["fused_streamer"] = kwargs.pop("streamer", None)
@@ -115,7 +115,7 @@ def fused_generate(
 
     Pass it as ``model.generate(..., custom_generate=fused_generate)`` (``enable(model)``
     does that for every call). Returns what ``generate`` returns: the sequences, or a
-    ``GenerateDecoderOnlyOutput`` with ``sequences`` and ``past_key_values`` set when
+    ``GenerateDecoderOnlyOutput`` with ``sequences`` and the cache set when
     ``return_dict_in_generate=True``.
 
     ``generate`` keeps its ``streamer`` argument for itself (it never reaches a
@@ -248,9 +248,9 @@ def _unfusable_setup(model, generation_config, synced_gpus, model_kwargs) -> str
         return "scores, logits, attentions or hidden states are returned"
     if not model_kwargs.get("use_cache", True):
         return "use_cache=False"
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get(_cache_key())
     if cache is None:
-        return "the model keeps no past_key_values cache"
+        return "the model keeps no cache"
     if getattr(cache, "_is_user_defined", False) and not _is_static(cache):
         return f"the cache passed in ({type(cache).__name__}) is not a static cache"
     if "flash" in str(getattr(model.config, "_attn_implementation", "")):
@@ -268,11 +268,11 @@ def _use_static_cache(model, input_ids, generation_config, model_kwargs) -> None
     """The fused step is compiled for a static cache: a fresh dynamic cache that generate made
     for this call becomes the static cache transformers makes for ``cache_implementation=
     "static"`` (reused across calls, sized for the longest call so far)."""
-    if _is_static(model_kwargs["past_key_values"]):
+    if _is_static(model_kwargs[_cache_key()]):
         return
     config = copy.copy(generation_config)
     config.cache_implementation = "static"
-    del model_kwargs["past_key_values"]
+    del model_kwargs[_cache_key()]
     expand = max(config.num_beams or 1, config.num_return_sequences or 1)
     model._prepare_cache_for_generation(
         config,
@@ -293,7 +293,8 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=device)
     knobs = sampling.as_tensors(model.device)
     step = _compiled_step(model, generation_config)
-    cache = kw["past_key_values"]
+    cache_key = _cache_key()
+    cache = kw[cache_key]
 
     # The prompt: transformers' own (eager) prefill, its token drawn from its logits.
     outputs = model._prefill(input_ids, generation_config, kw, is_first_iteration=True)
@@ -328,11 +329,11 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
                 break
             inputs = model.prepare_inputs_for_generation(input_ids, next_sequence_length=1, **kw)
             next_tokens = step(inputs, **knobs).to(device)
-            kw = model._update_model_kwargs_for_generation(_StepOutput(past_key_values=cache), kw)
+            kw = model._update_model_kwargs_for_generation(_StepOutput({cache_key: cache}), kw)
     if streamer is not None:
         streamer.end()
     if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=input_ids, past_key_values=cache)
+        return GenerateDecoderOnlyOutput(sequences=input_ids, **{cache_key: cache})
     return input_ids
 
 
@@ -429,6 +430,14 @@ class _StepOutput(dict):
     output`` and ``output.name``."""
 
     __getattr__ = dict.__getitem__
+
+
+def _cache_key() -> str:
+    """The name generate keeps the cache under in its model kwargs, forwards and outputs:
+    ``past_key_values`` up to transformers 5.23, ``cache`` from 5.24."""
+    from transformers.generation.utils import ALL_CACHE_NAMES
+
+    return ALL_CACHE_NAMES[0]
 
 
 def _transformers_version() -> str:
