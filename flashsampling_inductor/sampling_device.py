@@ -28,6 +28,7 @@ __all__ = [
     "knob_per_row",
     "ordered_key",
     "philox4x32",
+    "restore_low_bits",
     "round_logits",
     "softcap_logits",
     "row_seeds",
@@ -225,6 +226,17 @@ def ordered_key(values):
     values = tl.where(values == 0.0, 0.0, values)
     bits = values.to(tl.int32, bitcast=True)
     return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def restore_low_bits(keys, LOW_BITS: tl.constexpr):
+    """Keys whose bits below LOW_BITS were cleared (or never searched), completed. Logits
+    rounded to a narrower float keep their low fp32 mantissa bits zero (16 for bf16), so a
+    key's low bits are its sign's: zeros for scores >= 0, ones below (``ordered_key`` flips a
+    negative score's bits). KEY_PAD stays KEY_PAD."""
+    if LOW_BITS > 0:
+        keys = keys | tl.where((keys < 0) & (keys != KEY_PAD), (1 << LOW_BITS) - 1, 0)
+    return keys
 
 
 @triton.jit

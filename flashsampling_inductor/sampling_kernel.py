@@ -43,6 +43,7 @@ from .sampling_device import (
     gumbel_tile,
     is_hopper,
     ordered_key,
+    restore_low_bits,
     round_logits,
     softcap_logits,
     tma_compatible,
@@ -137,6 +138,7 @@ def _sample_stage1(
     PLAIN: tl.constexpr = True,  # write the best perturbed score per (row, sample)
     TOP_M: tl.constexpr = 0,  # > 0: keep the tile's TOP_M largest scores (truncation)
     ROW_MASS: tl.constexpr = False,  # with TOP_M: per-tile (max, sum of exp2) for top-p
+    KEY_LOW_BITS: tl.constexpr = 0,  # with TOP_M: key bits the sign fixes (key_low_bits)
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
     perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
@@ -245,14 +247,33 @@ def _sample_stage1(
                 keys = tl.where(v_mask[None, :], keys, KEY_PAD)
             tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
             columns = tl.arange(0, BLOCK_V)[None, :]
-            for slot in tl.static_range(TOP_M):
-                key, arg = tl.max(
-                    keys, axis=1, return_indices=True, return_indices_tie_break_left=True
-                )
-                tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
-                tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg, mask=b_mask)
-                keys = tl.where(columns == arg[:, None], KEY_PAD, keys)
-            tl.store(hidden_key_ptr + tile_slot, tl.max(keys, axis=1), mask=b_mask)
+            if KEY_LOW_BITS > 0:
+                # The key's low bits are its sign's (rounded logits, restore_low_bits): they
+                # carry the reversed column instead, so one int32 max finds the largest key
+                # and, among equal ones, the lowest column (an argmax reduces two values).
+                low = (1 << KEY_LOW_BITS) - 1
+                packed = (keys & -(1 << KEY_LOW_BITS)) | (BLOCK_V - 1 - columns)
+                for slot in tl.static_range(TOP_M):
+                    top = tl.max(packed, axis=1)
+                    key = restore_low_bits(top & -(1 << KEY_LOW_BITS), KEY_LOW_BITS)
+                    arg = BLOCK_V - 1 - (top & low)
+                    tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
+                    tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
+                             mask=b_mask)  # fmt: skip
+                    packed = tl.where(packed == top[:, None], KEY_PAD, packed)
+                left_out = tl.max(packed, axis=1) & -(1 << KEY_LOW_BITS)
+                tl.store(hidden_key_ptr + tile_slot, restore_low_bits(left_out, KEY_LOW_BITS),
+                         mask=b_mask)  # fmt: skip
+            else:
+                for slot in tl.static_range(TOP_M):
+                    key, arg = tl.max(
+                        keys, axis=1, return_indices=True, return_indices_tie_break_left=True
+                    )
+                    tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
+                    tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
+                             mask=b_mask)  # fmt: skip
+                    keys = tl.where(columns == arg[:, None], KEY_PAD, keys)
+                tl.store(hidden_key_ptr + tile_slot, tl.max(keys, axis=1), mask=b_mask)
             if ROW_MASS:
                 # softmax(l / T) mass of the tile relative to its maximum (the reference's
                 # weights); stage 2 rescales the partials to the row maximum.
@@ -493,9 +514,11 @@ def triton_fused_sample(
                 hopper_kernel.disable(error)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
     stage1 = {}
-    plain, top_m, row_mass = True, 0, False
+    plain, top_m, row_mass, key_low_bits = True, 0, False, 0
     if truncates:
         top_m = truncation_kernel.candidates_per_tile(params)
+        if 1 << truncation_kernel.key_low_bits(params) >= config.block_v:
+            key_low_bits = truncation_kernel.key_low_bits(params)
         k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
         plain = (
             k_may_be_off
@@ -555,7 +578,7 @@ def triton_fused_sample(
             EVEN_V=vocab_size % config.block_v == 0,
             INTERPRETER=interpreter,
             BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
-            PLAIN=plain, TOP_M=top_m, ROW_MASS=row_mass,
+            PLAIN=plain, TOP_M=top_m, ROW_MASS=row_mass, KEY_LOW_BITS=key_low_bits,
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )  # fmt: skip

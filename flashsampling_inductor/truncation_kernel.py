@@ -48,6 +48,7 @@ from .sampling_device import (
     key_value,
     knob_per_row,
     ordered_key,
+    restore_low_bits,
     round_logits,
     row_seeds,
     softcap_logits,
@@ -57,6 +58,7 @@ from .sampling_device import (
 __all__ = [
     "candidates_per_tile",
     "k_may_be_off",
+    "key_low_bits",
     "launch_fallback",
     "launch_stage2",
     "merge_keep",
@@ -162,18 +164,36 @@ def _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK: tl.
 
 
 @triton.jit
-def _nucleus_bound(keys, weights, total, top_p):
-    """Top-p over candidates held in registers: the smallest kept key, i.e. one above the
-    largest key whose strictly-larger mass is still >= p * total, built bit by bit from
-    KEY_PAD = -2**31 up (so a trial never leaves the int32 range)."""
+def _kth_key(keys, k, LOW_BITS: tl.constexpr):
+    """The largest key T with at least k of ``keys`` >= T: the k-th largest key (KEY_PAD when
+    fewer than k are real), built bit by bit from KEY_PAD = -2**31 up (so a trial never
+    leaves the int32 range) down to bit LOW_BITS, below which every key's bits are its
+    sign's (``key_low_bits``: half the passes with bf16 logits). Counts are integers: exact.
+    (Settling four bits a pass with a [lanes, 16] count per pass cost the merge 2x on an
+    H100: the 2-D reduction goes through shared memory; one bit a pass reduces registers.)"""
+    one = tl.full((), 1, tl.int64)
+    bound = tl.full((), KEY_PAD, tl.int32)
+    for i in range(32 - LOW_BITS):
+        trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+        count = tl.sum((keys >= trial).to(tl.int32))
+        bound = tl.where(count >= k, trial, bound)
+    return restore_low_bits(bound, LOW_BITS)
+
+
+@triton.jit
+def _nucleus_bound(keys, weights, total, top_p, LOW_BITS: tl.constexpr):
+    """Top-p over candidates held in registers: the smallest kept key, i.e. the largest key
+    T whose mass at or above it is still >= p * total, built bit by bit from KEY_PAD = -2**31
+    up (so a trial never leaves the int32 range) down to bit LOW_BITS (``_kth_key``). One
+    bit a pass keeps each pass's mass the same sum over the same lanes as the reference's."""
     threshold = top_p * total
     one = tl.full((), 1, tl.int64)
-    below = tl.full((), KEY_PAD, tl.int32)
-    for i in range(32):
-        trial = (below.to(tl.int64) + (one << (31 - i))).to(tl.int32)
-        mass = tl.sum(tl.where(keys > trial, weights, 0.0))
-        below = tl.where(mass >= threshold, trial, below)
-    return below + 1
+    bound = tl.full((), KEY_PAD, tl.int32)
+    for i in range(32 - LOW_BITS):
+        trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+        mass = tl.sum(tl.where(keys >= trial, weights, 0.0))
+        bound = tl.where(mass >= threshold, trial, bound)
+    return restore_low_bits(bound, LOW_BITS)
 
 
 @triton.jit
@@ -265,6 +285,7 @@ def _merge_tiles(
     num_tiles, tiles_per_group, scalar_temperature,
     TEMPERATURE_MODE: tl.constexpr, HAS_MASS: tl.constexpr, TOP_M: tl.constexpr,
     KEEP: tl.constexpr, BLOCK: tl.constexpr, TILE_BLOCK: tl.constexpr,
+    KEY_LOW_BITS: tl.constexpr,
 ):  # fmt: skip
     """Program (row, group): the KEEP - 1 or fewer largest candidate keys of the group's
     tiles, those strictly above the KEEP-th largest (so ties there never need breaking),
@@ -282,13 +303,8 @@ def _merge_tiles(
     source = row64 * num_tiles * TOP_M + first * TOP_M + offs
     keys = tl.load(key_ptr + source, mask=mask, other=KEY_PAD)
     index = tl.load(index_ptr + source, mask=mask, other=0)
-    # The KEEP-th largest key, bit by bit from KEY_PAD up (KEY_PAD when fewer are real).
-    one = tl.full((), 1, tl.int64)
-    bound = tl.full((), KEY_PAD, tl.int32)
-    for i in range(32):
-        trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
-        count = tl.sum((keys >= trial).to(tl.int32))
-        bound = tl.where(count >= KEEP, trial, bound)
+    # The KEEP-th largest key (KEY_PAD when fewer are real).
+    bound = _kth_key(keys, KEEP, KEY_LOW_BITS)
     keep = keys > bound
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     target = row64 * num_groups * KEEP + group * KEEP
@@ -340,6 +356,7 @@ def _truncated_stage2(
     # tiles (PATCH_V wide, stage 1's) listed for recomputation, then (PATCHED) this kernel
     # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
     PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
+    KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates."""
     row = tl.program_id(0)
@@ -447,18 +464,19 @@ def _truncated_stage2(
                 index_ptr = pack_index_ptr
                 num_candidates = count
 
-    # Top-k: the largest key with at least k candidate keys >= it, built bit by bit from
-    # KEY_PAD = -2**31 up (so a trial never leaves the int32 range).
+    # Top-k: the largest key with at least k candidate keys >= it (``_kth_key``; over V
+    # tokens read in chunks, bit by bit from KEY_PAD = -2**31 up, so a trial never leaves
+    # the int32 range).
     one = tl.full((), 1, tl.int64)
     survivor_bound = tl.full((), KEY_PAD, tl.int32)
     if k_on:
-        for i in range(32):
-            trial = (survivor_bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
-            if SINGLE:  # (inline: each helper call costs the interpreter milliseconds)
-                count = tl.sum((row_keys >= trial).to(tl.int32))
-            else:
+        if SINGLE:
+            survivor_bound = _kth_key(row_keys, top_k, KEY_LOW_BITS)
+        else:
+            for i in range(32):
+                trial = (survivor_bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
                 count = _count_at_least(key_ptr, index_ptr, num_candidates, trial, COMPLETE, BLOCK)
-            survivor_bound = tl.where(count >= top_k, trial, survivor_bound)
+                survivor_bound = tl.where(count >= top_k, trial, survivor_bound)
     keep_bound = survivor_bound
     inv_temperature = INV_LN2 / tl.where(temperature > 0, temperature, 1.0)
 
@@ -487,7 +505,9 @@ def _truncated_stage2(
         # the candidates lack.
         if compact:
             small_weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
-            keep_bound = _nucleus_bound(small_keys, small_weights, tl.sum(small_weights), top_p)
+            keep_bound = _nucleus_bound(
+                small_keys, small_weights, tl.sum(small_weights), top_p, KEY_LOW_BITS
+            )
         elif SINGLE:
             weights = _weights(row_keys, top_value, inv_temperature, survivor_bound)
             total = tl.sum(weights)
@@ -514,11 +534,13 @@ def _truncated_stage2(
                     heavy_packed = pruned
                     if pruned:
                         heavy_weights = _weights(heavy_keys, top_value, inv_temperature, KEY_PAD)
-                        nucleus = _nucleus_bound(heavy_keys, heavy_weights, total, top_p)
+                        nucleus = _nucleus_bound(
+                            heavy_keys, heavy_weights, total, top_p, KEY_LOW_BITS
+                        )
                     else:
-                        nucleus = _nucleus_bound(row_keys, weights, total, top_p)
+                        nucleus = _nucleus_bound(row_keys, weights, total, top_p, KEY_LOW_BITS)
                 else:
-                    nucleus = _nucleus_bound(row_keys, weights, total, top_p)
+                    nucleus = _nucleus_bound(row_keys, weights, total, top_p, KEY_LOW_BITS)
                 keep_bound = tl.maximum(keep_bound, nucleus)
         else:
             total = _mass_above(key_ptr, index_ptr, num_candidates, KEY_PAD, top_value,
@@ -769,13 +791,19 @@ def candidates_per_tile(params: SamplingParams) -> int:
     """m: how many of its largest scores each (row, vocabulary tile) keeps for stage 2.
 
     A row overflows only when one tile holds more than m of the tokens it keeps; with k
-    survivors spread over ~V / 64 tiles that is rare for m = 4 up to k = 64 and m = 8 up to
-    k = 1024. A per-row k tensor gets 8, top-p alone 4 (its nucleus size is unknown ahead)."""
+    survivors spread at random over V / 128 tiles (the widest), the chance that some tile of
+    a row holds more than m is about 4e-6 for m = 4 up to k = 64 and for m = 6 up to k = 256
+    (Poisson: 1187 tiles with 0.216 survivors each at V = 151936), 4e-4 for m = 8 at
+    k = 1024; an overflowing row is exact, only slower. Each slot costs stage 1 a reduction
+    over the tile (H100, B = 64: about 5 us of 230). A per-row k tensor gets 8,
+    top-p alone 4 (its nucleus size is unknown ahead)."""
     if params.top_k is not None:
         return 8
     k = params.scalar_top_k
     if k <= 0 or k <= 64:
         return 4
+    if k <= 256:
+        return 6
     return 8 if k <= 1024 else 16
 
 
@@ -797,10 +825,15 @@ def merge_keep(params: SamplingParams, vocab_size: int) -> int:
     A row overflows when a group holds MERGE_KEEP or more of the tokens that decide it: the
     top-k survivors (k / MERGE_GROUPS per group on average, hence twice the slots from
     k = 256 and no merging past k = 1024 or for per-row k, which may be any size), top-p's
-    nucleus or min-p's survivors (a few hundred on real rows: a handful per group)."""
+    nucleus or min-p's survivors (a few hundred on real rows: a handful per group). Up to
+    k = 64 (generate's default 50; top-p / min-p then keep at most k) half the slots do: a
+    group holds 16 of 64 survivors spread at random with chance ~1e-12, and stage 2 then
+    searches and draws noise on 1024 lanes instead of 2048."""
     if params.top_k is not None:
         return 0
     k = params.scalar_top_k
+    if 0 < k <= 64:
+        return MERGE_KEEP // 2
     if not 0 < k < vocab_size or k <= 256:
         return MERGE_KEEP
     return 2 * MERGE_KEEP if k <= 1024 else 0
@@ -831,9 +864,20 @@ def _merge(
         num_tiles, tiles_per_group, params.scalar_temperature,
         TEMPERATURE_MODE=temperature_mode, HAS_MASS=mass is not None, TOP_M=top_m, KEEP=keep,
         BLOCK=block, TILE_BLOCK=max(16, triton.next_power_of_2(tiles_per_group)),
+        KEY_LOW_BITS=key_low_bits(params),
         num_warps=max(1, min(4, block // 256)),
     )  # fmt: skip
     return merged
+
+
+def key_low_bits(params: SamplingParams) -> int:
+    """How many low bits of every stage-1 key are fixed by its sign: logits rounded to bf16
+    (fp16) keep 16 (13) low fp32 mantissa bits zero, so a key's are 0 for scores >= 0 and
+    all ones below (``ordered_key`` flips a negative score's bits), and the searches for a
+    k-th key or a nucleus bound skip them. A soft-cap after the rounding sets them: none."""
+    if params.softcap > 0:
+        return 0
+    return {torch.bfloat16: 16, torch.float16: 13}.get(params.logits_dtype, 0)
 
 
 def _mode(tensor: torch.Tensor | None) -> int:
@@ -936,7 +980,8 @@ def launch_stage2(
         HAS_MASS=stage1.get("mass") is not None,
         COMPLETE=complete, SINGLE=lanes <= block, FAST_MATH=fast_math, BLOCK=block,
         COMPACT=compact_slots, PACK=pack_slots, PATCHED=patched, PATCH_TILES=patch_tiles,
-        PATCH_V=patch_width, num_warps=16 if block >= 8192 else 8,
+        PATCH_V=patch_width, KEY_LOW_BITS=0 if complete else key_low_bits(params),
+        num_warps=16 if block >= 8192 else 8,
     )  # fmt: skip
 
 

@@ -60,6 +60,31 @@ def test_gpu_truncated_kernel_matches_reference_pathwise(batch, hidden_size, log
     assert torch.equal(sample_logits(logits, impl="torch", **arguments), expected)
 
 
+@pytest.mark.parametrize("batch", [1, 64, 200])
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(top_k=50), dict(top_k=256), dict(top_k=50, top_p=0.9), dict(top_k=2000)],
+    ids=["k50", "k256", "k50-p09", "k2000"],
+)
+def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
+    """Scalar knobs, as generate passes them, with bf16 logits: each tile keeps its m = 4, 6
+    or 16 largest keys by one int32 max over keys packed with their column, B <= 64 merges
+    them per group of tiles, and the k-th key and nucleus searches skip the 16 low key bits
+    that bf16 fixes. Exact logits (multiples of 1/32): heavy ties at every k-th value. The
+    fused kernel draws the reference's tokens up to documented noise near-ties."""
+    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
+    seed = torch.arange(batch, device=CUDA) * 7919 + 11
+    arguments = dict(
+        temperature=0.8, seed=seed, num_samples=2, logits_dtype=torch.bfloat16, **knobs
+    )
+    tokens = fused_sample(hidden, weight, impl="triton", **arguments)
+    expected = fused_sample(hidden, weight, impl="torch", **arguments)
+    assert_pathwise_equal(
+        tokens, expected, hidden, weight, temperature=0.8, seed=seed,
+        logits_dtype=torch.bfloat16,
+    )  # fmt: skip
+
+
 def test_gpu_all_survivors_in_one_tile_take_the_exact_fallback():
     """A bias lifts 300 neighbouring tokens far above the rest, so one tile holds far more
     than m survivors of top-k 200: the row overflows and the fallback draws exactly (the
@@ -75,23 +100,32 @@ def test_gpu_all_survivors_in_one_tile_take_the_exact_fallback():
     assert bool(((tokens >= 1000) & (tokens < 1300)).all())
 
 
-def test_gpu_truncated_draws_follow_float64_warpers():
-    """2**24 draws of one row (V = 151936 real-size logits, 256 rows with their own seeds,
-    65536 samples each) with top-k 50, top-p 0.9, T = 0.8 against transformers' warpers in
-    float64: chi-square at level ALPHA over the kept tokens, power 0.9 against a 0.6%
-    relative bias; no removed token drawn."""
-    rows, samples = 256, 2**16
+@pytest.mark.parametrize(
+    "rows, logits_dtype, top_k, top_p",
+    [(256, None, 50, 0.9), (64, torch.bfloat16, 256, 1.0)],
+    ids=["B256-fp32-k50-p09", "B64-bf16-k256"],
+)
+def test_gpu_truncated_draws_follow_float64_warpers(rows, logits_dtype, top_k, top_p):
+    """2**24 draws of one row (V = 151936 real-size logits, repeated over rows with their
+    own seeds) with top-k and top-p at T = 0.8 against transformers' warpers in float64:
+    chi-square at level ALPHA over the kept tokens, power 0.9 against a 0.6% relative bias;
+    no removed token drawn. At B = 64 with bf16 logits and top-k 256: stage 1's packed-key
+    top-6 per tile, the merge per group of tiles and the searches that skip the 16 low key
+    bits; at B = 256 fp32 keys, unmerged."""
+    samples = 2**24 // rows
     n = rows * samples
     generator = torch.Generator().manual_seed(3)
     hidden = torch.randn(1, 2048, generator=generator).to(CUDA, torch.bfloat16)
     weight = (torch.randn(VOCAB, 2048, generator=generator) * 0.05).to(CUDA, torch.bfloat16)
     logits = (hidden.double() @ weight.double().T)[0].float()  # what the kernel must see
-    target = warped_probabilities(logits.double().cpu(), 0.8, 50, 0.9)
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
+    target = warped_probabilities(logits.double().cpu(), 0.8, top_k, top_p)
     kept = target > 0
     assert chi_square_power(n, 0.006, int(kept.sum())) >= 0.9
     tokens = fused_sample(
-        hidden.expand(rows, -1), weight, temperature=0.8, top_k=50, top_p=0.9,
-        seed=torch.arange(rows, device=CUDA) + 1, num_samples=samples,
+        hidden.expand(rows, -1), weight, temperature=0.8, top_k=top_k, top_p=top_p,
+        seed=torch.arange(rows, device=CUDA) + 1, num_samples=samples, logits_dtype=logits_dtype,
     )  # fmt: skip
     counts = torch.bincount(tokens.flatten(), minlength=VOCAB).double().cpu()
     assert counts[~kept].sum() == 0, counts[~kept].nonzero().flatten()[:10]

@@ -16,6 +16,7 @@ import sys
 
 SCRIPT = r"""
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -59,19 +60,24 @@ def compile_stage2(signature=stage2, num_warps=16, **constants):
 
 first_pass = dict(compact_value_ptr=None, HAS_MASS=True, COMPLETE=False, SINGLE=True, PACK=2048)
 # Stage 2 over stage 1's per-tile candidates in registers, listing hiding tiles to patch.
-compile_stage2(**first_pass, BLOCK=16384, PATCHED=False, PATCH_TILES=16, PATCH_V=64)
+compile_stage2(
+    **first_pass, BLOCK=16384, PATCHED=False, PATCH_TILES=16, PATCH_V=64, KEY_LOW_BITS=16
+)
 # A patched row's second pass: stage 1's candidates with 16 recomputed 128-wide tiles.
-compile_stage2(**first_pass, BLOCK=8192, PATCHED=True, PATCH_TILES=16, PATCH_V=128)
+compile_stage2(
+    **first_pass, BLOCK=8192, PATCHED=True, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0
+)
 # The same on merged candidates: 64 groups of 32 in 2048 lanes (no packing there).
 compile_stage2(
-    **first_pass, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64, num_warps=8
+    **first_pass, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64, KEY_LOW_BITS=16,
+    num_warps=8,
 )
 # The fallback's stage 2 over V = 151936 logits, read in chunks and packed above the floor.
 compile_stage2(
     {**stage2, "key_ptr": "*fp32", "compact_value_ptr": "*fp32"},
     tile_hidden_ptr=None, patch_tile_ptr=None, patch_count_ptr=None, patch_key_ptr=None,
     patch_index_ptr=None, HAS_MASS=False, COMPLETE=True, SINGLE=False, BLOCK=16384,
-    PACK=16384, PATCHED=False, PATCH_TILES=0, PATCH_V=16,
+    PACK=16384, PATCHED=False, PATCH_TILES=0, PATCH_V=16, KEY_LOW_BITS=0,
 )
 # Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).
 merge = {
@@ -82,7 +88,8 @@ merge = {
 }
 compile_kernel(
     truncation_kernel._merge_tiles, merge,
-    dict(TEMPERATURE_MODE=2, HAS_MASS=True, TOP_M=4, KEEP=32, BLOCK=256, TILE_BLOCK=64),
+    dict(TEMPERATURE_MODE=2, HAS_MASS=True, TOP_M=4, KEEP=32, BLOCK=256, TILE_BLOCK=64,
+         KEY_LOW_BITS=16),
     num_warps=2,
 )
 stage1 = {
@@ -93,13 +100,18 @@ stage1 = {
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "num_samples": "i32",
     "vocab_offset": "i32", "softcap": "fp32",
 }
+stage1_constants = dict(
+    hidden_desc=None, weight_desc=None, bias_ptr=None, cand_score_ptr=None,
+    cand_index_ptr=None, HAS_BIAS=False, HAS_SOFTCAP=True, TEMPERATURE_MODE=2, SEED_MODE=2,
+    LOGITS_DTYPE=None, DOT_PRECISION="ieee", SWAP_AB=True, USE_TMA=False, EPILOGUE_CHUNKS=1,
+    EVEN_D=True, EVEN_V=False, INTERPRETER=False, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128,
+    PLAIN=False, TOP_M=4, ROW_MASS=True, KEY_LOW_BITS=0,
+)
+compile_kernel(sampling_kernel._sample_stage1, stage1, stage1_constants, num_warps=4, num_stages=4)
+# bf16 logits without a soft-cap: the top-m search on keys packed with their column.
 compile_kernel(
     sampling_kernel._sample_stage1, stage1,
-    dict(hidden_desc=None, weight_desc=None, bias_ptr=None, cand_score_ptr=None,
-         cand_index_ptr=None, HAS_BIAS=False, HAS_SOFTCAP=True, TEMPERATURE_MODE=2,
-         SEED_MODE=2, LOGITS_DTYPE=None, DOT_PRECISION="ieee", SWAP_AB=True, USE_TMA=False,
-         EPILOGUE_CHUNKS=1, EVEN_D=True, EVEN_V=False, INTERPRETER=False, BLOCK_B=16,
-         BLOCK_V=64, BLOCK_D=128, PLAIN=False, TOP_M=4, ROW_MASS=True),
+    {**stage1_constants, "HAS_SOFTCAP": False, "LOGITS_DTYPE": tl.bfloat16, "KEY_LOW_BITS": 16},
     num_warps=4, num_stages=4,
 )
 fallback = {

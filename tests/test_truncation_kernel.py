@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from flashsampling_inductor import truncation_kernel
 from flashsampling_inductor.params import SamplingParams
@@ -271,9 +273,9 @@ def merged(monkeypatch):
 
 def test_merged_groups_match_the_contract_for_top_k(merged, overflowed):
     """Top-k 20 on every row with the per-row top-p and temperatures of the 24-row grid, per-row
-    seeds, two samples, a masked bias: stage 2 sees each group's 7 largest candidates and the
-    group's hidden key, and draws the contract's tokens; rows with more than 7 survivors in a
-    group take the fallback (both happen)."""
+    seeds, two samples, a masked bias: stage 2 sees each group's 3 largest candidates (k <= 64
+    keeps half of MERGE_KEEP) and the group's hidden key, and draws the contract's tokens;
+    rows with more than 3 survivors in a group take the fallback (both happen)."""
     _, top_p, temperature = per_row_grid()
     batch = len(top_p)
     hidden, weight, bias, seed = masked_problem(batch)
@@ -317,18 +319,20 @@ def test_merged_groups_match_the_contract_for_top_p_and_min_p(merged, overflowed
 @pytest.mark.parametrize(
     "knobs, keep",
     [
-        ({"scalar_top_k": 50}, 32),
+        ({"scalar_top_k": 50}, 16),
+        ({"scalar_top_k": 200}, 32),
         ({"scalar_top_k": 600, "scalar_top_p": 0.9}, 64),
         ({"scalar_top_k": 2000}, 0),
         ({"top_k": torch.tensor([50, 0])}, 0),
         ({"scalar_top_p": 0.9}, 32),
         ({"min_p": torch.tensor([0.1, 0.0])}, 32),
     ],
-    ids=["k50", "k600", "k2000", "k-tensor", "top-p", "min-p"],
+    ids=["k50", "k200", "k600", "k2000", "k-tensor", "top-p", "min-p"],
 )
 def test_merge_keeps_enough_candidates_per_group(knobs, keep):
-    """Each of the 64 groups keeps 32 candidates, 64 from k = 257 (k / 64 survivors per group
-    on average), and nothing merges past k = 1024 or with a per-row k of unknown size."""
+    """Each of the 64 groups keeps 16 candidates up to k = 64, 32 up to k = 256 or without
+    top-k, 64 from k = 257 (k / 64 survivors per group on average), and nothing merges past
+    k = 1024 or with a per-row k of unknown size."""
     params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
     assert truncation_kernel.merge_keep(params, vocab_size=151936) == keep
 
@@ -371,3 +375,56 @@ def test_patching_only_where_a_patched_row_fits_the_registers(num_tiles, top_m, 
     if patched:
         assert buffers["keys"].shape == (2, truncation_kernel.PATCH_TILES * block_v)
         assert buffers["tiles"].is_contiguous() and buffers["index"].is_contiguous()
+
+
+@triton.jit
+def _searches(keys_ptr, weights_ptr, k_ptr, p_ptr, kth_ptr, nucleus_ptr, total,
+              LOW_BITS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    keys = tl.load(keys_ptr + tl.arange(0, BLOCK))
+    weights = tl.load(weights_ptr + tl.arange(0, BLOCK))
+    i = tl.program_id(0)
+    kth = truncation_kernel._kth_key(keys, tl.load(k_ptr + i), LOW_BITS)
+    tl.store(kth_ptr + i, kth)
+    nucleus = truncation_kernel._nucleus_bound(keys, weights, total, tl.load(p_ptr + i), LOW_BITS)
+    tl.store(nucleus_ptr + i, nucleus)
+
+
+def _ordered_keys(values: torch.Tensor) -> torch.Tensor:
+    """sampling_device.ordered_key on the host."""
+    values = torch.where(values == values, values, float("-inf"))
+    bits = torch.where(values == 0, 0.0, values).view(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@pytest.mark.parametrize("dtype, low_bits", [(torch.bfloat16, 16), (torch.float16, 13)])
+def test_key_searches_skip_the_bits_the_logits_dtype_fixes(dtype, low_bits):
+    """The k-th key and the nucleus bound over keys of bf16 / fp16 logits (ties, both signs,
+    +-0, -inf, padding): stopped at key_low_bits, they equal the k-th largest key (KEY_PAD
+    for k past the real ones) and the full 32-bit search."""
+    block = 64
+    gen = torch.Generator().manual_seed(0)
+    values = (torch.randn(50, generator=gen) * 3).to(dtype).float()
+    values[:6] = torch.tensor([0.0, -0.0, float("-inf"), float("-inf"), 1.5, 1.5])
+    values[6:16] = values[16]  # a tie group
+    keys = torch.full((block,), truncation_kernel.KEY_PAD.value, dtype=torch.int32)
+    keys[:50] = _ordered_keys(values)
+    weights = torch.zeros(block)
+    weights[:50] = torch.where(values > float("-inf"), torch.exp(values - values.max()), 0.0)
+    ks = torch.tensor([1, 2, 7, 17, 48, 50, 51, 64], dtype=torch.int64)
+    ps = torch.tensor([0.05, 0.3, 0.5, 0.9, 0.95, 0.999, 1.0, 0.7])
+    results = {}
+    for low in (0, low_bits):
+        kth, nucleus = (torch.empty_like(ks, dtype=torch.int32) for _ in range(2))
+        _searches[(len(ks),)](
+            keys, weights, ks, ps, kth, nucleus, float(weights.sum()), LOW_BITS=low,
+            BLOCK=block,
+        )  # fmt: skip
+        results[low] = kth, nucleus
+    ordered = keys[:50].sort(descending=True).values
+    expected = torch.tensor(
+        [int(ordered[k - 1]) if k <= 50 else truncation_kernel.KEY_PAD.value for k in ks],
+        dtype=torch.int32,
+    )
+    for low, (kth, nucleus) in results.items():
+        assert torch.equal(kth, expected), low
+        assert torch.equal(nucleus, results[0][1]), low
