@@ -118,6 +118,10 @@ class DecodeStep(torch.nn.Module):
         return torch.multinomial(probs, 1)
 
 
+# --fused-logits: the dtype the fused truncating providers round the logits to (None: fp32).
+# With bf16 the keys' 16 low bits are their sign's and the kernel uses it (truncation_kernel.
+# key_low_bits); fp32 logits take the general path.
+FUSED_LOGITS = {"bf16": torch.bfloat16, "fp32": None}
 TOP_K, TOP_P, MIN_P = 50, 0.9, 0.1
 
 
@@ -189,11 +193,11 @@ def filtered_builder(**knobs: float) -> Callable[..., Step]:
     return build
 
 
-def fused_truncated_builder(**knobs) -> Callable[[torch.Tensor], Step]:
-    def build(weight: torch.Tensor) -> Step:
+def fused_truncated_builder(**knobs) -> Callable[..., Step]:
+    def build(weight: torch.Tensor, logits_dtype: torch.dtype | None) -> Step:
         from flashsampling_inductor import fused_sample
 
-        return lambda hidden: fused_sample(hidden, weight, **knobs)
+        return lambda hidden: fused_sample(hidden, weight, logits_dtype=logits_dtype, **knobs)
 
     return build
 
@@ -280,6 +284,7 @@ class Provider:
     samples: bool = True  # returns token ids (checked to lie in [0, V))
     compiled: bool = False  # build takes static_batch; hidden gets a dynamic batch dim
     flashinfer: bool = False
+    truncating: bool = False  # a fused top-k / top-p / min-p call: build takes logits_dtype
 
 
 CG = "reduce-overhead"
@@ -297,17 +302,21 @@ PROVIDERS = {
         Provider("eager_race", build_eager_race),
         Provider("flashinfer_fi2", flashinfer_builder(top_k_top_p=False), flashinfer=True),
         Provider("flashinfer_fi1", flashinfer_builder(top_k_top_p=True), flashinfer=True),
-        Provider("fused_topk50", fused_truncated_builder(top_k=TOP_K)),
-        Provider("fused_topk50_topp09", fused_truncated_builder(top_k=TOP_K, top_p=TOP_P)),
-        Provider("fused_topk256", fused_truncated_builder(top_k=256)),
+        Provider("fused_topk50", fused_truncated_builder(top_k=TOP_K), truncating=True),
+        Provider(
+            "fused_topk50_topp09",
+            fused_truncated_builder(top_k=TOP_K, top_p=TOP_P),
+            truncating=True,
+        ),  # fmt: skip
+        Provider("fused_topk256", fused_truncated_builder(top_k=256), truncating=True),
         Provider("flashinfer_topk50", flashinfer_builder(True, TOP_K), flashinfer=True),
         Provider(
             "flashinfer_topk50_topp09", flashinfer_builder(True, TOP_K, TOP_P), flashinfer=True
         ),
         Provider("hf_topk50", warped_builder(None), **COMPILED_CG),
         Provider("hf_topk50_topp09", warped_builder(TOP_P), **COMPILED_CG),
-        Provider("fused_topp09", fused_truncated_builder(top_p=TOP_P)),
-        Provider("fused_minp01", fused_truncated_builder(min_p=MIN_P)),
+        Provider("fused_topp09", fused_truncated_builder(top_p=TOP_P), truncating=True),
+        Provider("fused_minp01", fused_truncated_builder(min_p=MIN_P), truncating=True),
         Provider("flashinfer_topp09", flashinfer_probs_builder(top_p=TOP_P), flashinfer=True),
         Provider("flashinfer_minp01", flashinfer_probs_builder(min_p=MIN_P), flashinfer=True),
         Provider("hf_topp09", filtered_builder(top_p=TOP_P), **COMPILED_CG),
@@ -396,6 +405,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--out-dir", type=Path, default=REPO / "benchmarks" / "results",
         help="where the CSV and PNG go (default benchmarks/results)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fused-logits", choices=tuple(FUSED_LOGITS), default="bf16",
+        help="logits the fused top-k / top-p / min-p providers sample: bf16 (default: what\n"
+        "the rewrite of a bf16 LM head passes, and the cuBLAS logits the peers read) or fp32",
     )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan; needs no GPU")
     args = parser.parse_args(argv)
@@ -656,6 +670,8 @@ def run_shape(
             try:
                 if name not in steps:
                     build_args = (args.static_batch,) if provider.compiled else ()
+                    if provider.truncating:
+                        build_args = (FUSED_LOGITS[args.fused_logits],)
                     steps[name] = provider.build(weight, *build_args)
                 measured = measure_point(provider, steps[name], hidden, vocab, args)
             except Exception as error:
@@ -666,6 +682,8 @@ def run_shape(
                     results.add(Row(dim, vocab, batch, name, timing, None, one_line(error)))
                 continue
             for timing, value, note in measured:
+                if provider.truncating:
+                    note = "; ".join(filter(None, (f"{args.fused_logits} logits", note)))
                 results.add(Row(dim, vocab, batch, name, timing, value, note))
             print(f"  ({name}: {time.perf_counter() - start:.1f} s)", flush=True)
     return True
@@ -767,7 +785,8 @@ def markdown_tables(rows: list[Row], meta: dict[str, str]) -> str:
         peers = timings.peers(timing)
         out += [
             f"\n### {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}:"
-            f" {timing} timing; matmul and fused in us; peer columns = peer time / fused time",
+            f" {timing} timing; matmul and fused in us; peer columns = peer time / fused time;"
+            f" fused top-k / top-p / min-p on {meta.get('fused_logits', 'fp32')} logits",
             "",
             "| D, V | B | matmul | fused | fused/matmul | " + " | ".join(peers) + " |",
             "|---|---|---|---|---|" + "---|" * len(peers),
@@ -853,6 +872,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "fused_logits": args.fused_logits,
     }
     stem = f"bench_sampling_{slug(meta['gpu'])}_{now.strftime('%Y%m%d-%H%M')}"
     results = Results(args.out_dir / f"{stem}.csv", meta)
