@@ -271,20 +271,23 @@ def merged(monkeypatch):
     return calls
 
 
-def test_merged_groups_match_the_contract_for_top_k(merged, overflowed):
+@pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_merged_groups_match_the_contract_for_top_k(logits_dtype, merged, overflowed):
     """Top-k 20 on every row with the per-row top-p and temperatures of the 24-row grid, per-row
     seeds, two samples, a masked bias: stage 2 sees each group's 3 largest candidates (k <= 64
     keeps half of MERGE_KEEP) and the group's hidden key, and draws the contract's tokens;
-    rows with more than 3 survivors in a group take the fallback (both happen)."""
+    rows with more than 3 survivors in a group take the fallback (both happen). With bf16
+    logits the top-m, the merge's and stage 2's searches take the packed / 16-bit forms."""
     _, top_p, temperature = per_row_grid()
     batch = len(top_p)
     hidden, weight, bias, seed = masked_problem(batch)
-    params = SamplingParams(temperature, 1.0, seed, 0, 2, None, None, 20, top_p, 1.0)
+    params = SamplingParams(temperature, 1.0, seed, 0, 2, logits_dtype, None, 20, top_p, 1.0)
     tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
     top_k = torch.full((batch,), 20, device=DEVICE)
-    expected = contract_sample(
-        exact_logits(hidden, weight, bias), temperature, top_k, top_p, seed, 2
-    )
+    logits = exact_logits(hidden, weight, bias)
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
+    expected = contract_sample(logits, temperature, top_k, top_p, seed, 2)
     assert torch.equal(tokens, expected)
     assert merged == [(batch, 63)]
     (flags,) = overflowed
