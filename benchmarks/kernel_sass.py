@@ -81,7 +81,7 @@ def compile_stage1(config: sampling_kernel.SampleConfig, hidden_size: int, greed
     # Plain sampling: no truncation buffers (truncation_kernel.py).
     constants.update(
         top_m_key_ptr=None, top_m_index_ptr=None, hidden_key_ptr=None, mass_ptr=None,
-        PLAIN=True, TOP_M=0, ROW_MASS=False,
+        PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0,
     )  # fmt: skip
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(

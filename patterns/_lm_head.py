@@ -75,6 +75,14 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     while not is_call(node, aten.mm.default, aten.addmm.default):
         if not isinstance(node, Node) or node.op != "call_function":
             raise NoMatch(f"the logits come from {node}, not from an LM-head matmul")
+        scattered = _scattered_back(node)
+        if scattered is not None:
+            # An in-place write into a slice of the logits, read back through that slice: the
+            # read is what was written (the rest of the whole tensor goes unread).
+            node, consumed = scattered
+            for step in consumed:
+                walk.take(step)
+            continue
         walked.append(walk.take(node))
         if is_call(node, *MASKING_OPS):
             masks[node] = match_mask(walk, node)
@@ -199,6 +207,50 @@ class _Chain:
                 raise NoMatch(f"{step.name} is a second min-p mask")
             self.min_p = mask.min_p
         self.masked = step
+
+
+def _scattered_back(node: Node) -> tuple[Node, list[Node]] | None:
+    """``x[:, -1, :]`` read back after an in-place write into it (nanoGPT's
+    ``logits[logits < v[:, [-1]]] = -inf`` on ``lm_head(x)[:, -1, :]``, ``masked_fill_`` on
+    such a view): functionalization writes the new slice into a fresh copy of the whole
+    tensor with ``select_scatter`` / ``slice_scatter`` and reads it back with the same
+    ``select`` / ``slice``, maybe through views that end in the scatter's own shape (a
+    reshape round trip: the identity). The value read is the slice written: that node, and
+    the nodes the read-back consumes (the read, the views, the scatter and the views of the
+    whole tensor it copied); None for any other node or a read of another slice."""
+    for read, scatter in (
+        (aten.select.int, aten.select_scatter.default),
+        (aten.slice.Tensor, aten.slice_scatter.default),
+    ):
+        if not is_call(node, read) or node.kwargs:
+            continue
+        written, views = node.args[0], []
+        while is_call(written, *RESHAPES):
+            views.append(written)
+            written = written.args[0]
+        if not is_call(written, scatter) or written.kwargs:
+            continue
+        shape, scattered_shape = val(node.args[0]).shape, val(written).shape
+        if len(shape) != len(scattered_shape) or not all(map(same, shape, scattered_shape)):
+            continue
+        ndim = len(shape)
+        here, there = _where(node.args[1:], ndim), _where(written.args[2:], ndim)
+        if not all(map(same, here, there)):
+            continue
+        base, bases = written.args[0], []
+        while is_call(base, *RESHAPES):
+            bases.append(base)
+            base = base.args[0]
+        return written.args[1], [node, *views, written, *bases]
+    return None
+
+
+def _where(args: tuple, ndim: int) -> tuple:
+    """A select's (dim, index) or a slice's (dim, start, end, step), defaults filled in and
+    the dim counted from 0."""
+    args = (*args, *(0, None, None, 1)[len(args) :])
+    dim, *rest = args
+    return (dim % ndim, *(0 if a is None and i == 0 else a for i, a in enumerate(rest)))
 
 
 def _chain_input(node: Node) -> Node:

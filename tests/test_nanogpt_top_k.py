@@ -48,6 +48,29 @@ def float_logits(x):
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 
+# The mask written in place into the LM head's own [B, T, V] output, through the view of its
+# last position (no temperature division first makes a copy): functionalization writes the
+# masked row back into the whole tensor (select_scatter) and reads it back.
+def in_place_on_the_head_view(x, top_k=200, lm_head=LM_HEAD):
+    logits = lm_head(x)[:, -1, :]
+    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+    logits[logits < v[:, [-1]]] = -float("Inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+
+
+def temperature_after_the_in_place_mask(x):
+    logits = LM_HEAD(x)[:, -1, :]
+    v, _ = torch.topk(logits, 200)
+    logits[logits < v[:, [-1]]] = -float("Inf")
+    return torch.multinomial(F.softmax(logits / 0.8, dim=-1), num_samples=1)
+
+
+def masked_fill_on_the_head_view(x):  # TopKLogitsWarper's mask, in place
+    scores = F.linear(x, LM_HEAD.weight)[:, -1, :]
+    scores.masked_fill_(scores < torch.topk(scores, 200)[0][..., -1, None], -float("inf"))
+    return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1)
+
+
 x = torch.randn(3, 5, D)
 
 
@@ -57,6 +80,9 @@ x = torch.randn(3, 5, D)
         pytest.param(generate_step, (x,), id="nanogpt"),
         pytest.param(float_logits, (x.bfloat16(),), id="bf16-.float()"),
         pytest.param(top_k_mask.search, top_k_mask.example_inputs(), id="search"),
+        pytest.param(in_place_on_the_head_view, (x,), id="in-place-on-the-head-view"),
+        pytest.param(temperature_after_the_in_place_mask, (x,), id="T-after-in-place"),
+        pytest.param(masked_fill_on_the_head_view, (x,), id="masked_fill_-on-the-view"),
     ],
 )
 def test_nanogpt_becomes_one_fused_call(fn, args):
@@ -84,10 +110,28 @@ def mask_over_positions(x):  # top-k over the time dim, then the last position
     return torch.multinomial(F.softmax(logits[:, -1, :], dim=-1), num_samples=1)
 
 
+def the_whole_head_returned_too(x):  # it holds the masked row: the program needs it
+    all_logits = LM_HEAD(x)
+    logits = all_logits[:, -1, :]
+    v, _ = torch.topk(logits, 200)
+    logits[logits < v[:, [-1]]] = -float("Inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1), all_logits
+
+
+def another_position_sampled(x):  # masks the last position, samples the one before
+    all_logits = LM_HEAD(x)
+    logits = all_logits[:, -1, :]
+    v, _ = torch.topk(logits, 200)
+    logits[logits < v[:, [-1]]] = -float("Inf")
+    return torch.multinomial(F.softmax(all_logits[:, -2, :], dim=-1), num_samples=1)
+
+
 @pytest.mark.parametrize(
     "fn, reason",
     [
         pytest.param(fill_minus_1e4, "not -inf", id="fill--1e4"),
+        pytest.param(the_whole_head_returned_too, "also read by", id="head-returned"),
+        pytest.param(another_position_sampled, "select_scatter", id="another-position"),
         pytest.param(pivot_first, "not the k-th largest", id="v[:, [0]]"),
         pytest.param(mask_over_positions, "not the vocabulary dim", id="topk-dim-1"),
     ],
@@ -139,6 +183,19 @@ graph():
     %fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.fused_sample.default](args = (%select_int, %arg0_1, None, None, 0.8, %randint_low, 0, 1, None, auto, None, 200), kwargs = {})
     return (fused_sample_default,)""",
         )
+
+
+def test_in_place_on_the_head_view_keeps_the_distribution():
+    torch.manual_seed(2)
+    lm_head, row = torch.nn.Linear(D, 12, bias=False), torch.randn(D)
+    lm_head.weight.data.mul_(3)
+
+    def step(x):
+        return in_place_on_the_head_view(x, 5, lm_head)
+
+    tokens = compiled_draws(step, row.expand(40_000, 1, D), idiom="multinomial")
+    probs = top_k_probs(lm_head(row).detach().double(), 5)
+    assert chi_square_p(tokens, probs) > 1e-4
 
 
 def test_compiled_generate_keeps_the_distribution():

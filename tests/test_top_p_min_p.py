@@ -125,6 +125,12 @@ def shifted_top_p(input_ids, h, keep=1):
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 
+def filtering_the_head_view(input_ids, h):
+    # As its callers wrote it: the helper's in-place write lands in the LM head's own output.
+    logits = top_k_top_p_filtering(F.linear(h, WEIGHT)[:, -1, :], top_p=0.9)
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+
+
 h = torch.randn(B, T, D)
 POSITIVE = [
     pytest.param(top_p_alone, (IDS, h), "multinomial", id="top-p-alone"),
@@ -138,6 +144,7 @@ POSITIVE = [
     pytest.param(llama_float_logits, (IDS, h), "sorted_top_p", id="llama-.float()"),
     pytest.param(nucleus_masked_fill_top_k, (IDS, h), "sorted_top_p", id="top-k-sorted-top-p"),
     pytest.param(shifted_top_p, (IDS, h), "multinomial", id="top_k_top_p_filtering"),
+    pytest.param(filtering_the_head_view, (IDS, h), "multinomial", id="filtering-in-place"),
 ]
 
 
