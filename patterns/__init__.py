@@ -37,7 +37,9 @@ from ._truncation import CONDITIONS
 
 # Tried in this order on a shared anchor: the noisy argmax idioms before greedy.
 IDIOMS = (sample_logits, exact_top_k, sorted_top_p, multinomial, exponential_race, gumbel, greedy)
-MASKS = (top_k_mask, top_p_mask, min_p_mask)
+# (min-p before top-p: transformers 4.x's min-p scatters a sorted mask back, as top-p does,
+# and min-p's condition declines what is not its own, where top-p's explains its refusal)
+MASKS = (top_k_mask, min_p_mask, top_p_mask)
 
 for _idiom in IDIOMS:
     register(_idiom.IDIOM, _idiom.TARGET, _idiom.check, sampling=_idiom is not greedy)

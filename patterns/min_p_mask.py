@@ -9,6 +9,17 @@
     tokens_to_remove.scatter_(-1, sorted_indices, False)
     scores = scores.masked_fill(tokens_to_remove, -float("Inf"))
 
+as transformers 4.x wrote it (the form copied into many samplers)::
+
+    top_probs, _ = probs.max(dim=-1, keepdim=True)
+    tokens_to_remove = probs < self.min_p * top_probs
+    sorted_indices = torch.argsort(scores, descending=True, dim=-1)
+    sorted_indices_to_remove = torch.gather(tokens_to_remove, dim=-1, index=sorted_indices)
+    sorted_indices_to_remove[..., : self.min_tokens_to_keep] = False
+    indices_to_remove = sorted_indices_to_remove.scatter(
+        1, sorted_indices, sorted_indices_to_remove
+    )
+
 and as samplers write it by hand (``probs.max(-1, keepdim=True).values``, no ``scatter_``,
 ``torch.where(probs >= min_p * top, logits, -inf)``). A token is kept iff its probability is
 >= ``min_p`` times the row's largest, which is the op's ``min_p`` (``_truncation.py``):
@@ -17,8 +28,9 @@ transformers' order puts it after temperature, top-k and top-p, as the op does.
 Checked literals: ``<`` for the removed tokens (``>=`` for the kept ones; ``<=`` drops tokens
 at the threshold), ``min_p`` a Python float in [0, 1] (a tensor, vLLM's per-row ``min_p``, is
 refused: the pass cannot check its values), the max over the vocabulary dim of the very
-probabilities compared, the softmax of the very logits masked, and the ``scatter_`` of
-``min_tokens_to_keep == 1`` (which keeps the largest token, as the threshold does anyway).
+probabilities compared, the softmax of the very logits masked, and the ``scatter_`` (or the
+sorted mask's ``[..., :1] = False`` through a descending sort of the very logits masked) of
+``min_tokens_to_keep == 1``, which keeps the largest token, as the threshold does anyway.
 The comparison must run on fp32 probabilities: on bf16/fp16 ones its rounding moves the
 threshold by far more than the op's fp32 comparison of ``l / T >= max / T + log(min_p)``
 (the two agree up to fp32 rounding at the threshold, the documented near-ties).
@@ -45,6 +57,7 @@ from ._walk import (
     last_dim,
     over_last_dim,
     strip_converts,
+    take_constant,
     val,
 )
 
@@ -82,6 +95,11 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
     keep_argmax = None
     if is_call(condition, aten.scatter.value):
         keep_argmax, condition = condition, condition.args[0]
+    elif is_call(condition, aten.scatter.src):
+        unsorted = _sorted_keeps_the_first(probe, condition, source)
+        if unsorted is None or not removes:
+            return None
+        condition = unsorted
     if not is_call(condition, *_COMPARISONS):
         return None
     a, b = condition.args
@@ -174,3 +192,49 @@ def _keeps_the_argmax(walk: Walk, scatter: Node, probs: Node, removes: bool) -> 
         raise NoMatch(f"{topk.name} keeps the {k} most likely tokens: min_tokens_to_keep != 1")
     walk.take(scatter), walk.take(indices)
     take_outputs(walk, topk)
+
+
+def _sorted_keeps_the_first(walk: Walk, scatter: Node, source: Node) -> Node | None:
+    """transformers 4.x's ``min_tokens_to_keep``: the removal mask gathered into the order of
+    a descending sort of the logits, its first entry set to False, scattered back -> the
+    mask before it (for one token kept, the largest, which the threshold keeps anyway);
+    None if ``scatter`` is not a scatter of such a gathered mask."""
+    sorted_removed, dim, indices, src = scatter.args
+    if src is not sorted_removed or not is_call(sorted_removed, aten.slice_scatter.default):
+        return None
+    gathered = sorted_removed.args[0]
+    if not is_call(gathered, aten.gather.default) or gathered.args[2] is not indices:
+        return None
+    ndim = val(source).dim()
+    if not (is_call(indices, operator.getitem) and indices.args[1] == 1):
+        raise NoMatch(f"{scatter.name} scatters through something else than sorted indices")
+    sort = indices.args[0]
+    if not is_call(sort, aten.sort.default, aten.sort.stable) or sort.args[0] is not source:
+        raise NoMatch(f"{scatter.name} keeps tokens in the order of another tensor's sort")
+    sort_args = arguments(sort, "dim", "descending")
+    if not (sort_args.get("descending") and last_dim(sort_args.get("dim", -1), ndim)):
+        raise NoMatch(f"{sort.name} is not a descending sort over the vocabulary dim")
+    if not (last_dim(dim, ndim) and last_dim(gathered.args[1], ndim)):
+        raise NoMatch(f"{scatter.name} does not move the mask along the vocabulary dim")
+    into = arguments(sorted_removed, "src", "dim", "start", "end", "step")
+    zeros = into["src"]
+    if not (is_call(zeros, aten.copy.default, aten.fill.Scalar) and constant(zeros.args[1]) == 0):
+        raise NoMatch(f"{sorted_removed.name} writes something else than False into the mask")
+    if not (
+        last_dim(into.get("dim", 0), ndim)
+        and into.get("start") in (0, None)
+        and into.get("step", 1) == 1
+        and is_call(zeros.args[0], aten.slice.Tensor)
+        and zeros.args[0].args[0] is gathered
+    ):
+        raise NoMatch(f"{sorted_removed.name} does not write the first entries of the sorted mask")
+    if into.get("end") != 1:
+        raise NoMatch(
+            f"{sorted_removed.name} keeps the {into.get('end')} most likely tokens:"
+            " min_tokens_to_keep != 1"
+        )
+    for node in (scatter, sorted_removed, zeros, zeros.args[0], gathered, indices):
+        walk.take(node)
+    take_constant(walk, zeros.args[1])
+    take_outputs(walk, sort)
+    return gathered.args[0]

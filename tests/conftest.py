@@ -11,6 +11,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# A pattern check that raises (other than its NoMatch refusals) fails the test, where users
+# get a warning and the site left unfused (patterns/_rewrite.py).
+os.environ.setdefault("FLASHSAMPLING_STRICT", "1")
 
 import pytest  # noqa: E402
 

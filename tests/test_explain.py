@@ -108,3 +108,26 @@ def test_fallback_random_is_a_reason():
     with torch.no_grad(), torch._inductor.config.patch(fallback_random=True):
         (site,) = explain(fused_step, torch.randn(3, 8))
     assert not site.rewritten and "fallback_random" in site.reason
+
+
+def test_a_check_that_breaks_leaves_the_site_to_stock_inductor(monkeypatch, caplog):
+    """A pattern check that raises something other than its refusals (a graph it did not
+    foresee) must not fail the user's compile: the site is left unfused, with a WARNING and
+    the error as its reason. The tests run with FLASHSAMPLING_STRICT=1, where it raises."""
+    from flashsampling_inductor.patterns import multinomial
+
+    def broken(walk, logits, **kwargs):
+        raise RuntimeError("an unforeseen graph")
+
+    monkeypatch.setattr(multinomial, "match_lm_head", broken)
+    monkeypatch.setenv("FLASHSAMPLING_STRICT", "0")
+    caplog.set_level(logging.WARNING, logger="flashsampling_inductor")
+    h = torch.randn(3, 8)
+    with torch.no_grad():
+        (site,) = explain(fused_step, h)
+    assert not site.rewritten and "the pass's check failed" in site.reason
+    assert "an unforeseen graph" in site.reason
+    assert any("the pass's check failed" in message for message in _warnings(caplog))
+    torch._dynamo.reset()
+    tokens = torch.compile(fused_step, backend="flashsampling")(h)
+    assert tokens.shape == (3, 1) and bool(((tokens >= 0) & (tokens < 12)).all())

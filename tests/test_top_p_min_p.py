@@ -72,6 +72,24 @@ def min_p_by_hand(input_ids, h):  # max(...).values, keep form, no scatter
     return torch.multinomial(torch.where(keep, logits, -torch.inf).softmax(-1), 1)
 
 
+def min_p_4x(input_ids, h, keep=1, sorted_of=None, weight=WEIGHT, min_p=0.1):
+    """MinPLogitsWarper as transformers 4.x wrote it (copied into many samplers), after a
+    temperature; ``keep`` is its min_tokens_to_keep."""
+    scores = F.linear(h[..., -1, :], weight) / 0.8
+    probs = torch.softmax(scores, dim=-1)
+    top_probs, _ = probs.max(dim=-1, keepdim=True)
+    tokens_to_remove = probs < min_p * top_probs
+    ranked = scores if sorted_of is None else sorted_of(scores)
+    sorted_indices = torch.argsort(ranked, descending=True, dim=-1)
+    sorted_indices_to_remove = torch.gather(tokens_to_remove, dim=-1, index=sorted_indices)
+    sorted_indices_to_remove[..., :keep] = False
+    indices_to_remove = sorted_indices_to_remove.scatter(
+        1, sorted_indices, sorted_indices_to_remove
+    )
+    scores = scores.masked_fill(indices_to_remove, -float("Inf"))
+    return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1)
+
+
 # Llama's reference (llama/generation.py), as written there.
 def sample_top_p(probs, p):
     probs_sort, probs_idx = torch.sort(probs, dim=-1, descending=True)
@@ -145,6 +163,7 @@ POSITIVE = [
     pytest.param(nucleus_masked_fill_top_k, (IDS, h), "sorted_top_p", id="top-k-sorted-top-p"),
     pytest.param(shifted_top_p, (IDS, h), "multinomial", id="top_k_top_p_filtering"),
     pytest.param(filtering_the_head_view, (IDS, h), "multinomial", id="filtering-in-place"),
+    pytest.param(min_p_4x, (IDS, h), "multinomial", id="min-p-transformers-4"),
 ]
 
 
@@ -273,6 +292,10 @@ def nucleus_after_top_p(input_ids, h):
 
 NEGATIVE = [
     pytest.param(min_p_keeps_two, (IDS, h), "min_tokens_to_keep", id="min-p-keep-2"),
+    pytest.param(min_p_4x, (IDS, h, 2), "min_tokens_to_keep != 1", id="min-p-4.x-keep-2"),
+    pytest.param(
+        min_p_4x, (IDS, h, 1, torch.neg), "another tensor's sort", id="min-p-4.x-other-sort"
+    ),
     pytest.param(
         bf16_softmax_min_p, (IDS, h.bfloat16()), "bfloat16 probabilities", id="min-p-bf16-probs"
     ),
@@ -363,10 +386,15 @@ def min_p_after_top_k_small(h):
     return torch.multinomial(F.softmax(MIN_P_CHAIN(IDS[:1], logits), dim=-1), 1)
 
 
+def min_p_4x_small(h):
+    return min_p_4x(IDS[:1], h[:, None, :], weight=SMALL_WEIGHT, min_p=0.1)
+
+
 @pytest.mark.parametrize(
     "step, idiom, oracle",
     [
         (sorted_nucleus_small, "sorted_top_p", lambda logits: top_p_probs(logits, 0.8)),
+        (min_p_4x_small, "multinomial", lambda logits: min_p_probs(logits, 0.1)),
         (shifted_top_p_small, "multinomial", lambda logits: top_p_probs(logits, 0.8)),
         (
             min_p_after_top_k_small,
@@ -374,7 +402,7 @@ def min_p_after_top_k_small(h):
             lambda logits: min_p_probs(top_k_probs(logits, 10).log(), 0.15),
         ),
     ],
-    ids=["sorted-top-p-0.8", "shifted-top-p-0.8", "top-k-10-min-p-0.15"],
+    ids=["sorted-top-p-0.8", "min-p-4.x-0.1", "shifted-top-p-0.8", "top-k-10-min-p-0.15"],
 )
 def test_compiled_step_keeps_the_distribution(step, idiom, oracle):
     torch.manual_seed(1)
