@@ -307,8 +307,10 @@ def _temperature(step: Node) -> tuple[float | Node, bool]:
         if not (0.0 < temperature < math.inf):
             raise NoMatch(f"{step.name} scales by {factor}, not a positive finite temperature")
         return temperature, False
-    if step.target != aten.div.Tensor:
-        raise NoMatch(f"{step.name} multiplies the logits by a tensor")
+    if step.target == aten.mul.Tensor:
+        factor = _reciprocal_of(factor)
+        if factor is None:
+            raise NoMatch(f"{step.name} multiplies the logits by a tensor, not by 1 / T")
     t, scores = val(factor), val(step)
     if isinstance(t, (torch.SymFloat, torch.SymInt)):
         # A float temperature that Dynamo made dynamic (``dynamic=True``, or once its value
@@ -322,6 +324,19 @@ def _temperature(step: Node) -> tuple[float | Node, bool]:
     if t.dim() == scores.dim() and same(t.shape[-1], 1) and all(map(same, t.shape[:-1], rows)):
         return factor, True
     raise NoMatch(f"{step.name} divides by a {tuple(t.shape)} tensor, not one value per row")
+
+
+def _reciprocal_of(factor: Node) -> Node | None:
+    """``1 / T`` (aten: ``reciprocal(T) * 1``) or ``T.reciprocal()`` as a factor -> T; None
+    for any other tensor. ``l * (1 / T)`` rounds ``1 / T`` first, ``l / T`` does not: an
+    fp32 rounding of the scores, as for the constant scales folded into one temperature."""
+    if is_call(factor, aten.mul.Tensor):
+        a, b = factor.args
+        one = next((x for x in (a, b) if not isinstance(x, Node)), None)
+        if isinstance(one, bool) or one != 1:
+            return None
+        factor = b if one is a else a
+    return factor.args[0] if is_call(factor, aten.reciprocal.default) else None
 
 
 def _lm_head(matmul: Node, chain: _Chain) -> LMHead:

@@ -43,6 +43,15 @@ def falcon_h1_row_temperature(h, temperature):
     return torch.multinomial(F.softmax(logits / temperature[:, None], dim=-1), 1)
 
 
+def times_inverse_temperature(h, temperature):  # l * (1 / T): T, rounded once more
+    return torch.multinomial(F.softmax(F.linear(h[:, -1], WEIGHT) * (1 / temperature), -1), 1)
+
+
+def times_reciprocal_per_row(h, temperature):
+    logits = F.linear(h[:, -1], WEIGHT) * temperature[:, None].reciprocal()
+    return torch.multinomial(F.softmax(logits, dim=-1), 1)
+
+
 def scales_around_top_k(h):  # positive scales commute with top-k
     logits = F.linear(h[:, -1], WEIGHT) * 4.0
     logits = torch.where(logits < torch.topk(logits, 20)[0][..., -1:], -torch.inf, logits)
@@ -87,6 +96,10 @@ POSITIVE = [
         falcon_h1_row_temperature, (h, torch.rand(B) + 0.5), "multinomial", id="mup-row-T"
     ),
     pytest.param(scales_around_top_k, (h,), "multinomial", id="scales-around-top-k"),
+    pytest.param(times_inverse_temperature, (h, torch.tensor(0.7)), "multinomial", id="times-1/T"),
+    pytest.param(
+        times_reciprocal_per_row, (h, torch.rand(B) + 0.5), "multinomial", id="times-1/T-rows"
+    ),
     pytest.param(gemma2, (h.bfloat16(),), "multinomial", id="gemma2-softcap-bf16"),
     pytest.param(gemma2_fp32_greedy, (h[:, -1],), "greedy", id="softcap-greedy"),
     pytest.param(temperature_then_softcap, (h[:, -1],), "multinomial", id="T-then-softcap"),
