@@ -4,6 +4,7 @@ cuBLAS matmul alone, so that the launch gaps between kernels show as the differe
 
     python benchmarks/profile_calls.py [--shapes 2048x151936] [--batches 1,64]
                                        [--modes plain,topk50,topk50_topp09,topp09,minp01]
+                                       [--logits bf16|fp32]
 
 Logits have std 5 (~3.6 nats, as bench_sampling's --logit-std 5): no row leaves the fast
 path. Needs a GPU; prints one line per (shape, batch, mode).
@@ -60,13 +61,17 @@ def kernel_us(fn, calls: int = 10) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def profile_point(hidden: torch.Tensor, weight: torch.Tensor, modes: list[str]) -> None:
+def profile_point(
+    hidden: torch.Tensor, weight: torch.Tensor, modes: list[str], logits_dtype: torch.dtype | None
+) -> None:
     matmul = graph_us(lambda: hidden @ weight.T)
     print(f"--- D={weight.shape[1]} B={hidden.shape[0]} cuBLAS matmul {matmul:.1f} us", flush=True)
     for mode in modes:
 
         def call(knobs=MODES[mode]):
-            return fs.fused_sample(hidden, weight, temperature=1.0, **knobs)
+            return fs.fused_sample(
+                hidden, weight, temperature=1.0, logits_dtype=logits_dtype, **knobs
+            )
 
         total = graph_us(call)
         kernels = " ".join(f"{name}={us:.1f}" for name, us in kernel_us(call).items())
@@ -78,14 +83,22 @@ def main() -> None:
     parser.add_argument("--shapes", default="2048x151936")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--modes", default="plain,topk50,topk50_topp09,topp09,minp01")
+    parser.add_argument(
+        "--logits", choices=("bf16", "fp32"), default="bf16",
+        help="the logits the calls sample: bf16 (what a bf16 LM head's rewrite passes) or fp32",
+    )  # fmt: skip
     args = parser.parse_args()
-    print(torch.cuda.get_device_name(), f"torch {torch.__version__}, triton {triton.__version__}")
+    logits_dtype = torch.bfloat16 if args.logits == "bf16" else None
+    print(
+        torch.cuda.get_device_name(),
+        f"torch {torch.__version__}, triton {triton.__version__}, {args.logits} logits",
+    )
     for shape in args.shapes.split(","):
         dim, vocab = map(int, shape.split("x"))
         weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * 5 * dim**-0.5
         for batch in map(int, args.batches.split(",")):
             hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
-            profile_point(hidden, weight, args.modes.split(","))
+            profile_point(hidden, weight, args.modes.split(","), logits_dtype)
 
 
 if __name__ == "__main__":
