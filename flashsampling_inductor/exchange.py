@@ -16,7 +16,8 @@ vocabulary size, seed, its shard's global range) and its candidates, each packed
   functional-collective all-gather of the messages; never of the logits.
 
 The reduction checks the headers: ranks that disagree on the batch, the samples, the
-vocabulary, the seed, or whose shards do not tile [0, V) exactly, fail the call with an
+vocabulary, the seed, or whose shards do not tile [0, stop) for a stop <= V (ids past the
+last shard are padding that no rank holds), fail the call with an
 error naming them (a device assert on CUDA, which reads no value on the host), so a
 mismatch never becomes a wrong token.
 """
@@ -83,13 +84,14 @@ def reduce_messages(
 
 
 def _check_headers(headers: torch.Tensor, mine: torch.Tensor, where: str) -> None:
-    """Every rank sampled what this one did, and the shards tile [0, V) once."""
+    """Every rank sampled what this one did, and the shards tile [0, stop) once, stop <= V
+    (ids past the last shard's rows are padding no rank holds: never drawn)."""
     agree = (headers[:, :4] == mine[:4]).all(dim=1)  # [P]
     start, stop = headers[:, 4], headers[:, 5]
     order = start.argsort(stable=True)
     start, stop = start[order], stop[order]
     vocab_size = mine[2]
-    tiles = (start[0] == 0) & (stop[-1] == vocab_size) & (start[1:] == stop[:-1]).all()
+    tiles = (start[0] == 0) & (stop[-1] <= vocab_size) & (start[1:] == stop[:-1]).all()
     if headers.device.type == "cpu" and not torch.compiler.is_compiling():
         if not bool(agree.all()):
             bad = (~agree).nonzero().flatten().tolist()
@@ -200,11 +202,11 @@ def _reduce(
     first_bad = tl.min(tl.where(bad & in_world, ranks, WORLD_BLOCK), axis=0)
     start = tl.sum(tl.where(fields[None, :] == 4, headers, 0), axis=1)
     stop = tl.sum(tl.where(fields[None, :] == 5, headers, 0), axis=1)
-    # The shards tile [0, V) when their sizes add up to V and each starts at 0 or where
-    # another one stops.
+    # The shards tile [0, stop) for a stop <= V when their sizes add up to at most V and
+    # each starts at 0 or where another one stops (ids past the last shard: padding).
     follows = tl.sum((start[:, None] == stop[None, :]).to(tl.int32) * in_world[None, :], axis=1)
     placed = (start == 0) | (follows > 0) | (start == stop) | ~in_world
-    tiles = (tl.sum(tl.where(in_world, stop - start, 0), axis=0) == vocab_size) & (
+    tiles = (tl.sum(tl.where(in_world, stop - start, 0), axis=0) <= vocab_size) & (
         tl.min(placed.to(tl.int32), axis=0) > 0
     )
     error = tl.where(first_bad < WORLD, first_bad + 1, tl.where(tiles, 0, WORLD + 1))

@@ -198,11 +198,12 @@ def find_gathers(graph: Graph) -> list[AllGatherMatch]:
 
 def _match_gather(collective: Node) -> AllGatherMatch | None:
     gathered_input, group_size, group_name = collective.args[:3]
-    shard_logits, chain = gathered_input, [collective]
+    shard_logits, chain, pad_value = gathered_input, [collective], None
     if is_call(gathered_input, aten.constant_pad_nd.default):
         # DTensor's uneven shards: the short ranks pad their logits at the end of the
         # vocabulary dim to the common width, and the gathered logits are sliced to V after.
         shard_logits, padding = gathered_input.args[:2]
+        pad_value = gathered_input.args[2] if len(gathered_input.args) > 2 else 0.0
         if len(padding) != 2 or padding[0] != 0:
             return None
         chain.append(gathered_input)
@@ -241,7 +242,12 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             node = after
             chain.append(node)
     if gathered_input is not shard_logits and vocab_size == group_size * shard:
-        return None  # padded columns the program samples from: not an uneven shard layout
+        # Padded columns that the gathered logits keep. With -inf, the program never draws
+        # them, as the op never draws a column no shard holds: rewritten, as the full ranks'
+        # graphs (which have no pad to see) are; ranks must decide alike, or their
+        # collectives mismatch. Any other value makes them tokens the program may draw.
+        if pad_value != float("-inf"):
+            return None
     return AllGatherMatch(
         hidden, weight_shard, shard_logits, group_name, group_size, shard, vocab_size, node, chain
     )

@@ -203,6 +203,43 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
             assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
 
 
+def _padded_by_hand_worker(rank, world):
+    """Unpadded shards of V = 37 (19 and 18 rows): the short rank pads its logits with -inf
+    and nothing slices the gathered [B, 38] (a program whose graph differs between ranks).
+    Every rank must rewrite alike, or the logits' all-gather on one rank meets the
+    candidates' exchange on the other."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.nn.functional as F
+
+    hidden, weight, _, shard = _problem(world)
+    weight_shard = weight[rank * shard : (rank + 1) * shard]
+
+    def step(hidden, weight_shard):
+        logits = hidden @ weight_shard.T
+        if logits.shape[-1] < shard:
+            logits = F.pad(logits, (0, shard - logits.shape[-1]), value=float("-inf"))
+        gathered = funcol.all_gather_tensor(logits, -1, dist.group.WORLD)
+        return torch.multinomial(torch.softmax(gathered / 0.7, dim=-1), 1)
+
+    _, rewrites = graph_after_pass(step, hidden, weight_shard)
+    torch._dynamo.reset()
+    torch.manual_seed(rank)  # ranks seeded apart: the pass must make them agree
+    stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
+    seed = stream.base + stream.calls * _SEED_STRIDE
+    tokens = torch.compile(step, backend="flashsampling")(hidden, weight_shard)
+    return rewrites, tokens, int(seed)
+
+
+def test_a_short_rank_padding_with_minus_inf_is_rewritten_like_the_others():
+    per_rank = run_ranks(2, _padded_by_hand_worker)
+    hidden, weight, _, _ = _problem(2)
+    (rewrites, tokens, seed), (other_rewrites, other_tokens, _) = per_rank
+    assert rewrites == other_rewrites and rewrites.get("tp_all_gather") == 1, per_rank
+    assert torch.equal(tokens, other_tokens)
+    expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
+    assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
+
+
 class _Head(torch.nn.Module):
     """A decode step's LM head and sampling, as a model writes them."""
 
