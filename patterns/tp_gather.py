@@ -11,7 +11,8 @@ Each rank computes ``mm(hidden, W_shard.T)`` [B, S] and gathers it over the grou
   ``all_gather_into_tensor`` + ``wait_tensor``, then ``split`` of the [P * B, S] result into
   P row blocks and their ``cat`` on the last dim, or one ``view`` when B == 1;
 * ``dist.all_gather_into_tensor`` into a [P * B, S] buffer (vLLM, Megatron): the same
-  collective, a ``copy`` into the buffer, then ``view(P, B, S).movedim(0, 1)`` and a reshape;
+  collective, a ``copy`` into the buffer, then ``view(P, B, S).movedim(0, 1)`` and a reshape,
+  or ``torch.cat(buffer.chunk(P, 0), -1)`` (one ``split`` per chunk once functionalized);
 * either one followed by a slice to the real vocabulary size (padded vocabularies).
 
 The catalog is reused, not copied: before it runs, each gather is *lifted*, i.e. its [B, V]
@@ -256,10 +257,12 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
 def _relayout(node: Node, chain: list[Node], group_size: int, batch, shard: int) -> Node | None:
     """The [P * B, S] gathered rows -> the [B, P * S] logits node, or None."""
     users = list(node.users)
+    full = [batch, group_size * shard]
+    if len(users) == group_size and all(is_call(u, aten.split.Tensor) for u in users):
+        return _chunks_cat(users, chain, group_size, batch, full)
     if len(users) != 1:
         return None
     step = users[0]
-    full = [batch, group_size * shard]
     if is_call(step, aten.split.Tensor, aten.split_with_sizes.default):
         pieces = list(step.users)
         if len(pieces) != group_size or not all(
@@ -291,6 +294,29 @@ def _relayout(node: Node, chain: list[Node], group_size: int, batch, shard: int)
             chain.append(node)
             return node
     return None
+
+
+def _chunks_cat(splits: list[Node], chain: list[Node], group_size: int, batch, full) -> Node | None:
+    """Megatron-core's ``torch.cat(output.chunk(P, dim=0), dim=-1)``, which functionalization
+    writes as one ``split`` of the gathered rows per chunk taken -> the ``cat``, or None."""
+    pieces = []
+    for split in splits:
+        size, dim = (*split.args[1:], 0)[:2]
+        if split.kwargs or not same(size, batch) or dim != 0 or len(split.users) != 1:
+            return None
+        (piece,) = split.users
+        if piece.target is not operator.getitem or len(piece.users) != 1:
+            return None
+        pieces.append(piece)
+    cat = next(iter(pieces[0].users))
+    if not is_call(cat, aten.cat.default) or len(cat.args) < 2 or cat.args[1] not in (1, -1):
+        return None
+    if set(cat.args[0]) != set(pieces) or len(cat.args[0]) != group_size:
+        return None
+    if [p.args[1] for p in cat.args[0]] != list(range(group_size)) or not _shape_is(cat, full):
+        return None
+    chain += [*splits, *cat.args[0], cat]
+    return cat
 
 
 def _only_user(node: Node) -> Node | None:

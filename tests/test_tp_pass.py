@@ -44,6 +44,16 @@ def _into_tensor(hidden, weight_shard):
     return tp_gather.search_into_tensor(hidden, weight_shard, dist.group.WORLD, VOCAB)
 
 
+def _megatron_chunk_cat(hidden, weight_shard):
+    """Megatron-core's _gather_along_last_dim: a [P * B, S] buffer, then chunk / cat."""
+    world = dist.get_world_size()
+    logits = hidden @ weight_shard.T
+    output = torch.empty((logits.shape[0] * world, logits.shape[1]), dtype=logits.dtype)
+    dist.all_gather_into_tensor(output, logits.contiguous())
+    logits = torch.cat(output.chunk(world, dim=0), dim=-1).contiguous()[:, :VOCAB]
+    return torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1)
+
+
 def _logits_returned(hidden, weight_shard):
     import torch.distributed._functional_collectives as funcol
 
@@ -84,6 +94,7 @@ STEPS = {
     "softcap": _softcap_functional,
     "sliced": _sliced_functional,
     "into_tensor": _into_tensor,
+    "megatron": _megatron_chunk_cat,
     "logits_returned": _logits_returned,
 }
 
@@ -100,7 +111,7 @@ def _tokens_worker(rank, world):
     weight_shard = padded[rank * shard : (rank + 1) * shard]
     torch.manual_seed(rank)  # ranks seeded apart: the pass must make them agree
     out = {}
-    for name in ("sliced", "into_tensor"):
+    for name in ("sliced", "into_tensor", "megatron"):
         torch._dynamo.reset()
         step = torch.compile(STEPS[name], backend="flashsampling", fullgraph=True)
         stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
@@ -189,7 +200,7 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
     world = 3
     per_rank = run_ranks(world, _tokens_worker)
     hidden, weight, _, _ = _problem(world)
-    for name in ("sliced", "into_tensor"):
+    for name in ("sliced", "into_tensor", "megatron"):
         for other in per_rank[1:]:
             for a, b in zip(other[name], per_rank[0][name], strict=True):
                 assert torch.equal(a, b), name
