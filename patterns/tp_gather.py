@@ -13,6 +13,8 @@ Each rank computes ``mm(hidden, W_shard.T)`` [B, S] and gathers it over the grou
 * ``dist.all_gather_into_tensor`` into a [P * B, S] buffer (vLLM, Megatron): the same
   collective, a ``copy`` into the buffer, then ``view(P, B, S).movedim(0, 1)`` and a reshape,
   or ``torch.cat(buffer.chunk(P, 0), -1)`` (one ``split`` per chunk once functionalized);
+* ``dist.all_gather(parts, x)`` then ``torch.cat(parts, -1)``: the same collective, its row
+  blocks sliced out and copied into the list's tensors;
 * either one followed by a slice to the real vocabulary size (padded vocabularies).
 
 The catalog is reused, not copied: before it runs, each gather is *lifted*, i.e. its [B, V]
@@ -260,6 +262,8 @@ def _relayout(node: Node, chain: list[Node], group_size: int, batch, shard: int)
     full = [batch, group_size * shard]
     if len(users) == group_size and all(is_call(u, aten.split.Tensor) for u in users):
         return _chunks_cat(users, chain, group_size, batch, full)
+    if len(users) == group_size and all(is_call(u, aten.slice.Tensor) for u in users):
+        return _slices_cat(users, chain, group_size, batch, full)
     if len(users) != 1:
         return None
     step = users[0]
@@ -316,6 +320,36 @@ def _chunks_cat(splits: list[Node], chain: list[Node], group_size: int, batch, f
     if [p.args[1] for p in cat.args[0]] != list(range(group_size)) or not _shape_is(cat, full):
         return None
     chain += [*splits, *cat.args[0], cat]
+    return cat
+
+
+def _slices_cat(slices: list[Node], chain: list[Node], group_size: int, batch, full) -> Node | None:
+    """``dist.all_gather(parts, x); torch.cat(parts, dim=-1)`` (fairscale, older Megatron),
+    which functionalization writes as one all-gather, the P row blocks sliced out and copied
+    into the list's tensors -> the ``cat``, or None."""
+    by_rank, owned = {}, []
+    for block in slices:
+        dim, start, end, step = (*block.args[1:], *(0, None, None, 1)[len(block.args) - 1 :])
+        rank = next((r for r in range(group_size) if same(start, r * batch)), None)
+        if block.kwargs or dim != 0 or step != 1 or rank is None or rank in by_rank:
+            return None
+        if not same(end, (rank + 1) * batch) or len(block.users) != 1:
+            return None
+        piece = next(iter(block.users))
+        owned.append(block)
+        if is_call(piece, aten.copy.default) and piece.args[1] is block:
+            if not is_call(piece.args[0], aten.empty.memory_format) or len(piece.users) != 1:
+                return None
+            owned.append(piece)
+        else:
+            piece = block
+        by_rank[rank] = piece
+    cat = next(iter(by_rank[0].users))
+    if not is_call(cat, aten.cat.default) or len(cat.args) < 2 or cat.args[1] not in (1, -1):
+        return None
+    if list(cat.args[0]) != [by_rank[r] for r in range(group_size)] or not _shape_is(cat, full):
+        return None
+    chain += [*owned, cat]
     return cat
 
 

@@ -54,6 +54,15 @@ def _megatron_chunk_cat(hidden, weight_shard):
     return torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1)
 
 
+def _all_gather_list(hidden, weight_shard):
+    """``dist.all_gather`` into a list, then ``cat`` (fairscale, older Megatron)."""
+    logits = hidden @ weight_shard.T
+    parts = [torch.empty_like(logits) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, logits)
+    logits = torch.cat(parts, dim=-1)[:, :VOCAB]
+    return torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1)
+
+
 def _logits_returned(hidden, weight_shard):
     import torch.distributed._functional_collectives as funcol
 
@@ -95,6 +104,7 @@ STEPS = {
     "sliced": _sliced_functional,
     "into_tensor": _into_tensor,
     "megatron": _megatron_chunk_cat,
+    "all_gather_list": _all_gather_list,
     "logits_returned": _logits_returned,
 }
 
@@ -111,7 +121,7 @@ def _tokens_worker(rank, world):
     weight_shard = padded[rank * shard : (rank + 1) * shard]
     torch.manual_seed(rank)  # ranks seeded apart: the pass must make them agree
     out = {}
-    for name in ("sliced", "into_tensor", "megatron"):
+    for name in ("sliced", "into_tensor", "megatron", "all_gather_list"):
         torch._dynamo.reset()
         step = torch.compile(STEPS[name], backend="flashsampling", fullgraph=True)
         stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
@@ -200,7 +210,7 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
     world = 3
     per_rank = run_ranks(world, _tokens_worker)
     hidden, weight, _, _ = _problem(world)
-    for name in ("sliced", "into_tensor", "megatron"):
+    for name in ("sliced", "into_tensor", "megatron", "all_gather_list"):
         for other in per_rank[1:]:
             for a, b in zip(other[name], per_rank[0][name], strict=True):
                 assert torch.equal(a, b), name
