@@ -81,6 +81,9 @@ class AllGatherMatch:
     vocab_size: int
     gathered: Node
     chain: list[Node] = field(default_factory=list)
+    # [B, T, V / P] logits of [B, T, D] hidden states: the shape the matmul's rows were viewed
+    # as (its last entry the shard's width), else None
+    rows_shape: list | None = None
     stand_in: list[Node] = field(default_factory=list)  # the lifted nodes, once lifted
 
     def lift(self, graph: Graph) -> None:
@@ -98,13 +101,19 @@ class AllGatherMatch:
         with graph.inserting_after(transposed):
             logits = graph.call_function(aten.mm.default, (self.hidden, transposed))
             logits.meta["val"] = val(self.hidden) @ transposed.meta["val"]
-        self.gathered.replace_all_uses_with(logits)
-        self.stand_in = [gathered_weight, transposed, logits]
+        result = logits
+        if self.rows_shape is not None:
+            shape = [*self.rows_shape[:-1], self.vocab_size]
+            with graph.inserting_after(logits):
+                result = graph.call_function(aten.view.default, (logits, shape))
+                result.meta["val"] = logits.meta["val"].view(val(self.gathered).shape)
+        self.gathered.replace_all_uses_with(result)
+        self.stand_in = [gathered_weight, transposed, logits, result]
 
     def finish(self, graph: Graph) -> bool:
         """After the catalog: lower its fused call on the stand-in and erase the gather, or
         put the gather back. -> whether the gather was rewritten."""
-        gathered_weight, transposed, logits = self.stand_in
+        gathered_weight, transposed, logits, result = self.stand_in
         calls = [
             user
             for user in gathered_weight.users
@@ -124,8 +133,8 @@ class AllGatherMatch:
                 self.gathered.name,
             )
             return False
-        logits.replace_all_uses_with(self.gathered)
-        _erase_unused([logits, transposed, gathered_weight])
+        result.replace_all_uses_with(self.gathered)
+        _erase_unused([result, logits, transposed, gathered_weight])
         return False
 
     def _lower(self, graph: Graph, call: Node) -> None:
@@ -210,6 +219,15 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
         if len(padding) != 2 or padding[0] != 0:
             return None
         chain.append(gathered_input)
+    rows_shape = None
+    if is_call(shard_logits, aten.view.default) and is_call(shard_logits.args[0], aten.mm.default):
+        # [B, T, S] logits of [B, T, D] hidden states (gpt-fast's and torchtitan's generate
+        # gather the model's output): the matmul's rows viewed as [B, T], its columns kept.
+        rows_shape = list(shard_logits.args[1])
+        if not same(val(shard_logits).shape[-1], val(shard_logits.args[0]).shape[-1]):
+            return None
+        chain.insert(0, shard_logits)
+        shard_logits = shard_logits.args[0]
     if not (
         is_call(shard_logits, aten.mm.default)
         and is_call(shard_logits.args[1], aten.permute.default)
@@ -218,7 +236,7 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
     ):
         return None
     hidden, weight_shard = shard_logits.args[0], shard_logits.args[1].args[0]
-    batch, shard = val(gathered_input).shape  # the shard's width in the gathered logits
+    *lead, shard = val(gathered_input).shape  # the shard's width in the gathered logits
     if not isinstance(shard, int):
         return None
     node = _only_user(collective)
@@ -232,7 +250,7 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             return None
         node = after
         chain.append(node)
-    node = _relayout(node, chain, group_size, batch, shard)
+    node = _relayout(node, chain, group_size, lead, shard)
     if node is None:
         return None
     vocab_size = group_size * shard
@@ -240,7 +258,8 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
     if is_call(after, aten.slice.Tensor):
         # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
         dim, start, end, step = (*after.args[1:], *(0, None, None, 1)[len(after.args) - 1 :])
-        if dim in (1, -1) and start in (0, None) and step == 1 and isinstance(end, int) and end > 0:
+        last = dim in (len(lead), -1)
+        if last and start in (0, None) and step == 1 and isinstance(end, int) and end > 0:
             vocab_size = min(end, vocab_size)
             node = after
             chain.append(node)
@@ -252,14 +271,17 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
         if pad_value != float("-inf"):
             return None
     return AllGatherMatch(
-        hidden, weight_shard, shard_logits, group_name, group_size, shard, vocab_size, node, chain
-    )
+        hidden, weight_shard, shard_logits, group_name, group_size, shard, vocab_size, node, chain,
+        rows_shape,
+    )  # fmt: skip
 
 
-def _relayout(node: Node, chain: list[Node], group_size: int, batch, shard: int) -> Node | None:
-    """The [P * B, S] gathered rows -> the [B, P * S] logits node, or None."""
+def _relayout(
+    node: Node, chain: list[Node], group_size: int, lead: list, shard: int
+) -> Node | None:
+    """The [P * B, (T,) S] gathered rows -> the [B, (T,) P * S] logits node, or None."""
     users = list(node.users)
-    full = [batch, group_size * shard]
+    batch, full = lead[0], [*lead, group_size * shard]
     if len(users) == group_size and all(is_call(u, aten.split.Tensor) for u in users):
         return _chunks_cat(users, chain, group_size, batch, full)
     if len(users) == group_size and all(is_call(u, aten.slice.Tensor) for u in users):
@@ -274,14 +296,22 @@ def _relayout(node: Node, chain: list[Node], group_size: int, batch, shard: int)
         ):
             return None
         cat = next(iter(pieces[0].users))
-        if not is_call(cat, aten.cat.default) or len(cat.args) < 2 or cat.args[1] not in (1, -1):
+        if (
+            not is_call(cat, aten.cat.default)
+            or len(cat.args) < 2
+            or cat.args[1] not in (len(full) - 1, -1)
+        ):
             return None
         if [p.args[1] for p in cat.args[0]] != list(range(group_size)) or any(
             p.args[0] is not step for p in cat.args[0]
         ):
             return None
+        if not _shape_is(cat, full):
+            return None
         chain += [step, *cat.args[0], cat]
         return cat
+    if len(lead) > 1:
+        return None  # (the views below re-lay [P * B, S] rows only)
     if is_call(step, *RESHAPES) and same(batch, 1) and _shape_is(step, full):
         chain.append(step)
         return step  # B == 1: the gathered rows are the logits row
@@ -313,7 +343,11 @@ def _chunks_cat(splits: list[Node], chain: list[Node], group_size: int, batch, f
             return None
         pieces.append(piece)
     cat = next(iter(pieces[0].users))
-    if not is_call(cat, aten.cat.default) or len(cat.args) < 2 or cat.args[1] not in (1, -1):
+    if (
+        not is_call(cat, aten.cat.default)
+        or len(cat.args) < 2
+        or cat.args[1] not in (len(full) - 1, -1)
+    ):
         return None
     if set(cat.args[0]) != set(pieces) or len(cat.args[0]) != group_size:
         return None
@@ -345,7 +379,11 @@ def _slices_cat(slices: list[Node], chain: list[Node], group_size: int, batch, f
             piece = block
         by_rank[rank] = piece
     cat = next(iter(by_rank[0].users))
-    if not is_call(cat, aten.cat.default) or len(cat.args) < 2 or cat.args[1] not in (1, -1):
+    if (
+        not is_call(cat, aten.cat.default)
+        or len(cat.args) < 2
+        or cat.args[1] not in (len(full) - 1, -1)
+    ):
         return None
     if list(cat.args[0]) != [by_rank[r] for r in range(group_size)] or not _shape_is(cat, full):
         return None

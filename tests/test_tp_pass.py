@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from expecttest import TestCase
 
 from flashsampling_inductor import fused_sample
@@ -63,6 +64,16 @@ def _all_gather_list(hidden, weight_shard):
     return torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1)
 
 
+def _three_d_functional(hidden, weight_shard):
+    """gpt-fast's TP generate: the model's [B, T, V / P] output gathered on the last dim,
+    then the last position's logits."""
+    import torch.distributed._functional_collectives as funcol
+
+    states = torch.stack([hidden.flip(0), hidden], dim=1)  # [B, T = 2, D]
+    logits = funcol.all_gather_tensor(F.linear(states, weight_shard), -1, dist.group.WORLD)
+    return torch.multinomial(torch.softmax(logits[..., :VOCAB][:, -1] / 0.7, dim=-1), 1)
+
+
 def _logits_returned(hidden, weight_shard):
     import torch.distributed._functional_collectives as funcol
 
@@ -105,6 +116,7 @@ STEPS = {
     "into_tensor": _into_tensor,
     "megatron": _megatron_chunk_cat,
     "all_gather_list": _all_gather_list,
+    "three_d": _three_d_functional,
     "logits_returned": _logits_returned,
 }
 
@@ -121,7 +133,7 @@ def _tokens_worker(rank, world):
     weight_shard = padded[rank * shard : (rank + 1) * shard]
     torch.manual_seed(rank)  # ranks seeded apart: the pass must make them agree
     out = {}
-    for name in ("sliced", "into_tensor", "megatron", "all_gather_list"):
+    for name in ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d"):
         torch._dynamo.reset()
         step = torch.compile(STEPS[name], backend="flashsampling", fullgraph=True)
         stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
@@ -210,7 +222,7 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
     world = 3
     per_rank = run_ranks(world, _tokens_worker)
     hidden, weight, _, _ = _problem(world)
-    for name in ("sliced", "into_tensor", "megatron", "all_gather_list"):
+    for name in ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d"):
         for other in per_rank[1:]:
             for a, b in zip(other[name], per_rank[0][name], strict=True):
                 assert torch.equal(a, b), name
@@ -230,7 +242,6 @@ def _padded_by_hand_worker(rank, world):
     Every rank must rewrite alike, or the logits' all-gather on one rank meets the
     candidates' exchange on the other."""
     import torch.distributed._functional_collectives as funcol
-    import torch.nn.functional as F
 
     hidden, weight, _, shard = _problem(world)
     weight_shard = weight[rank * shard : (rank + 1) * shard]
