@@ -263,7 +263,7 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             vocab_size = min(end, vocab_size)
             node = after
             chain.append(node)
-    if gathered_input is not shard_logits and vocab_size == group_size * shard:
+    if is_call(gathered_input, aten.constant_pad_nd.default) and vocab_size == group_size * shard:
         # Padded columns that the gathered logits keep. With -inf, the program never draws
         # them, as the op never draws a column no shard holds: rewritten, as the full ranks'
         # graphs (which have no pad to see) are; ranks must decide alike, or their

@@ -74,6 +74,14 @@ def _three_d_functional(hidden, weight_shard):
     return torch.multinomial(torch.softmax(logits[..., :VOCAB][:, -1] / 0.7, dim=-1), 1)
 
 
+def _three_d_unsliced(hidden, weight_shard):
+    """The same at T = 1 without a slice to V (V % P == 0 in the model, as gpt-fast's)."""
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(F.linear(hidden[:, None], weight_shard), -1, dist.group.WORLD)
+    return torch.argmax(logits[:, -1], dim=-1)
+
+
 def _logits_returned(hidden, weight_shard):
     import torch.distributed._functional_collectives as funcol
 
@@ -117,6 +125,7 @@ STEPS = {
     "megatron": _megatron_chunk_cat,
     "all_gather_list": _all_gather_list,
     "three_d": _three_d_functional,
+    "three_d_unsliced": _three_d_unsliced,
     "logits_returned": _logits_returned,
 }
 
@@ -210,6 +219,10 @@ graph():
             self.assertNotIn("tp_gathered_weight", graph)
             self.assertIn("all_gather_into_tensor", graph)
             self.assertIn("aten.multinomial", graph)
+
+    def test_a_three_d_gather_without_a_slice_is_rewritten(self):
+        _, rewrites = self.graph("three_d_unsliced")
+        assert rewrites == {"greedy": 1, "tp_all_gather": 1}, rewrites
 
     def test_gathered_logits_with_another_user_are_not_rewritten(self):
         graph, rewrites = self.graph("logits_returned")
