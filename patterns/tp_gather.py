@@ -290,25 +290,12 @@ def _relayout(
         return None
     step = users[0]
     if is_call(step, aten.split.Tensor, aten.split_with_sizes.default):
-        pieces = list(step.users)
-        if len(pieces) != group_size or not all(
-            p.target is operator.getitem and len(p.users) == 1 for p in pieces
-        ):
+        if not all(p.target is operator.getitem for p in step.users):
             return None
-        cat = next(iter(pieces[0].users))
-        if (
-            not is_call(cat, aten.cat.default)
-            or len(cat.args) < 2
-            or cat.args[1] not in (len(full) - 1, -1)
-        ):
-            return None
-        if [p.args[1] for p in cat.args[0]] != list(range(group_size)) or any(
-            p.args[0] is not step for p in cat.args[0]
-        ):
-            return None
-        if not _shape_is(cat, full):
-            return None
-        chain += [step, *cat.args[0], cat]
+        pieces = _in_rank_order(step.users, group_size)
+        cat = _blocks_cat(pieces, group_size, full)
+        if cat is not None:
+            chain += [step, *pieces, cat]
         return cat
     if len(lead) > 1:
         return None  # (the views below re-lay [P * B, S] rows only)
@@ -339,21 +326,13 @@ def _chunks_cat(splits: list[Node], chain: list[Node], group_size: int, batch, f
         if split.kwargs or not same(size, batch) or dim != 0 or len(split.users) != 1:
             return None
         (piece,) = split.users
-        if piece.target is not operator.getitem or len(piece.users) != 1:
+        if piece.target is not operator.getitem:
             return None
         pieces.append(piece)
-    cat = next(iter(pieces[0].users))
-    if (
-        not is_call(cat, aten.cat.default)
-        or len(cat.args) < 2
-        or cat.args[1] not in (len(full) - 1, -1)
-    ):
-        return None
-    if set(cat.args[0]) != set(pieces) or len(cat.args[0]) != group_size:
-        return None
-    if [p.args[1] for p in cat.args[0]] != list(range(group_size)) or not _shape_is(cat, full):
-        return None
-    chain += [*splits, *cat.args[0], cat]
+    pieces = _in_rank_order(pieces, group_size)
+    cat = _blocks_cat(pieces, group_size, full)
+    if cat is not None:
+        chain += [*splits, *pieces, cat]
     return cat
 
 
@@ -378,17 +357,30 @@ def _slices_cat(slices: list[Node], chain: list[Node], group_size: int, batch, f
         else:
             piece = block
         by_rank[rank] = piece
-    cat = next(iter(by_rank[0].users))
-    if (
-        not is_call(cat, aten.cat.default)
-        or len(cat.args) < 2
-        or cat.args[1] not in (len(full) - 1, -1)
-    ):
-        return None
-    if list(cat.args[0]) != [by_rank[r] for r in range(group_size)] or not _shape_is(cat, full):
-        return None
-    chain += [*owned, cat]
+    cat = _blocks_cat([by_rank[r] for r in range(group_size)], group_size, full)
+    if cat is not None:
+        chain += [*owned, cat]
     return cat
+
+
+def _blocks_cat(blocks: list[Node], group_size: int, full) -> Node | None:
+    """The ``cat`` over the last dim of the ranks' row blocks, in rank order (block r the
+    only node reading rank r's rows), with the gathered logits' shape; None otherwise."""
+    if len(blocks) != group_size or not all(len(block.users) == 1 for block in blocks):
+        return None
+    cat = next(iter(blocks[0].users))
+    if not is_call(cat, aten.cat.default) or len(cat.args) < 2:
+        return None
+    if cat.args[1] not in (len(full) - 1, -1) or list(cat.args[0]) != blocks:
+        return None
+    return cat if _shape_is(cat, full) else None
+
+
+def _in_rank_order(pieces, group_size: int) -> list[Node]:
+    """The ``getitem``s of the gathered rows' P blocks ordered by block, or [] unless they
+    are blocks 0 .. P - 1, once each."""
+    pieces = sorted(pieces, key=lambda piece: piece.args[1])
+    return pieces if [p.args[1] for p in pieces] == list(range(group_size)) else []
 
 
 def _only_user(node: Node) -> Node | None:
