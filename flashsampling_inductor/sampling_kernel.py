@@ -517,8 +517,10 @@ def triton_fused_sample(
     plain, top_m, row_mass, key_low_bits = True, 0, False, 0
     if truncates:
         top_m = truncation_kernel.candidates_per_tile(params)
-        if 1 << truncation_kernel.key_low_bits(params) >= config.block_v:
-            key_low_bits = truncation_kernel.key_low_bits(params)
+        # (the packed top-m keeps the column in those bits: they must hold BLOCK_V values)
+        key_low_bits = truncation_kernel.key_low_bits(params)
+        if 1 << key_low_bits < config.block_v:
+            key_low_bits = 0
         k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
         plain = (
             k_may_be_off

@@ -32,6 +32,8 @@ from ._walk import (
     is_call,
     last_dim,
     same,
+    same_shape,
+    slice_args,
     val,
 )
 
@@ -230,12 +232,15 @@ def _scattered_back(node: Node) -> tuple[Node, list[Node]] | None:
             written = written.args[0]
         if not is_call(written, scatter) or written.kwargs:
             continue
-        shape, scattered_shape = val(node.args[0]).shape, val(written).shape
-        if len(shape) != len(scattered_shape) or not all(map(same, shape, scattered_shape)):
+        if not same_shape(val(node.args[0]).shape, val(written).shape):
             continue
-        ndim = len(shape)
-        here, there = _where(node.args[1:], ndim), _where(written.args[2:], ndim)
-        if not all(map(same, here, there)):
+        ndim = val(written).dim()
+        if read is aten.select.int:  # (dim, index)
+            here, there = node.args[1:], written.args[2:]
+        else:
+            here, there = slice_args(node), slice_args(written, 2)
+        here, there = (here[0] % ndim, *here[1:]), (there[0] % ndim, *there[1:])
+        if len(here) != len(there) or not all(map(same, here, there)):
             continue
         base, bases = written.args[0], []
         while is_call(base, *RESHAPES):
@@ -243,14 +248,6 @@ def _scattered_back(node: Node) -> tuple[Node, list[Node]] | None:
             base = base.args[0]
         return written.args[1], [node, *views, written, *bases]
     return None
-
-
-def _where(args: tuple, ndim: int) -> tuple:
-    """A select's (dim, index) or a slice's (dim, start, end, step), defaults filled in and
-    the dim counted from 0."""
-    args = (*args, *(0, None, None, 1)[len(args) :])
-    dim, *rest = args
-    return (dim % ndim, *(0 if a is None and i == 0 else a for i, a in enumerate(rest)))
 
 
 def _chain_input(node: Node) -> Node:

@@ -82,6 +82,13 @@ def same_shape(a, b) -> bool:
     return len(a) == len(b) and all(map(same, a, b))
 
 
+def slice_args(node: Node, first: int = 1) -> tuple:
+    """``aten.slice.Tensor``'s (dim, start, end, step) from ``node.args[first:]`` (a
+    ``slice_scatter``'s from 2), the defaults filled in: (0, None, None, 1)."""
+    args = node.args[first:]
+    return (*args, *(0, None, None, 1)[len(args) :])
+
+
 def last_dim(dim, ndim: int) -> bool:
     return isinstance(dim, int) and ndim > 0 and dim % ndim == ndim - 1
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.fx import Graph, Node
 
 from ._truncation import MASKING_OPS
-from ._walk import RESHAPES, aten, is_call, same, val
+from ._walk import RESHAPES, aten, is_call, same, slice_args, val
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -257,7 +257,7 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
     after = _only_user(node)
     if is_call(after, aten.slice.Tensor):
         # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
-        dim, start, end, step = (*after.args[1:], *(0, None, None, 1)[len(after.args) - 1 :])
+        dim, start, end, step = slice_args(after)
         last = dim in (len(lead), -1)
         if last and start in (0, None) and step == 1 and isinstance(end, int) and end > 0:
             vocab_size = min(end, vocab_size)
@@ -342,7 +342,7 @@ def _slices_cat(slices: list[Node], chain: list[Node], group_size: int, batch, f
     into the list's tensors -> the ``cat``, or None."""
     by_rank, owned = {}, []
     for block in slices:
-        dim, start, end, step = (*block.args[1:], *(0, None, None, 1)[len(block.args) - 1 :])
+        dim, start, end, step = slice_args(block)
         rank = next((r for r in range(group_size) if same(start, r * batch)), None)
         if block.kwargs or dim != 0 or step != 1 or rank is None or rank in by_rank:
             return None
