@@ -589,7 +589,9 @@ def triton_fused_sample(
             return out
         overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
         floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
-        patch = truncation_kernel.patch_buffers(stage1, config.block_v)
+        patch = None
+        if truncation_kernel.patching_pays(params):
+            patch = truncation_kernel.patch_buffers(stage1, config.block_v)
         truncation_kernel.launch_stage2(
             stage1, params, vocab_size, temperature_mode, out, overflow, floor,
             patch=patch, fast_math=not interpreter,

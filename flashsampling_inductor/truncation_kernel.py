@@ -91,6 +91,8 @@ MERGE_MAX_BATCH = 64
 OVERFLOW_FULL = tl.constexpr(1)
 OVERFLOW_PATCH = tl.constexpr(2)
 PATCH_TILES = 16
+# The fallback's persistent grid: this many programs per SM at most.
+FALLBACK_PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -750,41 +752,43 @@ def _fallback_logits(
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, SCAN: tl.constexpr,
     PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
 ):  # fmt: skip
-    """Recompute the logits of the rows that overflowed into scratch [B, V] fp32. Program v
-    takes vocabulary tile v of the flagged rows, BLOCK_B of them per MMA (gathered by rank,
-    so 4 flagged rows of 256 cost one read of W, not one per 16-row tile holding one): a
-    flagged step reads W about once per BLOCK_B flagged rows with every SM busy; without
-    flags each program reads the B flags and returns. Programs below B * PATCH_TILES first
-    recompute tile j of row r (pid = r * PATCH_TILES + j) for a patched row (OVERFLOW_PATCH)
-    listing at least j + 1 tiles, as keys and indices for the patched stage 2."""
-    pid_v = tl.program_id(0)
+    """Recompute the logits of the rows that overflowed into scratch [B, V] fp32. The
+    programs take the num_full_programs vocabulary tiles in turn (a persistent grid: the
+    common call, with no row flagged, is one short wave of programs that read the B flags
+    and return), each tile for the flagged rows BLOCK_B at a time per MMA (gathered by rank,
+    so 4 flagged rows of 256 cost one read of W, not one per 16-row tile holding one).
+    Programs below B * PATCH_TILES first recompute tile j of row r (pid = r * PATCH_TILES +
+    j) for a patched row (OVERFLOW_PATCH) listing at least j + 1 tiles, as keys and indices
+    for the patched stage 2."""
+    pid = tl.program_id(0)
     if PATCH_TILES > 0:
-        if pid_v < B * PATCH_TILES:
+        if pid < B * PATCH_TILES:
             _patch_tile(
                 hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr,
-                patch_count_ptr, patch_key_ptr, patch_index_ptr, pid_v // PATCH_TILES,
-                pid_v % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
+                patch_count_ptr, patch_key_ptr, patch_index_ptr, pid // PATCH_TILES,
+                pid % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
                 softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER,
                 BLOCK_D, PATCH_TILES, PATCH_V,
             )  # fmt: skip
-    if pid_v >= num_full_programs:
-        return
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_mask = offs_v < V
     num_flagged = 0
     for start in range(0, B, SCAN):
         offs = start + tl.arange(0, SCAN)
         flags = tl.load(overflow_ptr + offs, mask=offs < B, other=0)
         num_flagged += tl.sum((flags == OVERFLOW_FULL).to(tl.int32))
-    for first in range(0, num_flagged, BLOCK_B):
-        rows, found = _flagged_rows(overflow_ptr, B, first, BLOCK_B, SCAN)
-        logits = _tile_logits(
-            hidden_ptr, weight_ptr, bias_ptr, rows, found, offs_v, v_mask, D, stride_hb,
-            stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP,
-            DOT_PRECISION, INTERPRETER, BLOCK_B, BLOCK_V, BLOCK_D,
-        )  # fmt: skip
-        tl.store(scratch_ptr + rows.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
-                 mask=found[:, None] & v_mask[None, :])  # fmt: skip
+    if num_flagged == 0:
+        return
+    for tile in range(pid, num_full_programs, tl.num_programs(0)):
+        offs_v = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+        v_mask = offs_v < V
+        for first in range(0, num_flagged, BLOCK_B):
+            rows, found = _flagged_rows(overflow_ptr, B, first, BLOCK_B, SCAN)
+            logits = _tile_logits(
+                hidden_ptr, weight_ptr, bias_ptr, rows, found, offs_v, v_mask, D, stride_hb,
+                stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS, LOGITS_DTYPE,
+                HAS_SOFTCAP, DOT_PRECISION, INTERPRETER, BLOCK_B, BLOCK_V, BLOCK_D,
+            )  # fmt: skip
+            tl.store(scratch_ptr + rows.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
+                     mask=found[:, None] & v_mask[None, :])  # fmt: skip
 
 
 def candidates_per_tile(params: SamplingParams) -> int:
@@ -882,6 +886,15 @@ def key_low_bits(params: SamplingParams) -> int:
 
 def _mode(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else (1 if tensor.dim() == 0 else 2)
+
+
+def patching_pays(params: SamplingParams) -> bool:
+    """Whether flagged rows may take the tile-level fallback (``patch_buffers``). Its pass
+    over the patched rows launches on every call (2-3 us with no row flagged, H100): not
+    worth it where a row overflows with chance ~4e-6 (a Python k up to 256, which top-p and
+    min-p after it keep below: ``candidates_per_tile``), whose rare flagged row has its
+    whole row recomputed instead (one read of W)."""
+    return not (params.top_k is None and 0 < params.scalar_top_k <= 256)
 
 
 def patch_buffers(
@@ -1014,9 +1027,16 @@ def launch_fallback(
     # (the interpreter runs programs one by one: wide tiles are fastest there)
     block_v = 512 if interpreter else 128
     full_programs = triton.cdiv(vocab_size, block_v)
+    # (a persistent grid of FALLBACK_PROGRAMS_PER_SM waves' worth: when no row is flagged,
+    # as on almost every call, the launch costs one short wave instead of V / block_v
+    # programs; the interpreter runs one program per tile, as fast there)
+    programs = full_programs
+    if not interpreter:
+        sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count
+        programs = min(full_programs, FALLBACK_PROGRAMS_PER_SM * sms)
     patch_tiles = PATCH_TILES if patch is not None else 0
     buffers = patch if patch is not None else {}
-    _fallback_logits[(max(full_programs, batch * patch_tiles),)](
+    _fallback_logits[(max(programs, batch * patch_tiles),)](
         hidden, weight, bias, overflow, scratch, buffers.get("tiles"), buffers.get("count"),
         buffers.get("keys"), buffers.get("index"),
         batch, vocab_size, hidden_size,
