@@ -725,7 +725,7 @@ def _patch_tile(hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr, 
     smallest tl.dot takes) stored as keys and global indices."""
     if tl.load(overflow_ptr + row) == OVERFLOW_PATCH:
         if j < tl.load(patch_count_ptr + row):
-            row64 = row.to(tl.int64)
+            row64 = tl.cast(row, tl.int64)  # (row: a Python int under the interpreter)
             tile = tl.load(patch_tile_ptr + row64 * PATCH_TILES + j)
             offs_v = tile * PATCH_V + tl.arange(0, PATCH_V)
             v_mask = offs_v < V
@@ -757,16 +757,16 @@ def _fallback_logits(
     common call, with no row flagged, is one short wave of programs that read the B flags
     and return), each tile for the flagged rows BLOCK_B at a time per MMA (gathered by rank,
     so 4 flagged rows of 256 cost one read of W, not one per 16-row tile holding one).
-    Programs below B * PATCH_TILES first recompute tile j of row r (pid = r * PATCH_TILES +
-    j) for a patched row (OVERFLOW_PATCH) listing at least j + 1 tiles, as keys and indices
-    for the patched stage 2."""
+    Before that, the programs take the B * PATCH_TILES items (r, j) (item = r * PATCH_TILES
+    + j) in turn: tile j of row r recomputed for a patched row (OVERFLOW_PATCH) listing at
+    least j + 1 tiles, as keys and indices for the patched stage 2."""
     pid = tl.program_id(0)
     if PATCH_TILES > 0:
-        if pid < B * PATCH_TILES:
+        for item in range(pid, B * PATCH_TILES, tl.num_programs(0)):
             _patch_tile(
                 hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr,
-                patch_count_ptr, patch_key_ptr, patch_index_ptr, pid // PATCH_TILES,
-                pid % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
+                patch_count_ptr, patch_key_ptr, patch_index_ptr, item // PATCH_TILES,
+                item % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
                 softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER,
                 BLOCK_D, PATCH_TILES, PATCH_V,
             )  # fmt: skip
@@ -1027,16 +1027,16 @@ def launch_fallback(
     # (the interpreter runs programs one by one: wide tiles are fastest there)
     block_v = 512 if interpreter else 128
     full_programs = triton.cdiv(vocab_size, block_v)
-    # (a persistent grid of FALLBACK_PROGRAMS_PER_SM waves' worth: when no row is flagged,
-    # as on almost every call, the launch costs one short wave instead of V / block_v
-    # programs; the interpreter runs one program per tile, as fast there)
-    programs = full_programs
-    if not interpreter:
-        sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count
-        programs = min(full_programs, FALLBACK_PROGRAMS_PER_SM * sms)
     patch_tiles = PATCH_TILES if patch is not None else 0
     buffers = patch if patch is not None else {}
-    _fallback_logits[(max(programs, batch * patch_tiles),)](
+    # (a persistent grid, FALLBACK_PROGRAMS_PER_SM a SM: when no row is flagged, as on
+    # almost every call, the launch costs one short wave instead of V / block_v programs;
+    # the interpreter runs one program per item, as fast there)
+    programs = max(full_programs, batch * patch_tiles)
+    if not interpreter:
+        sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count
+        programs = min(programs, FALLBACK_PROGRAMS_PER_SM * sms)
+    _fallback_logits[(programs,)](
         hidden, weight, bias, overflow, scratch, buffers.get("tiles"), buffers.get("count"),
         buffers.get("keys"), buffers.get("index"),
         batch, vocab_size, hidden_size,
