@@ -33,6 +33,10 @@ ROW_OPS = (
     *RESHAPES,
 )
 
+# The meta key on the nodes of a tensor-parallel gather the pass left alone: why
+# (``tp_gather.lift``); a walk that stops at such a node gives that reason.
+TP_GATHER_NOT_LIFTED = "flashsampling_tp_not_lifted"
+
 
 class NoMatch(Exception):
     """A step of the chain that cannot be proved safe to rewrite; the message says why."""

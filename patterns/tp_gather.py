@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.fx import Graph, Node
 
 from ._truncation import MASKING_OPS
-from ._walk import RESHAPES, aten, is_call, same, slice_args, val
+from ._walk import RESHAPES, TP_GATHER_NOT_LIFTED, aten, is_call, same, slice_args, val
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -398,10 +398,24 @@ def _shape_is(node: Node, shape) -> bool:
 def lift(graph: Graph) -> list[AllGatherMatch]:
     """Lift every gather before the catalog runs; -> the lifted ones for ``finish``.
 
-    A gather whose logits reach a top-k / top-p truncation is not lifted: the TP op takes
-    none yet, and the catalog's call would keep the stand-in, which gathers the whole weight
-    (correct, but slower than gathering the logits)."""
-    gathers = [gather for gather in find_gathers(graph) if not _truncated(gather.gathered)]
+    A gather whose logits reach a top-k / top-p truncation or a soft-cap is not lifted: the
+    TP op takes none yet, and the catalog's call would keep the stand-in, which gathers the
+    whole weight (correct, but slower than gathering the logits). Its nodes carry the reason
+    (``TP_GATHER_NOT_LIFTED`` in their meta), which the walk from a sampling op gives when it stops
+    there, so ``explain()`` and the warning name it."""
+    gathers = []
+    for gather in find_gathers(graph):
+        blocker = _truncation_after(gather.gathered)
+        if blocker is None:
+            gathers.append(gather)
+            continue
+        reason = (
+            f"the logits are gathered across tensor-parallel ranks ({gather.gathered.name}) "
+            f"and then reach {blocker.name} ({blocker.target}): tensor-parallel sampling "
+            "takes no top-k, top-p, min-p or soft-cap yet"
+        )
+        for node in (*gather.chain, gather.gathered):
+            node.meta[TP_GATHER_NOT_LIFTED] = reason
     for gather in gathers:
         gather.lift(graph)
     return gathers
@@ -417,10 +431,10 @@ _NOT_LIFTED = (
 )
 
 
-def _truncated(logits: Node, limit: int = 64) -> bool:
-    """True if a top-k / top-p / min-p step or a soft-cap is among the first ``limit`` nodes
-    that read ``logits`` (a rank-independent test: every rank's program is the same after
-    the gather)."""
+def _truncation_after(logits: Node, limit: int = 64) -> Node | None:
+    """The first top-k / top-p / min-p step or soft-cap among the first ``limit`` nodes
+    that read ``logits``, or None (a rank-independent test: every rank's program is the same
+    after the gather)."""
     seen, frontier = set(), [logits]
     while frontier and len(seen) < limit:
         node = frontier.pop()
@@ -430,9 +444,9 @@ def _truncated(logits: Node, limit: int = 64) -> bool:
         if is_call(node, *_NOT_LIFTED, *MASKING_OPS) or (
             is_call(node, torch.ops.flashsampling.sample_logits.default) and not _lowerable(node)
         ):
-            return True
+            return node
         frontier.extend(node.users)
-    return False
+    return None
 
 
 def finish(graph: Graph, gathers: list[AllGatherMatch]) -> int:

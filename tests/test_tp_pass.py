@@ -136,6 +136,14 @@ def _graph_worker(rank, world, name):
     return graph_after_pass(STEPS[name], hidden, weight_shard)
 
 
+def _explain_worker(rank, world, name):
+    from flashsampling_inductor import explain
+
+    hidden, _, padded, shard = _problem(world)
+    torch._dynamo.reset()
+    return explain(STEPS[name], hidden, padded[rank * shard : (rank + 1) * shard])
+
+
 def _tokens_worker(rank, world):
     """Compiled steps on every rank, and what TP = 1 draws with the same seeds."""
     hidden, weight, padded, shard = _problem(world)
@@ -219,6 +227,15 @@ graph():
             self.assertNotIn("tp_gathered_weight", graph)
             self.assertIn("all_gather_into_tensor", graph)
             self.assertIn("aten.multinomial", graph)
+
+    def test_a_gather_left_alone_says_why(self):
+        """explain() (and the warning) name the gather and the step the TP op cannot take,
+        not the re-layout the walk from the sampling op stops at."""
+        for name, step in (("top_k", "aten.where.self"), ("softcap", "aten.tanh.default")):
+            (site,) = run_ranks(2, _explain_worker, name)[0]
+            assert not site.rewritten, site
+            assert "gathered across tensor-parallel ranks" in site.reason, site
+            assert f"({step}): tensor-parallel sampling takes no top-k" in site.reason, site
 
     def test_a_three_d_gather_without_a_slice_is_rewritten(self):
         _, rewrites = self.graph("three_d_unsliced")
