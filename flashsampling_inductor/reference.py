@@ -295,11 +295,12 @@ def reference_candidates(
     num_samples: int,
     logits_dtype: torch.dtype | None = None,
     vocab_start: int = 0,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A tensor-parallel shard's candidates (``gumbel_argmax``): ``weight`` [V', D] holds the
     vocabulary rows ``vocab_start .. vocab_start + V' - 1`` (``bias`` [V'] the same rows),
     so the best of all shards' candidates is the token the whole vocabulary draws.
-    ``temperature`` [B] fp32, ``seed`` [B] int64."""
-    logits = reference_logits(hidden, weight, bias, logits_dtype)
+    ``temperature`` [B] fp32, ``seed`` [B] int64, ``softcap`` as in ``SamplingParams``."""
+    logits = softcap_logits(reference_logits(hidden, weight, bias, logits_dtype), softcap)
     logits = logits.masked_fill(logits.isnan(), float("-inf"))
     return gumbel_argmax(logits, temperature, seed, per_row_seed, num_samples, vocab_start)

@@ -33,6 +33,7 @@ from .op import (
     SUPPORTED_DTYPES,
     _check_tensors,
     _normalize_seed,
+    _normalize_softcap,
     _normalize_temperature,
     _plain_eager_call,
     _triton_interpreter_on,
@@ -60,6 +61,7 @@ def tp_fused_sample(
     num_samples: int = 1,
     seed: int | torch.Tensor | None = None,
     logits_dtype: torch.dtype | None = None,
+    softcap: float | None = None,
     impl: str = "auto",
 ) -> torch.Tensor:
     """Sample from ``softmax((hidden @ W.T + bias) / temperature)`` with W sharded by
@@ -75,7 +77,8 @@ def tp_fused_sample(
         vocab_size: V, the real (unpadded) vocabulary size, the same on every rank.
         group: the tensor-parallel process group (or its name); None is the default group.
         bias_shard: optional [V_r], the shard's rows of the bias.
-        temperature, num_samples, logits_dtype, impl: as in ``fused_sample``.
+        temperature, num_samples, logits_dtype, softcap, impl: as in ``fused_sample``
+            (the soft-cap, elementwise, applies to each shard's logits).
         seed: int, 0-d or [B] int64 tensor, the same on every rank: the tokens are then
             those ``fused_sample`` draws with that seed. None: each call takes the next seed
             of a stream all ranks share without communicating: a device counter, the same
@@ -112,6 +115,7 @@ def tp_fused_sample(
     if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
     group_name = _group_name(group)
+    softcap = _normalize_softcap(softcap)
     temperature_tensor, scalar_temperature = _normalize_temperature(temperature, hidden)
     seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
     if hidden.shape[0] == 0:
@@ -131,6 +135,7 @@ def tp_fused_sample(
         vocab_size,
         group_name,
         seed is None,
+        softcap,
     )
     if _plain_eager_call(hidden, weight_shard, bias_shard, temperature_tensor, seed_tensor):
         # As fused_sample: plain eager calls skip the dispatcher's custom-op layers.
@@ -163,6 +168,7 @@ def _tp_fused_sample_impl(
     vocab_size: int,
     group_name: str,
     shared_seed: bool,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """The custom op behind ``tp_fused_sample``; arguments are already validated.
 
@@ -193,6 +199,7 @@ def _tp_fused_sample_impl(
         logits_dtype,
         impl,
         vocab_start,
+        softcap,
     )
     # The seed travels in the header: ranks seeded apart would draw wrong tokens.
     seed_key = seed.sum() if seed.dim() else seed
@@ -217,14 +224,16 @@ def _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device) ->
 
 def _shard_candidates(
     hidden, weight, bias, temperature, scalar_temperature, seed, num_samples, logits_dtype,
-    impl, vocab_start,
+    impl, vocab_start, softcap=0.0,
 ):  # fmt: skip
     """Per row and sample, the shard's best score [B, S] fp32 and its global index [B, S]."""
     batch = hidden.shape[0]
     if weight.shape[0] == 0:  # a shard of padding rows only
         score = torch.full((batch, num_samples), float("-inf"), device=hidden.device)
         return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
-    params = SamplingParams(temperature, scalar_temperature, seed, 0, num_samples, logits_dtype)
+    params = SamplingParams(
+        temperature, scalar_temperature, seed, 0, num_samples, logits_dtype, softcap=softcap
+    )
     if _use_triton(impl, hidden.device, params) and vocab_start % 4 == 0:
         from .sampling_kernel import triton_fused_sample
 
@@ -251,6 +260,7 @@ def _shard_candidates(
         num_samples,
         logits_dtype,
         vocab_start,
+        softcap,
     )
 
 

@@ -141,6 +141,7 @@ class AllGatherMatch:
         (hidden, _, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
          logits_dtype, impl) = call.args[:10]  # fmt: skip
         shared_seed = is_call(seed, *_RANDINTS)
+        softcap = _argument(call, "softcap", 0.0)
         with graph.inserting_before(call):
             lowered = graph.call_function(
                 torch.ops.flashsampling.tp_fused_sample.default,
@@ -148,6 +149,7 @@ class AllGatherMatch:
                     hidden, self.weight_shard, bias, temperature, scalar_temperature,
                     None if shared_seed else seed, scalar_seed, num_samples, logits_dtype,
                     impl, -self.shard_width, self.vocab_size, self.group_name, shared_seed,
+                    *([softcap] if softcap else []),  # (the schema's default: off)
                 ),
             )  # fmt: skip
         # Only what describes the output: the call's other meta (eager_input_vals) is of its
@@ -168,20 +170,22 @@ _NOT_ACROSS_RANKS = {
     "scalar_top_p": 1.0,
     "min_p": None,
     "scalar_min_p": 0.0,
-    "softcap": 0.0,
 }
 
 
 def _lowerable(call: Node) -> bool:
-    """A fused call without truncation or soft-cap (the TP op does not take them yet), read
-    by the op's schema: the catalog's calls hold them positionally, a hand-made one may name
-    them."""
-    names = [argument.name for argument in call.target._schema.arguments]
-    given = dict(zip(names, call.args, strict=False), **call.kwargs)
+    """A fused call without truncation (the TP op does not take it yet)."""
     return all(
-        given.get(name, off) is None if off is None else given.get(name, off) == off
+        _argument(call, name, off) is None if off is None else _argument(call, name, off) == off
         for name, off in _NOT_ACROSS_RANKS.items()
     )
+
+
+def _argument(call: Node, name: str, default):
+    """An argument of a fused call, read by the op's schema: the catalog's calls hold them
+    positionally, a hand-made one may name them."""
+    names = [argument.name for argument in call.target._schema.arguments]
+    return dict(zip(names, call.args, strict=False), **call.kwargs).get(name, default)
 
 
 def _erase_unused(nodes: list[Node]) -> None:
@@ -398,7 +402,7 @@ def _shape_is(node: Node, shape) -> bool:
 def lift(graph: Graph) -> list[AllGatherMatch]:
     """Lift every gather before the catalog runs; -> the lifted ones for ``finish``.
 
-    A gather whose logits reach a top-k / top-p truncation or a soft-cap is not lifted: the
+    A gather whose logits reach a top-k / top-p / min-p truncation is not lifted: the
     TP op takes none yet, and the catalog's call would keep the stand-in, which gathers the
     whole weight (correct, but slower than gathering the logits). Its nodes carry the reason
     (``TP_GATHER_NOT_LIFTED`` in their meta), which the walk from a sampling op gives when it stops
@@ -412,7 +416,7 @@ def lift(graph: Graph) -> list[AllGatherMatch]:
         reason = (
             f"the logits are gathered across tensor-parallel ranks ({gather.gathered.name}) "
             f"and then reach {blocker.name} ({blocker.target}): tensor-parallel sampling "
-            "takes no top-k, top-p, min-p or soft-cap yet"
+            "takes no top-k, top-p or min-p yet"
         )
         for node in (*gather.chain, gather.gathered):
             node.meta[TP_GATHER_NOT_LIFTED] = reason
@@ -421,18 +425,12 @@ def lift(graph: Graph) -> list[AllGatherMatch]:
     return gathers
 
 
-# top-k / top-p / min-p and the soft-cap, which the TP op does not take.
-_NOT_LIFTED = (
-    aten.topk.default,
-    aten.sort.default,
-    aten.sort.stable,
-    aten.cumsum.default,
-    aten.tanh.default,
-)
+# top-k / top-p / min-p, which the TP op does not take.
+_NOT_LIFTED = (aten.topk.default, aten.sort.default, aten.sort.stable, aten.cumsum.default)
 
 
 def _truncation_after(logits: Node, limit: int = 64) -> Node | None:
-    """The first top-k / top-p / min-p step or soft-cap among the first ``limit`` nodes
+    """The first top-k / top-p / min-p step among the first ``limit`` nodes
     that read ``logits``, or None (a rank-independent test: every rank's program is the same
     after the gather)."""
     seen, frontier = set(), [logits]

@@ -62,6 +62,13 @@ CASES = {
         kwargs=dict(seed=11, temperature=0.7, logits_dtype=torch.bfloat16, num_samples=2),
     ),
     "greedy": dict(batch=4, vocab_size=1000, hidden_size=8, kwargs=dict(temperature=0.0)),
+    "softcap": dict(
+        batch=3,
+        vocab_size=999,
+        hidden_size=16,
+        bias=True,
+        kwargs=dict(seed=4, temperature=0.9, softcap=2.0, num_samples=2),
+    ),  # fmt: skip
 }
 
 
@@ -174,6 +181,7 @@ def test_the_reduction_of_any_number_of_shards_is_the_full_draw(world_size, layo
                 hidden, weight_shard[: stop - start],
                 None if bias_shard is None else bias_shard[: stop - start],
                 temperature, 1.0, seed, num_samples, kwargs.get("logits_dtype"), impl, start,
+                kwargs.get("softcap", 0.0),
             )  # fmt: skip
             header = torch.tensor([case["batch"], num_samples, vocab_size, 0, start, stop])
             messages.append(pack_message(score, index, header))

@@ -144,13 +144,16 @@ def _explain_worker(rank, world, name):
     return explain(STEPS[name], hidden, padded[rank * shard : (rank + 1) * shard])
 
 
+TOKEN_STEPS = ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d", "softcap")
+
+
 def _tokens_worker(rank, world):
     """Compiled steps on every rank, and what TP = 1 draws with the same seeds."""
     hidden, weight, padded, shard = _problem(world)
     weight_shard = padded[rank * shard : (rank + 1) * shard]
     torch.manual_seed(rank)  # ranks seeded apart: the pass must make them agree
     out = {}
-    for name in ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d"):
+    for name in TOKEN_STEPS:
         torch._dynamo.reset()
         step = torch.compile(STEPS[name], backend="flashsampling", fullgraph=True)
         stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
@@ -217,25 +220,32 @@ graph():
         self.assertIn("tp_fused_sample", graph)
         self.assertNotIn("all_gather_into_tensor", graph)
 
-    def test_top_k_or_softcap_after_the_gather_is_left_to_stock_inductor(self):
-        """tp_fused_sample takes no top-k or soft-cap yet: the gather is not lifted (a fused
-        call on the gathered weight would keep them but gather the whole weight each step)."""
-        for name in ("top_k", "softcap"):
-            graph, rewrites = self.graph(name)
-            self.assertNotIn("tp_all_gather", rewrites)
-            self.assertNotIn("tp_fused_sample", graph)
-            self.assertNotIn("tp_gathered_weight", graph)
-            self.assertIn("all_gather_into_tensor", graph)
-            self.assertIn("aten.multinomial", graph)
+    def test_top_k_after_the_gather_is_left_to_stock_inductor(self):
+        """tp_fused_sample takes no top-k yet: the gather is not lifted (a fused call on the
+        gathered weight would keep it but gather the whole weight each step)."""
+        graph, rewrites = self.graph("top_k")
+        self.assertNotIn("tp_all_gather", rewrites)
+        self.assertNotIn("tp_fused_sample", graph)
+        self.assertNotIn("tp_gathered_weight", graph)
+        self.assertIn("all_gather_into_tensor", graph)
+        self.assertIn("aten.multinomial", graph)
+
+    def test_softcap_after_the_gather_is_rewritten(self):
+        """Gemma 2's soft-cap is elementwise: each rank caps its shard's logits."""
+        graph, rewrites = self.graph("softcap")
+        assert rewrites == {"multinomial": 1, "tp_all_gather": 1}, rewrites
+        (call,) = [line for line in graph.splitlines() if "tp_fused_sample.default" in line]
+        self.assertTrue(call.rstrip().endswith("True, 30.0), kwargs = {})"), call)
+        for gone in ("all_gather_into_tensor", "aten.tanh", "aten.multinomial"):
+            self.assertNotIn(gone, graph)
 
     def test_a_gather_left_alone_says_why(self):
         """explain() (and the warning) name the gather and the step the TP op cannot take,
         not the re-layout the walk from the sampling op stops at."""
-        for name, step in (("top_k", "aten.where.self"), ("softcap", "aten.tanh.default")):
-            (site,) = run_ranks(2, _explain_worker, name)[0]
-            assert not site.rewritten, site
-            assert "gathered across tensor-parallel ranks" in site.reason, site
-            assert f"({step}): tensor-parallel sampling takes no top-k" in site.reason, site
+        (site,) = run_ranks(2, _explain_worker, "top_k")[0]
+        assert not site.rewritten, site
+        assert "gathered across tensor-parallel ranks" in site.reason, site
+        assert "(aten.where.self): tensor-parallel sampling takes no top-k" in site.reason, site
 
     def test_a_three_d_gather_without_a_slice_is_rewritten(self):
         _, rewrites = self.graph("three_d_unsliced")
@@ -252,7 +262,7 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
     world = 3
     per_rank = run_ranks(world, _tokens_worker)
     hidden, weight, _, _ = _problem(world)
-    for name in ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d"):
+    for name in TOKEN_STEPS:
         for other in per_rank[1:]:
             for a, b in zip(other[name], per_rank[0][name], strict=True):
                 assert torch.equal(a, b), name
@@ -262,6 +272,10 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
                 assert torch.equal(tokens, expected)
                 continue
             seed = per_rank[0][name, "seeds"][call]
+            if name == "softcap":  # T = 1, exact: the reference on both sides
+                expected = fused_sample(hidden, weight, softcap=30.0, seed=seed, impl="torch")
+                assert torch.equal(tokens, expected)
+                continue
             expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
             assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
 
