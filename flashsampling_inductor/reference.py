@@ -41,6 +41,7 @@ __all__ = [
     "reference_sample_logits",
     "softcap_logits",
     "truncation_keep",
+    "truncation_threshold",
 ]
 
 PHILOX_ROUND_A = 0xD2511F53
@@ -168,11 +169,34 @@ def truncation_keep(
     Masses and the min-p bound are fp32, so a token within rounding of a boundary may go
     either way (a near-tie, as in the kernel).
     """
-    vocab_size = logits.shape[1]
     sorted_desc = logits.sort(dim=-1, descending=True).values
+    threshold = truncation_threshold(sorted_desc, logits.shape[1], temperature, top_k, top_p, min_p)
+    return logits >= threshold
+
+
+def truncation_threshold(
+    sorted_desc: torch.Tensor,
+    vocab_size: int,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+    repeats: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[B, 1] fp32: the smallest score ``truncation_keep`` keeps, from the row's scores
+    sorted in descending order, [B, L]. ``repeats`` [B, L] (int64, default 1): how many
+    tokens of the row each entry stands for, so that a list of distinct entries with counts
+    (``tp.py``: the ranks' top-k values, plus the ties the ranks did not send) gives the
+    threshold of the row they describe; it must hold the row's top k with their counts and
+    every token it keeps. ``vocab_size``: the row's V (k >= V is off)."""
     # No host sync: k is read through a gather, never as a Python number.
     k_on = (top_k > 0) & (top_k < vocab_size)
-    kth = sorted_desc.gather(1, (top_k.clamp(1, vocab_size) - 1)[:, None])
+    if repeats is None:
+        position = top_k.clamp(1, vocab_size) - 1
+    else:  # the first entry whose running count reaches k
+        position = (repeats.cumsum(-1) < top_k[:, None]).sum(-1)
+    position = position.clamp(max=sorted_desc.shape[1] - 1)
+    kth = sorted_desc.gather(1, position[:, None])
     threshold = torch.where(k_on[:, None], kth, float("-inf"))
     p_on = (top_p < 1.0) & (temperature > 0)
     # The survivors are a prefix of sorted_desc; weights exp2((l - max) * log2(e) / T), with
@@ -182,6 +206,10 @@ def truncation_keep(
     weights = torch.exp2((sorted_desc - row_max) * inv_temperature[:, None])
     weights = torch.where(sorted_desc == row_max, 1.0, weights)
     weights = torch.where((sorted_desc >= threshold) & (sorted_desc > float("-inf")), weights, 0.0)
+    if repeats is not None:
+        weights = weights * repeats
+    # (an entry standing for n tied tokens: the last of them that starts below p starts no
+    # later than the first, and all carry its value, so the entry's own start decides)
     larger_mass = weights.cumsum(-1) - weights  # mass before each position, non-decreasing
     total = weights.sum(-1, keepdim=True)
     crossing = (larger_mass < top_p[:, None] * total).sum(-1).clamp(min=1) - 1
@@ -191,7 +219,7 @@ def truncation_keep(
         threshold = torch.maximum(
             threshold, min_p_bound(row_max[:, 0], temperature, min_p)[:, None]
         )
-    return logits >= threshold
+    return threshold
 
 
 def min_p_bound(row_max: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor):

@@ -30,17 +30,27 @@ from .exchange import (
 )
 from .op import (
     IMPLS,
+    MIN_P,
     SUPPORTED_DTYPES,
+    TOP_K,
+    TOP_P,
     _check_tensors,
     _normalize_seed,
     _normalize_softcap,
     _normalize_temperature,
     _plain_eager_call,
+    _to_tensor_scalar,
     _triton_interpreter_on,
     _use_triton,
 )
 from .params import SamplingParams
-from .reference import reference_candidates
+from .reference import (
+    gumbel_argmax,
+    reference_candidates,
+    reference_logits,
+    softcap_logits,
+    truncation_threshold,
+)
 
 __all__ = ["tp_fused_sample"]
 
@@ -62,6 +72,9 @@ def tp_fused_sample(
     seed: int | torch.Tensor | None = None,
     logits_dtype: torch.dtype | None = None,
     softcap: float | None = None,
+    top_k: int | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
     impl: str = "auto",
 ) -> torch.Tensor:
     """Sample from ``softmax((hidden @ W.T + bias) / temperature)`` with W sharded by
@@ -79,6 +92,14 @@ def tp_fused_sample(
         bias_shard: optional [V_r], the shard's rows of the bias.
         temperature, num_samples, logits_dtype, softcap, impl: as in ``fused_sample``
             (the soft-cap, elementwise, applies to each shard's logits).
+        top_k, top_p, min_p: as in ``fused_sample`` (top-k, then top-p, then min-p, the
+            same tokens as ``fused_sample`` draws over the whole vocabulary), with top_k a
+            Python int, the same on every rank, and top_p only after a top_k: each rank
+            sends its shard's k largest scores (and how many tokens tie with its k-th) to
+            every rank, which then all know the row's threshold
+            (``_truncated_shard_candidates``); top-p over the whole row would need every
+            token's mass. These calls materialize each shard's [B, V_r] logits (the torch
+            path, on every device).
         seed: int, 0-d or [B] int64 tensor, the same on every rank: the tokens are then
             those ``fused_sample`` draws with that seed. None: each call takes the next seed
             of a stream all ranks share without communicating: a device counter, the same
@@ -116,6 +137,7 @@ def tp_fused_sample(
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
     group_name = _group_name(group)
     softcap = _normalize_softcap(softcap)
+    truncation = _truncation_knobs(top_k, top_p, min_p, hidden, vocab_size)
     temperature_tensor, scalar_temperature = _normalize_temperature(temperature, hidden)
     seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
     if hidden.shape[0] == 0:
@@ -136,8 +158,10 @@ def tp_fused_sample(
         group_name,
         seed is None,
         softcap,
+        *truncation,
     )
-    if _plain_eager_call(hidden, weight_shard, bias_shard, temperature_tensor, seed_tensor):
+    tensors = (temperature_tensor, seed_tensor, truncation[1], truncation[3])
+    if _plain_eager_call(hidden, weight_shard, bias_shard, *tensors):
         # As fused_sample: plain eager calls skip the dispatcher's custom-op layers.
         return _tp_fused_sample_impl(*args)
     return torch.ops.flashsampling.tp_fused_sample(*args)
@@ -169,6 +193,11 @@ def _tp_fused_sample_impl(
     group_name: str,
     shared_seed: bool,
     softcap: float = 0.0,
+    scalar_top_k: int = 0,
+    top_p: torch.Tensor | None = None,
+    scalar_top_p: float = 1.0,
+    min_p: torch.Tensor | None = None,
+    scalar_min_p: float = 0.0,
 ) -> torch.Tensor:
     """The custom op behind ``tp_fused_sample``; arguments are already validated.
 
@@ -188,19 +217,21 @@ def _tp_fused_sample_impl(
     if seed is None:
         seed = torch.full((), scalar_seed, dtype=torch.int64, device=device)
     stop = min(vocab_start + weight_shard.shape[0], vocab_size)
-    score, index = _shard_candidates(
-        hidden,
-        weight_shard[: stop - vocab_start],
-        None if bias_shard is None else bias_shard[: stop - vocab_start],
-        temperature,
-        scalar_temperature,
-        seed,
-        num_samples,
-        logits_dtype,
-        impl,
-        vocab_start,
-        softcap,
-    )
+    weight_shard = weight_shard[: stop - vocab_start]
+    bias_shard = None if bias_shard is None else bias_shard[: stop - vocab_start]
+    params = SamplingParams(
+        temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
+        None, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p, softcap,
+    )  # fmt: skip
+    if params.truncates:
+        score, index = _truncated_shard_candidates(
+            hidden, weight_shard, bias_shard, params, vocab_start, vocab_size, group_name
+        )
+    else:
+        score, index = _shard_candidates(
+            hidden, weight_shard, bias_shard, temperature, scalar_temperature, seed,
+            num_samples, logits_dtype, impl, vocab_start, softcap,
+        )  # fmt: skip
     # The seed travels in the header: ranks seeded apart would draw wrong tokens.
     seed_key = seed.sum() if seed.dim() else seed
     fields = _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device)
@@ -261,6 +292,90 @@ def _shard_candidates(
         logits_dtype,
         vocab_start,
         softcap,
+    )
+
+
+def _truncation_knobs(top_k, top_p, min_p, rows, vocab_size):
+    """tp_fused_sample's top_k / top_p / min_p -> (scalar_top_k, top_p tensor or None,
+    scalar_top_p, min_p tensor or None, scalar_min_p), checked as ``fused_sample`` checks
+    them, plus what the exchange of the top k needs: a Python k, and top-p only after it."""
+    if isinstance(top_k, torch.Tensor):
+        raise TypeError(
+            "tp_fused_sample takes top_k as a Python int (the ranks exchange k scores a row, "
+            "a size every rank must know without reading a tensor)"
+        )
+    _, scalar_top_k = _to_tensor_scalar(top_k, TOP_K, rows)
+    if scalar_top_k >= vocab_size:
+        scalar_top_k = 0  # off, as in fused_sample
+    top_p, scalar_top_p = _to_tensor_scalar(top_p, TOP_P, rows)
+    min_p, scalar_min_p = _to_tensor_scalar(min_p, MIN_P, rows)
+    if scalar_top_k == 0 and (top_p is not None or scalar_top_p < 1.0):
+        raise ValueError(
+            "tp_fused_sample takes top_p only after a top_k: the nucleus of a whole row needs "
+            "the mass of every token, which no rank has"
+        )
+    return scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p
+
+
+def _truncated_shard_candidates(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    params: SamplingParams,
+    vocab_start: int,
+    vocab_size: int,
+    group_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_shard_candidates`` for a call that truncates: the shard's best perturbed score and
+    global index among the tokens that top-k, top-p and min-p keep over the WHOLE row.
+
+    They keep every token at or above one per-row threshold (``truncation_threshold``),
+    which needs the row's top k values with their multiplicity and its maximum: the union of
+    every shard's k largest values holds the row's k largest exactly (a shard holds at most
+    k of them, and holds them among its own k largest), and every kept token is in it except
+    ties with the row's k-th value that a shard left out with its own k-th. So each rank
+    sends its k largest values and how many tokens it left out that tie with the last of
+    them (one all-gather of [B, k + 1] fp32 a rank); every rank computes the same threshold
+    from the same messages, masks its shard below it and draws as ``_shard_candidates``."""
+    batch, device = hidden.shape[0], hidden.device
+    rows = params.rows(batch, device)
+    logits = reference_logits(hidden, weight, bias, params.logits_dtype)
+    logits = softcap_logits(logits, params.softcap)
+    logits = logits.masked_fill(logits.isnan(), float("-inf"))
+    slots = max(params.scalar_top_k, 1)  # (min-p alone needs the row's maximum only)
+    sent = min(slots, logits.shape[1])  # (a short shard pads its message with -inf)
+    top = torch.full((batch, slots), float("-inf"), device=device)
+    top[:, :sent] = logits.topk(sent).values
+    last = top[:, -1:]
+    untold = (logits == last).sum(-1) - (top[:, :sent] == last).sum(-1)
+    # (the count travels bit-cast in the fp32 message: exact at any shard size)
+    message = torch.cat([top, untold.to(torch.int32).view(torch.float32)[:, None]], dim=1)
+    world = dist.get_world_size(resolve_group(group_name))
+    received = gather_messages(message, group_name).view(world, batch, slots + 1)
+    values = received[..., :slots].permute(1, 0, 2).reshape(batch, world * slots)
+    entries, repeats = values, None
+    if params.scalar_top_k:
+        # The ties a shard left out count only where its k-th value is the row's k-th.
+        kth = values.topk(slots).values[:, -1:]
+        ends = received[..., slots - 1].T  # [B, P]: each shard's k-th value
+        left_out = received[..., slots].contiguous().view(torch.int32).T.to(torch.int64)
+        tied = ends == kth
+        entries = torch.cat([values, torch.where(tied, kth, float("-inf"))], dim=1)
+        repeats = torch.cat(
+            [torch.ones_like(values, dtype=torch.int64), torch.where(tied, left_out, 0)], dim=1
+        )
+    entries, order = entries.sort(dim=-1, descending=True)
+    if repeats is not None:
+        repeats = repeats.gather(1, order)
+    threshold = truncation_threshold(
+        entries, vocab_size, rows.temperature, rows.top_k, rows.top_p, rows.min_p, repeats
+    )
+    if logits.shape[1] == 0:  # a shard of padding rows only: it sent, it has no token
+        score = torch.full((batch, params.num_samples), float("-inf"), device=device)
+        return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
+    logits = logits.masked_fill(logits < threshold, float("-inf"))
+    return gumbel_argmax(
+        logits, rows.temperature, rows.seed, params.per_row_seed, params.num_samples, vocab_start
     )
 
 

@@ -72,6 +72,42 @@ CASES = {
 }
 
 
+# Top-k, then top-p and min-p (each rank sends its shard's k largest scores): every case
+# has a k-th value tied across shards somewhere (bf16 logits of few distinct values), and
+# per-row knobs with greedy rows.
+TRUNCATING_CASES = {
+    "top_k": dict(batch=5, vocab_size=1000, hidden_size=24, kwargs=dict(seed=3, top_k=20)),
+    "top_k_ties_bf16": dict(
+        batch=4, vocab_size=999, hidden_size=8, dtype=torch.bfloat16, bias=True, coarse=True,
+        kwargs=dict(seed=7, temperature=0.8, top_k=30, logits_dtype=torch.bfloat16,
+                    num_samples=3),
+    ),
+    "top_k_top_p_min_p": dict(
+        batch=6, vocab_size=1001, hidden_size=17,
+        kwargs=dict(
+            seed=torch.tensor([5, -1, 2**62, 7, 7, 0]),
+            temperature=torch.tensor([1.0, 0.0, 0.5, 2.0, 0.7, 1.3]),
+            top_k=50, top_p=torch.tensor([0.9, 0.5, 1.0, 0.95, 0.3, 0.8]), min_p=0.05,
+            num_samples=2,
+        ),
+    ),
+    "top_k_ties_top_p": dict(
+        batch=4, vocab_size=998, hidden_size=8, coarse=True,
+        kwargs=dict(seed=2, top_k=40, top_p=0.7, softcap=3.0),
+    ),
+    # 3 tokens at 2, 100 tied at 1 every 10th index: the k-th; a shard sends a few of them,
+    # and top-p 0.1 keeps the ties only with the mass of all 100 (22 < 0.1 * 294)
+    "tie_wall": dict(
+        batch=3, vocab_size=1000, hidden_size=1, wall=True, kwargs=dict(seed=6, top_k=5, top_p=0.1)
+    ),
+    "min_p": dict(batch=3, vocab_size=1000, hidden_size=16, kwargs=dict(seed=1, min_p=0.2)),
+    "few_finite": dict(
+        batch=3, vocab_size=1000, hidden_size=16, bias=True, sparse=True,
+        kwargs=dict(seed=9, top_k=50, top_p=0.9),
+    ),
+}  # fmt: skip
+
+
 def build_case(case: dict):
     """hidden [B, D], weight [V, D], bias [V] or None: the same on every rank."""
     hidden, weight = make_problem(
@@ -81,10 +117,20 @@ def build_case(case: dict):
         case.get("dtype", torch.float32),
         device=torch.device("cpu"),
     )
+    if case.get("wall"):
+        weight = torch.zeros(case["vocab_size"], 1)
+        weight[::10] = 1.0
+        weight[[5, 505, 905]] = 2.0
+        hidden = torch.ones(case["batch"], 1)
+    if case.get("coarse"):  # logits of a few distinct values: ties at every k-th value
+        weight = (weight * 2).round() / 2
+        hidden = torch.ones_like(hidden)
     bias = None
     if case.get("bias"):
         bias = torch.randn(case["vocab_size"], generator=torch.Generator().manual_seed(1))
         bias[::7] = float("-inf")  # masked tokens
+        if case.get("sparse"):  # 30 finite tokens, fewer than k, all in the first shard
+            bias[30:] = float("-inf")
         bias = bias.to(weight.dtype)
     return hidden, weight, bias
 
@@ -103,9 +149,9 @@ def shard_of(weight, bias, start: int, stop: int):
     return weight_shard, bias_shard
 
 
-def _pathwise_worker(rank, world_size, layouts):
+def _pathwise_worker(rank, world_size, layouts, cases=CASES):
     out = {}
-    for name, case in CASES.items():
+    for name, case in cases.items():
         hidden, weight, bias = build_case(case)
         for layout in layouts:
             start, stop = shard_bounds(case["vocab_size"], world_size, layout)[rank]
@@ -121,10 +167,10 @@ def _pathwise_worker(rank, world_size, layouts):
     return out
 
 
-def assert_same_as_tp1(per_rank: list[dict]) -> None:
+def assert_same_as_tp1(per_rank: list[dict], cases=CASES) -> None:
     for key in per_rank[0]:
         name, _ = key
-        case = CASES[name]
+        case = cases[name]
         hidden, weight, bias = build_case(case)
         expected = fused_sample(hidden, weight, bias=bias, impl="torch", **case["kwargs"])
         for rank, tokens in enumerate(per_rank):
@@ -151,6 +197,14 @@ def assert_same_as_tp1(per_rank: list[dict]) -> None:
 )
 def test_tp_draws_the_tokens_of_tp1(world_size, layouts):
     assert_same_as_tp1(run_ranks(world_size, _pathwise_worker, layouts))
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_truncated_tp_draws_the_tokens_of_tp1(world_size):
+    """Top-k (ties at the k-th value across shards, fewer finite tokens than k), top-p
+    after it, min-p, per-row knobs: every rank draws what fused_sample draws at TP = 1."""
+    per_rank = run_ranks(world_size, _pathwise_worker, ("chunk", "padded"), TRUNCATING_CASES)
+    assert_same_as_tp1(per_rank, TRUNCATING_CASES)
 
 
 @pytest.mark.parametrize(
