@@ -26,7 +26,6 @@ from ._walk import (
     RESHAPES,
     ROW_OPS,
     SQUEEZES,
-    TP_GATHER_NOT_LIFTED,
     NoMatch,
     Walk,
     aten,
@@ -265,8 +264,6 @@ def _chain_input(node: Node) -> Node:
         if isinstance(a, Node) and isinstance(b, Node) and val(b).dim() > val(a).dim():
             return b
         return a
-    if TP_GATHER_NOT_LIFTED in node.meta:
-        raise NoMatch(node.meta[TP_GATHER_NOT_LIFTED])
     raise NoMatch(f"{node.name} ({node.target}) sits between the LM head and the sampling")
 
 

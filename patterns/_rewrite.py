@@ -28,7 +28,7 @@ from torch.fx import Node
 from torch.utils._pytree import tree_map
 
 from ._lm_head import LMHead, row_op
-from ._walk import NoMatch, Walk
+from ._walk import TP_GATHER_NOT_LIFTED, NoMatch, Walk
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -132,7 +132,7 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
                 raise NoMatch("fallback_random is set: the program asked for eager's RNG")
         except NoMatch as why:
             log.debug("flashsampling: %s at %s not rewritten: %s", idiom, terminal.name, why)
-            _record(terminal, replace(site, reason=str(why)))
+            _record(terminal, replace(site, reason=_tp_gather_reason(terminal) or str(why)))
             return
         except Exception as error:
             # A check that breaks on a graph it did not foresee must not fail the user's
@@ -152,6 +152,22 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
         log.debug("flashsampling: rewrote %s at %s", idiom, terminal.name)
 
     register_graph_pattern(CallFunctionVarArgs(target), pass_dict=PASS)(handler)
+
+
+def _tp_gather_reason(terminal: Node, limit: int = 256) -> str | None:
+    """Why the pass left alone a tensor-parallel gather that feeds ``terminal`` (within
+    ``limit`` nodes upstream), if one does: the first reason a user needs, whatever step of
+    the chain the idiom's check stopped at (``tp_gather.lift``)."""
+    seen, frontier = set(), [terminal]
+    while frontier and len(seen) < limit:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if TP_GATHER_NOT_LIFTED in node.meta:
+            return node.meta[TP_GATHER_NOT_LIFTED]
+        frontier.extend(node.all_input_nodes)
+    return None
 
 
 BAD_TEMPERATURE = (

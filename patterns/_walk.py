@@ -34,7 +34,7 @@ ROW_OPS = (
 )
 
 # The meta key on the nodes of a tensor-parallel gather the pass left alone: why
-# (``tp_gather.lift``); a walk that stops at such a node gives that reason.
+# (``tp_gather.lift``); an idiom that refuses a chain fed by such a node gives that reason.
 TP_GATHER_NOT_LIFTED = "flashsampling_tp_not_lifted"
 
 

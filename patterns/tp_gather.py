@@ -39,7 +39,6 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.fx import Graph, Node
 
-from ._truncation import MASKING_OPS
 from ._walk import RESHAPES, TP_GATHER_NOT_LIFTED, aten, is_call, same, slice_args, val
 
 log = logging.getLogger("flashsampling_inductor")
@@ -124,12 +123,13 @@ class AllGatherMatch:
             _erase_unused([*reversed(self.chain), self.shard_logits, gathered_weight])
             return True
         if calls:
-            # The catalog made a call this op cannot take (top-k / top-p): it stays as
+            # The catalog made a call this op cannot take (a per-row k, top-p without a top-k
+            # that _blocker did not see): it stays as
             # correct as the program (the stand-in gathers the weight), only slower.
             _erase_unused([*reversed(self.chain), self.shard_logits])
             log.warning(
                 "flashsampling: a tensor-parallel sampling step at %s keeps the gathered "
-                "weight (top-k / top-p are not fused across ranks yet)",
+                "weight (a per-row k, or top-p without a top-k, is not fused across ranks)",
                 self.gathered.name,
             )
             return False
@@ -141,7 +141,11 @@ class AllGatherMatch:
         (hidden, _, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
          logits_dtype, impl) = call.args[:10]  # fmt: skip
         shared_seed = is_call(seed, *_RANDINTS)
-        softcap = _argument(call, "softcap", 0.0)
+        extra = [_argument(call, name, off) for name, off in _TP_TRUNCATION.items()]
+        if extra == list(_TP_TRUNCATION.values()):
+            extra = []  # (the schema's defaults: the call reads as before truncation existed)
+        elif extra[1:] == list(_TP_TRUNCATION.values())[1:]:
+            extra = extra[:1]
         with graph.inserting_before(call):
             lowered = graph.call_function(
                 torch.ops.flashsampling.tp_fused_sample.default,
@@ -149,7 +153,7 @@ class AllGatherMatch:
                     hidden, self.weight_shard, bias, temperature, scalar_temperature,
                     None if shared_seed else seed, scalar_seed, num_samples, logits_dtype,
                     impl, -self.shard_width, self.vocab_size, self.group_name, shared_seed,
-                    *([softcap] if softcap else []),  # (the schema's default: off)
+                    *extra,
                 ),
             )  # fmt: skip
         # Only what describes the output: the call's other meta (eager_input_vals) is of its
@@ -161,24 +165,28 @@ class AllGatherMatch:
             _erase_unused([seed])
 
 
-# The arguments of fused_sample / sample_logits that the TP op does not take, and their
-# values that turn them off.
-_NOT_ACROSS_RANKS = {
-    "top_k": None,
+def _lowerable(call: Node) -> bool:
+    """A fused call the TP op takes: a k fixed in the graph (no per-row k tensor), and top-p
+    only after it (``tp.tp_fused_sample``)."""
+    if _argument(call, "top_k", None) is not None:
+        return False
+    k = _argument(call, "scalar_top_k", 0)
+    if not isinstance(k, int):
+        return False
+    p_off = _argument(call, "top_p", None) is None and _argument(call, "scalar_top_p", 1.0) >= 1
+    return k > 0 or p_off
+
+
+# The TP op's arguments after shared_seed, as the fused call names them, and their values
+# that turn them off (the lowered call passes them only when one is on).
+_TP_TRUNCATION = {
+    "softcap": 0.0,
     "scalar_top_k": 0,
     "top_p": None,
     "scalar_top_p": 1.0,
     "min_p": None,
     "scalar_min_p": 0.0,
 }
-
-
-def _lowerable(call: Node) -> bool:
-    """A fused call without truncation (the TP op does not take it yet)."""
-    return all(
-        _argument(call, name, off) is None if off is None else _argument(call, name, off) == off
-        for name, off in _NOT_ACROSS_RANKS.items()
-    )
 
 
 def _argument(call: Node, name: str, default):
@@ -402,21 +410,22 @@ def _shape_is(node: Node, shape) -> bool:
 def lift(graph: Graph) -> list[AllGatherMatch]:
     """Lift every gather before the catalog runs; -> the lifted ones for ``finish``.
 
-    A gather whose logits reach a top-k / top-p / min-p truncation is not lifted: the
-    TP op takes none yet, and the catalog's call would keep the stand-in, which gathers the
-    whole weight (correct, but slower than gathering the logits). Its nodes carry the reason
-    (``TP_GATHER_NOT_LIFTED`` in their meta), which the walk from a sampling op gives when it stops
-    there, so ``explain()`` and the warning name it."""
+    A gather is not lifted where what follows it needs more than the TP op takes (top-p
+    without a top-k before it: the mass of every token; see ``_blocker``): the catalog's
+    call would then keep the stand-in, which gathers the whole weight (correct, but slower
+    than gathering the logits). Its nodes carry the reason (``TP_GATHER_NOT_LIFTED`` in
+    their meta), which the walk from a sampling op gives when it stops there, so
+    ``explain()`` and the warning name it."""
     gathers = []
     for gather in find_gathers(graph):
-        blocker = _truncation_after(gather.gathered)
-        if blocker is None:
+        blocked = _blocker(gather.gathered)
+        if blocked is None:
             gathers.append(gather)
             continue
+        node, why = blocked
         reason = (
             f"the logits are gathered across tensor-parallel ranks ({gather.gathered.name}) "
-            f"and then reach {blocker.name} ({blocker.target}): tensor-parallel sampling "
-            "takes no top-k, top-p or min-p yet"
+            f"and then reach {node.name} ({node.target}): {why}"
         )
         for node in (*gather.chain, gather.gathered):
             node.meta[TP_GATHER_NOT_LIFTED] = reason
@@ -425,25 +434,37 @@ def lift(graph: Graph) -> list[AllGatherMatch]:
     return gathers
 
 
-# top-k / top-p / min-p, which the TP op does not take.
-_NOT_LIFTED = (aten.topk.default, aten.sort.default, aten.sort.stable, aten.cumsum.default)
+_SORTS = (aten.sort.default, aten.sort.stable, aten.cumsum.default)
 
 
-def _truncation_after(logits: Node, limit: int = 64) -> Node | None:
-    """The first top-k / top-p / min-p step among the first ``limit`` nodes
-    that read ``logits``, or None (a rank-independent test: every rank's program is the same
-    after the gather)."""
+def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
+    """Why a sampling step after the gathered ``logits`` cannot take the TP op, judged from
+    the first ``limit`` nodes that read them, or None (a rank-independent test: every rank's
+    program is the same after the gather). The TP op takes top-k with a k fixed in the
+    graph, top-p after it and min-p (each rank sends its shard's k largest scores); a sort
+    or cumsum with no such top-k is top-p over the whole row (or a k read from a tensor)."""
     seen, frontier = set(), [logits]
+    sort, top_k = None, False
     while frontier and len(seen) < limit:
         node = frontier.pop()
         if node in seen:
             continue
         seen.add(node)
-        if is_call(node, *_NOT_LIFTED, *MASKING_OPS) or (
-            is_call(node, torch.ops.flashsampling.sample_logits.default) and not _lowerable(node)
-        ):
-            return node
+        if is_call(node, aten.topk.default):
+            if not isinstance(node.args[1], int):
+                return node, "tensor-parallel top-k takes a k fixed in the graph"
+            top_k = True
+        elif is_call(node, *_SORTS) and sort is None:
+            sort = node
+        elif is_call(node, torch.ops.flashsampling.sample_logits.default) and not _lowerable(node):
+            return node, "tensor-parallel sampling takes top-p only after a top-k"
         frontier.extend(node.users)
+    if sort is not None and not top_k:
+        return sort, (
+            "a sort of the whole row (top-p without a top-k before it, or a k or min-p read"
+            " through a sort): tensor-parallel sampling takes top-p only after a top-k with a"
+            " k fixed in the graph, since the nucleus of a whole row needs every token's mass"
+        )
     return None
 
 

@@ -98,6 +98,45 @@ def _top_k_functional(hidden, weight_shard):  # gpt-fast's top-k after the gathe
     return torch.multinomial(torch.softmax(logits, dim=-1), 1)
 
 
+def _hf_top_k_top_p(hidden, weight_shard):  # transformers' TopK then TopP warpers
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden @ weight_shard.T, -1, dist.group.WORLD)
+    scores = logits[:, :VOCAB] / 0.7
+    scores = scores.masked_fill(scores < torch.topk(scores, 10)[0][..., -1, None], -float("inf"))
+    sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+    cumulative_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    sorted_indices_to_remove = cumulative_probs <= (1 - 0.8)
+    sorted_indices_to_remove[..., -1:] = 0
+    remove = sorted_indices_to_remove.scatter(1, sorted_indices, sorted_indices_to_remove)
+    scores = scores.masked_fill(remove, -float("inf"))
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1)
+
+
+def _top_p_alone(hidden, weight_shard):  # transformers' TopP warper without a top-k
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden @ weight_shard.T, -1, dist.group.WORLD)
+    sorted_logits, sorted_indices = torch.sort(logits[:, :VOCAB], descending=False)
+    cumulative_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    sorted_indices_to_remove = cumulative_probs <= (1 - 0.8)
+    sorted_indices_to_remove[..., -1:] = 0
+    remove = sorted_indices_to_remove.scatter(1, sorted_indices, sorted_indices_to_remove)
+    scores = logits[:, :VOCAB].masked_fill(remove, -float("inf"))
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1)
+
+
+def _min_p_functional(hidden, weight_shard):
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(hidden @ weight_shard.T, -1, dist.group.WORLD)
+    logits = logits[:, :VOCAB] / 0.7
+    probs = torch.softmax(logits, -1)
+    top = probs.max(-1, keepdim=True).values
+    logits = logits.masked_fill(probs < 0.2 * top, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1)
+
+
 def _softcap_functional(hidden, weight_shard):  # Gemma 2's soft-cap after the gather
     import torch.distributed._functional_collectives as funcol
 
@@ -119,6 +158,9 @@ STEPS = {
     "functional": _functional,
     "single_row": _single_row_functional,
     "top_k": _top_k_functional,
+    "hf_top_k_top_p": _hf_top_k_top_p,
+    "top_p_alone": _top_p_alone,
+    "min_p": _min_p_functional,
     "softcap": _softcap_functional,
     "sliced": _sliced_functional,
     "into_tensor": _into_tensor,
@@ -144,7 +186,15 @@ def _explain_worker(rank, world, name):
     return explain(STEPS[name], hidden, padded[rank * shard : (rank + 1) * shard])
 
 
-TOKEN_STEPS = ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d", "softcap")
+TOKEN_STEPS = ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d", "softcap",
+               "top_k", "hf_top_k_top_p", "min_p")  # fmt: skip
+# What TP = 1 draws for the steps that are not plain sampling at T = 0.7.
+TP1_KNOBS = {
+    "softcap": dict(softcap=30.0),
+    "top_k": dict(top_k=5),
+    "hf_top_k_top_p": dict(temperature=0.7, top_k=10, top_p=0.8),
+    "min_p": dict(temperature=0.7, min_p=0.2),
+}
 
 
 def _tokens_worker(rank, world):
@@ -220,10 +270,25 @@ graph():
         self.assertIn("tp_fused_sample", graph)
         self.assertNotIn("all_gather_into_tensor", graph)
 
-    def test_top_k_after_the_gather_is_left_to_stock_inductor(self):
-        """tp_fused_sample takes no top-k yet: the gather is not lifted (a fused call on the
-        gathered weight would keep it but gather the whole weight each step)."""
-        graph, rewrites = self.graph("top_k")
+    def test_top_k_top_p_min_p_after_the_gather_are_rewritten(self):
+        """gpt-fast's top-k, transformers' TopK + TopP warpers, a min-p mask: one TP call
+        with the truncation's knobs, no gather of the logits left."""
+        for name, knobs in (
+            ("top_k", "True, 0.0, 5, None, 1.0, None, 0.0)"),
+            ("hf_top_k_top_p", "True, 0.0, 10, None, 0.8, None, 0.0)"),
+            ("min_p", "True, 0.0, 0, None, 1.0, None, 0.2)"),
+        ):
+            graph, rewrites = self.graph(name)
+            self.assertEqual(rewrites.get("tp_all_gather"), 1, (name, rewrites))
+            (call,) = [line for line in graph.splitlines() if "tp_fused_sample.default" in line]
+            self.assertTrue(call.rstrip().endswith(knobs + ", kwargs = {})"), call)
+            for gone in ("all_gather_into_tensor", "aten.topk", "aten.sort", "aten.multinomial"):
+                self.assertNotIn(gone, graph, name)
+
+    def test_top_p_without_top_k_after_the_gather_is_left_to_stock_inductor(self):
+        """The nucleus of a whole row needs every token's mass: the gather is not lifted (a
+        fused call on the gathered weight would gather the whole weight each step)."""
+        graph, rewrites = self.graph("top_p_alone")
         self.assertNotIn("tp_all_gather", rewrites)
         self.assertNotIn("tp_fused_sample", graph)
         self.assertNotIn("tp_gathered_weight", graph)
@@ -242,10 +307,10 @@ graph():
     def test_a_gather_left_alone_says_why(self):
         """explain() (and the warning) name the gather and the step the TP op cannot take,
         not the re-layout the walk from the sampling op stops at."""
-        (site,) = run_ranks(2, _explain_worker, "top_k")[0]
+        (site,) = run_ranks(2, _explain_worker, "top_p_alone")[0]
         assert not site.rewritten, site
         assert "gathered across tensor-parallel ranks" in site.reason, site
-        assert "(aten.where.self): tensor-parallel sampling takes no top-k" in site.reason, site
+        assert "(aten.sort.default): a sort of the whole row (top-p without" in site.reason, site
 
     def test_a_three_d_gather_without_a_slice_is_rewritten(self):
         _, rewrites = self.graph("three_d_unsliced")
@@ -272,9 +337,9 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1():
                 assert torch.equal(tokens, expected)
                 continue
             seed = per_rank[0][name, "seeds"][call]
-            if name == "softcap":  # T = 1, exact: the reference on both sides
-                expected = fused_sample(hidden, weight, softcap=30.0, seed=seed, impl="torch")
-                assert torch.equal(tokens, expected)
+            if name in TP1_KNOBS:  # the reference on both sides: exact
+                expected = fused_sample(hidden, weight, seed=seed, impl="torch", **TP1_KNOBS[name])
+                assert torch.equal(tokens, expected), name
                 continue
             expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
             assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
