@@ -317,6 +317,16 @@ def _truncation_knobs(top_k, top_p, min_p, rows, vocab_size):
     return scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p
 
 
+def _shard_logits(hidden, weight, bias, logits_dtype) -> torch.Tensor:
+    """The shard's [B, V_r] fp32 logits as ``fused_sample`` scores them. Where they are
+    rounded to the weights' own half dtype (what the pass passes for a bf16 / fp16 LM head),
+    the matmul in that dtype (fp32 accumulation, one rounding) gives them without copying
+    the shard's weight to fp32 every step (the reference's way, kept for the rest)."""
+    if bias is None and logits_dtype == hidden.dtype and hidden.dtype != torch.float32:
+        return (hidden @ weight.T).float()
+    return reference_logits(hidden, weight, bias, logits_dtype)
+
+
 def _truncated_shard_candidates(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -339,8 +349,9 @@ def _truncated_shard_candidates(
     from the same messages, masks its shard below it and draws as ``_shard_candidates``."""
     batch, device = hidden.shape[0], hidden.device
     rows = params.rows(batch, device)
-    logits = reference_logits(hidden, weight, bias, params.logits_dtype)
-    logits = softcap_logits(logits, params.softcap)
+    logits = softcap_logits(
+        _shard_logits(hidden, weight, bias, params.logits_dtype), params.softcap
+    )
     logits = logits.masked_fill(logits.isnan(), float("-inf"))
     slots = max(params.scalar_top_k, 1)  # (min-p alone needs the row's maximum only)
     sent = min(slots, logits.shape[1])  # (a short shard pads its message with -inf)

@@ -101,6 +101,11 @@ TRUNCATING_CASES = {
         batch=3, vocab_size=1000, hidden_size=1, wall=True, kwargs=dict(seed=6, top_k=5, top_p=0.1)
     ),
     "min_p": dict(batch=3, vocab_size=1000, hidden_size=16, kwargs=dict(seed=1, min_p=0.2)),
+    # bf16 logits of a bf16 head: the shard's matmul in bf16 (tp._shard_logits)
+    "top_k_bf16_head": dict(
+        batch=4, vocab_size=1000, hidden_size=64, dtype=torch.bfloat16,
+        kwargs=dict(seed=8, temperature=0.9, top_k=50, top_p=0.9, logits_dtype=torch.bfloat16),
+    ),
     "few_finite": dict(
         batch=3, vocab_size=1000, hidden_size=16, bias=True, sparse=True,
         kwargs=dict(seed=9, top_k=50, top_p=0.9),
