@@ -25,7 +25,7 @@ from flashsampling_inductor.exchange import (
 )
 from flashsampling_inductor.tp import _shard_candidates
 
-from .sampling_oracle import ALPHA, assert_pathwise_equal, make_problem
+from .sampling_oracle import ALPHA, assert_pathwise_equal, make_problem, warped_probabilities
 from .tp_ranks import run_ranks
 
 PAD_LOGIT = 1e4  # padding rows would win every draw if they were ever sampled
@@ -339,7 +339,7 @@ def test_a_missing_rank_fails_the_call_after_the_timeout():
     assert "a rank did not arrive" in rank0, rank0
 
 
-def _chi_square_worker(rank, world_size, logits):
+def _chi_square_worker(rank, world_size, logits, knobs=None):
     vocab_size = logits.shape[1]
     start, stop = shard_bounds(vocab_size, world_size, "chunk")[rank]
     # hidden = I, weight = logits.T: the logits of every row are the given ones.
@@ -348,7 +348,7 @@ def _chi_square_worker(rank, world_size, logits):
     weight = logits.T.contiguous()
     tokens = tp_fused_sample(
         hidden, weight[start:stop], vocab_start=start, vocab_size=vocab_size,
-        temperature=0.8, num_samples=samples, seed=12345,
+        temperature=0.8, num_samples=samples, seed=12345, **(knobs or {}),
     )  # fmt: skip
     return tokens
 
@@ -361,6 +361,24 @@ def test_tp_draws_follow_the_float64_softmax():
     counts = torch.bincount(tokens.flatten(), minlength=30).double()
     probabilities = torch.softmax(logits[0].double() / 0.8, dim=0)
     _, p_value = stats.chisquare(counts.numpy(), (probabilities * counts.sum()).numpy())
+    assert p_value > ALPHA, p_value
+
+
+def test_truncated_tp_draws_follow_the_float64_warpers():
+    """Top-k 10 then top-p 0.8 at V = 30 over 3 ranks, logits of 7 values each repeated
+    on every rank (the k-th value, 2.0, tied across them; top-p's boundary between two
+    values, where transformers' sort order does not pick among ties): 20,000 draws against
+    transformers' warpers in float64, chi-square at level ALPHA over the kept tokens; none
+    removed drawn. (The ties that decide top-p: test_truncated_tp_draws_the_tokens_of_tp1's
+    "tie_wall".)"""
+    logits = ((torch.arange(30) % 7) * 0.5)[None, :].float()
+    tokens = run_ranks(3, _chi_square_worker, logits, dict(top_k=10, top_p=0.8))[0]
+    counts = torch.bincount(tokens.flatten(), minlength=30).double()
+    target = warped_probabilities(logits[0].double(), 0.8, 10, 0.8, 0.0, 0.0)
+    kept = target > 0
+    assert 4 < int(kept.sum()) < 30, target
+    assert counts[~kept].sum() == 0, counts
+    _, p_value = stats.chisquare(counts[kept].numpy(), (target[kept] * counts.sum()).numpy())
     assert p_value > ALPHA, p_value
 
 
