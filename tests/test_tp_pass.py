@@ -323,8 +323,8 @@ graph():
         self.assertNotIn("tp_gathered_weight", graph)
 
 
-def test_compiled_tp_steps_draw_the_tokens_of_tp1():
-    world = 3
+@pytest.mark.parametrize("world", [3, 4])
+def test_compiled_tp_steps_draw_the_tokens_of_tp1(world):
     per_rank = run_ranks(world, _tokens_worker)
     hidden, weight, _, _ = _problem(world)
     for name in TOKEN_STEPS:
