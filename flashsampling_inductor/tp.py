@@ -198,6 +198,7 @@ def _tp_fused_sample_impl(
     scalar_top_p: float = 1.0,
     min_p: torch.Tensor | None = None,
     scalar_min_p: float = 0.0,
+    local_bias: bool = False,
 ) -> torch.Tensor:
     """The custom op behind ``tp_fused_sample``; arguments are already validated.
 
@@ -205,12 +206,13 @@ def _tp_fused_sample_impl(
     A negative ``vocab_start``, -W (what the compiler pass emits, so that one graph serves
     every rank): the vocabulary is cut in blocks of W rows in group-rank order, this rank's
     block starts at group rank x W and holds its ``weight_shard`` rows (fewer than W on a
-    short last shard), and ``bias_shard`` is the whole [vocab_size] bias.
+    short last shard), and ``bias_shard`` is the whole [vocab_size] bias, or with
+    ``local_bias`` this rank's rows of it (a sharded LM head with a bias).
     """
     device, batch = hidden.device, hidden.shape[0]
     if vocab_start < 0:
         vocab_start = dist.get_rank(resolve_group(group_name)) * -vocab_start
-        if bias_shard is not None:
+        if bias_shard is not None and not local_bias:
             bias_shard = bias_shard[vocab_start:]
     if shared_seed:
         seed = _seed_stream(group_name, device).next()
@@ -430,6 +432,25 @@ def _tp_gathered_weight(
 @_tp_gathered_weight.register_fake
 def _(weight_shard, group_size, group_name, vocab_size):
     return weight_shard.new_empty((vocab_size, weight_shard.shape[1]))
+
+
+@torch.library.custom_op("flashsampling::tp_gathered_bias", mutates_args=())
+def _tp_gathered_bias(
+    bias_shard: torch.Tensor, shard_width: int, group_size: int, group_name: str, vocab_size: int
+) -> torch.Tensor:
+    """The whole bias [vocab_size]: every rank's rows (padded to ``shard_width``) gathered,
+    padding dropped. ``tp_gathered_weight``'s companion for an LM head with a bias; the
+    lowered TP call takes the rank's own rows instead."""
+    padded = torch.nn.functional.pad(bias_shard, (0, shard_width - bias_shard.shape[0]))
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(
+        padded.contiguous(), group_size, group_name
+    )
+    return torch.ops._c10d_functional.wait_tensor(gathered)[:vocab_size].clone()
+
+
+@_tp_gathered_bias.register_fake
+def _(bias_shard, shard_width, group_size, group_name, vocab_size):
+    return bias_shard.new_empty((vocab_size,))
 
 
 _tp_op = torch.library.custom_op(

@@ -67,9 +67,10 @@ def search_into_tensor(hidden, weight_shard, group, vocab_size: int) -> torch.Te
 @dataclass
 class AllGatherMatch:
     """One gather of vocabulary-sharded logits: ``gathered`` [B, V] is
-    ``mm(hidden, weight_shard.T)`` (padded to ``shard_width`` columns) gathered over
-    ``group_name`` on the last dim, then cut to ``vocab_size``. ``chain`` holds the gather's
-    nodes, from the collective to ``gathered``."""
+    ``mm(hidden, weight_shard.T)`` (plus ``bias_shard`` where the shard's LM head has a
+    bias: an addmm) (padded to ``shard_width`` columns) gathered over ``group_name`` on the
+    last dim, then cut to ``vocab_size``. ``chain`` holds the gather's nodes, from the
+    collective to ``gathered``."""
 
     hidden: Node
     weight_shard: Node
@@ -84,9 +85,12 @@ class AllGatherMatch:
     # as (its last entry the shard's width), else None
     rows_shape: list | None = None
     stand_in: list[Node] = field(default_factory=list)  # the lifted nodes, once lifted
+    bias_shard: Node | None = None
+    gathered_bias: Node | None = None  # its stand-in, once lifted
 
     def lift(self, graph: Graph) -> None:
-        """Replace the gathered logits by ``mm(hidden, gathered_weight.T)``."""
+        """Replace the gathered logits by ``mm(hidden, gathered_weight.T)`` (an addmm with
+        the gathered bias where the shard's head has one)."""
         weight = val(self.weight_shard)
         with graph.inserting_after(self.gathered):
             gathered_weight = graph.call_function(
@@ -97,9 +101,21 @@ class AllGatherMatch:
         with graph.inserting_after(gathered_weight):
             transposed = graph.call_function(aten.permute.default, (gathered_weight, [1, 0]))
             transposed.meta["val"] = gathered_weight.meta["val"].permute(1, 0)
-        with graph.inserting_after(transposed):
-            logits = graph.call_function(aten.mm.default, (self.hidden, transposed))
-            logits.meta["val"] = val(self.hidden) @ transposed.meta["val"]
+        inputs, anchor = (self.hidden, transposed), transposed
+        if self.bias_shard is not None:
+            with graph.inserting_after(transposed):
+                self.gathered_bias = graph.call_function(
+                    torch.ops.flashsampling.tp_gathered_bias.default,
+                    (self.bias_shard, self.shard_width, self.group_size, self.group_name,
+                     self.vocab_size),
+                )  # fmt: skip
+                bias = val(self.bias_shard)
+                self.gathered_bias.meta["val"] = bias.new_empty((self.vocab_size,))
+            inputs, anchor = (self.gathered_bias, *inputs), self.gathered_bias
+        with graph.inserting_after(anchor):
+            op = aten.addmm.default if self.bias_shard is not None else aten.mm.default
+            logits = graph.call_function(op, inputs)
+            logits.meta["val"] = val(self.hidden) @ inputs[-1].meta["val"]
         result = logits
         if self.rows_shape is not None:
             shape = [*self.rows_shape[:-1], self.vocab_size]
@@ -118,9 +134,16 @@ class AllGatherMatch:
             for user in gathered_weight.users
             if is_call(user, torch.ops.flashsampling.fused_sample.default)
         ]
-        if len(calls) == 1 and len(gathered_weight.users) == 1 and _lowerable(calls[0]):
+        if (
+            len(calls) == 1
+            and len(gathered_weight.users) == 1
+            and _lowerable(calls[0])
+            and (self.gathered_bias is None or _bias_is_private(self.gathered_bias, calls[0]))
+        ):
             self._lower(graph, calls[0])
-            _erase_unused([*reversed(self.chain), self.shard_logits, gathered_weight])
+            _erase_unused(
+                [*reversed(self.chain), self.shard_logits, gathered_weight, self.gathered_bias]
+            )
             return True
         if calls:
             # The catalog made a call this op cannot take (a per-row k, top-p without a top-k
@@ -134,18 +157,21 @@ class AllGatherMatch:
             )
             return False
         result.replace_all_uses_with(self.gathered)
-        _erase_unused([result, logits, transposed, gathered_weight])
+        _erase_unused([result, logits, transposed, gathered_weight, self.gathered_bias])
         return False
 
     def _lower(self, graph: Graph, call: Node) -> None:
         (hidden, _, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
          logits_dtype, impl) = call.args[:10]  # fmt: skip
         shared_seed = is_call(seed, *_RANDINTS)
+        local_bias = bias is not None and bias is self.gathered_bias
+        if local_bias:
+            bias = self.bias_shard  # (the op takes the rank's own rows: no gather of the bias)
         extra = [_argument(call, name, off) for name, off in _TP_TRUNCATION.items()]
-        if extra == list(_TP_TRUNCATION.values()):
-            extra = []  # (the schema's defaults: the call reads as before truncation existed)
-        elif extra[1:] == list(_TP_TRUNCATION.values())[1:]:
-            extra = extra[:1]
+        extra.append(local_bias)
+        defaults = [*_TP_TRUNCATION.values(), False]
+        while extra and extra[-1] == defaults[len(extra) - 1]:
+            extra.pop()  # (the schema's defaults: the call reads as before they existed)
         with graph.inserting_before(call):
             lowered = graph.call_function(
                 torch.ops.flashsampling.tp_fused_sample.default,
@@ -163,6 +189,11 @@ class AllGatherMatch:
         graph.erase_node(call)
         if shared_seed:
             _erase_unused([seed])
+
+
+def _bias_is_private(gathered_bias: Node, call: Node) -> bool:
+    """The gathered bias feeds only the fused call, as its bias (what lowering replaces)."""
+    return list(gathered_bias.users) == [call] and _argument(call, "bias", None) is gathered_bias
 
 
 def _lowerable(call: Node) -> bool:
@@ -232,7 +263,9 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             return None
         chain.append(gathered_input)
     rows_shape = None
-    if is_call(shard_logits, aten.view.default) and is_call(shard_logits.args[0], aten.mm.default):
+    if is_call(shard_logits, aten.view.default) and is_call(
+        shard_logits.args[0], aten.mm.default, aten.addmm.default
+    ):
         # [B, T, S] logits of [B, T, D] hidden states (gpt-fast's and torchtitan's generate
         # gather the model's output): the matmul's rows viewed as [B, T], its columns kept.
         rows_shape = list(shard_logits.args[1])
@@ -240,14 +273,22 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             return None
         chain.insert(0, shard_logits)
         shard_logits = shard_logits.args[0]
+    bias_shard = None
+    matmul_args = shard_logits.args
+    if is_call(shard_logits, aten.addmm.default) and not shard_logits.kwargs:
+        # F.linear with a bias (the shard's rows of it): addmm(bias, hidden, weight.T)
+        bias_shard, matmul_args = shard_logits.args[0], shard_logits.args[1:]
+        if val(bias_shard).dim() != 1:
+            return None
+    elif not is_call(shard_logits, aten.mm.default):
+        return None
     if not (
-        is_call(shard_logits, aten.mm.default)
-        and is_call(shard_logits.args[1], aten.permute.default)
-        and list(shard_logits.args[1].args[1]) == [1, 0]
+        is_call(matmul_args[1], aten.permute.default)
+        and list(matmul_args[1].args[1]) == [1, 0]
         and isinstance(group_size, int)
     ):
         return None
-    hidden, weight_shard = shard_logits.args[0], shard_logits.args[1].args[0]
+    hidden, weight_shard = matmul_args[0], matmul_args[1].args[0]
     *lead, shard = val(gathered_input).shape  # the shard's width in the gathered logits
     if not isinstance(shard, int):
         return None
@@ -284,7 +325,7 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             return None
     return AllGatherMatch(
         hidden, weight_shard, shard_logits, group_name, group_size, shard, vocab_size, node, chain,
-        rows_shape,
+        rows_shape, bias_shard=bias_shard,
     )  # fmt: skip
 
 

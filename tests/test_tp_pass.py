@@ -19,6 +19,7 @@ from .sampling_oracle import assert_pathwise_equal, make_problem
 from .tp_ranks import run_ranks
 
 BATCH, DIM, VOCAB = 3, 16, 37  # V % P != 0: shards padded to equal size, then sliced
+BIAS = torch.linspace(-2.0, 2.0, VOCAB)
 
 
 def _problem(world):
@@ -135,6 +136,31 @@ def _min_p_functional(hidden, weight_shard):
     top = probs.max(-1, keepdim=True).values
     logits = logits.masked_fill(probs < 0.2 * top, float("-inf"))
     return torch.multinomial(torch.softmax(logits, -1), 1)
+
+
+def _bias_functional(hidden, weight_shard, bias_shard):  # a sharded head with a bias
+    import torch.distributed._functional_collectives as funcol
+
+    logits = F.linear(hidden, weight_shard, bias_shard)
+    logits = funcol.all_gather_tensor(logits, -1, dist.group.WORLD)[:, :VOCAB]
+    return torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1)
+
+
+def _bias_worker(rank, world):
+    """The bias step's graph after the pass, its tokens over 3 calls and their seeds."""
+    hidden, _, padded, shard = _problem(world)
+    bias = torch.cat([BIAS, torch.zeros(world * shard - VOCAB)])
+    args = (
+        hidden,
+        padded[rank * shard : (rank + 1) * shard],
+        bias[rank * shard : (rank + 1) * shard],
+    )
+    graph, rewrites = graph_after_pass(_bias_functional, *args)
+    torch._dynamo.reset()
+    step = torch.compile(_bias_functional, backend="flashsampling", fullgraph=True)
+    stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
+    seeds = [int(stream.base + (stream.calls + i) * _SEED_STRIDE) for i in range(3)]
+    return graph, rewrites, [step(*args) for _ in range(3)], seeds
 
 
 def _softcap_functional(hidden, weight_shard):  # Gemma 2's soft-cap after the gather
@@ -274,8 +300,8 @@ graph():
         """gpt-fast's top-k, transformers' TopK + TopP warpers, a min-p mask: one TP call
         with the truncation's knobs, no gather of the logits left."""
         for name, knobs in (
-            ("top_k", "True, 0.0, 5, None, 1.0, None, 0.0)"),
-            ("hf_top_k_top_p", "True, 0.0, 10, None, 0.8, None, 0.0)"),
+            ("top_k", "True, 0.0, 5)"),
+            ("hf_top_k_top_p", "True, 0.0, 10, None, 0.8)"),
             ("min_p", "True, 0.0, 0, None, 1.0, None, 0.2)"),
         ):
             graph, rewrites = self.graph(name)
@@ -345,6 +371,24 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1(world):
             assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sharded_head_with_a_bias_is_rewritten_with_its_bias_shard(world):
+    """F.linear(hidden, W_shard, b_shard) then the gather: the TP call takes each rank's
+    bias rows (no gather of the bias left) and draws TP=1's tokens."""
+    per_rank = run_ranks(world, _bias_worker)
+    graph, rewrites, tokens, seeds = per_rank[0]
+    assert rewrites == {"multinomial": 1, "tp_all_gather": 1}, rewrites
+    (call,) = [line for line in graph.splitlines() if "tp_fused_sample.default" in line]
+    assert call.rstrip().endswith("0.0, 0, None, 1.0, None, 0.0, True), kwargs = {})"), call
+    assert "all_gather" not in graph and "tp_gathered" not in graph, graph
+    hidden, weight, _, _ = _problem(world)
+    for other in per_rank[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(other[2], tokens, strict=True))
+    for drawn, seed in zip(tokens, seeds, strict=True):
+        expected = fused_sample(hidden, weight, bias=BIAS, temperature=0.7, seed=seed, impl="torch")
+        assert torch.equal(drawn, expected)
+
+
 def _padded_by_hand_worker(rank, world):
     """Unpadded shards of V = 37 (19 and 18 rows): the short rank pads its logits with -inf
     and nothing slices the gathered [B, 38] (a program whose graph differs between ranks).
@@ -384,16 +428,18 @@ def test_a_short_rank_padding_with_minus_inf_is_rewritten_like_the_others():
 class _Head(torch.nn.Module):
     """A decode step's LM head and sampling, as a model writes them."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        self.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
         self.lm_head.weight.data.copy_(weight)
+        if bias is not None:
+            self.lm_head.bias.data.copy_(bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.multinomial(torch.softmax(self.lm_head(hidden) / 0.7, dim=-1), 1)
 
 
-def _dtensor_worker(rank, world, weight):
+def _dtensor_worker(rank, world, weight, bias):
     """The LM head a DTensor ColwiseParallel(output_layouts=Replicate()) plan shards,
     compiled whole."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -401,7 +447,7 @@ def _dtensor_worker(rank, world, weight):
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (world,))
-    model = _Head(weight)
+    model = _Head(weight, bias)
     parallelize_module(model, mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate())})
     hidden, _ = make_problem(BATCH, 1, DIM, device=torch.device("cpu"))
     graph, rewrites = graph_after_pass(model, hidden)
@@ -414,22 +460,26 @@ def _dtensor_worker(rank, world, weight):
 
 
 @pytest.mark.parametrize(
-    "world, vocab_size",
+    "world, vocab_size, with_bias",
     [
-        pytest.param(2, 38, id="tp2-even"),
+        pytest.param(2, 38, False, id="tp2-even"),
         # Uneven: DTensor pads the short shard's logits before the gather, slices after.
-        pytest.param(2, 37, id="tp2-uneven"),
-        pytest.param(3, 37, id="tp3-uneven"),
+        pytest.param(2, 37, False, id="tp2-uneven"),
+        pytest.param(3, 37, False, id="tp3-uneven"),
+        pytest.param(3, 37, True, id="tp3-uneven-bias"),
     ],
 )
-def test_dtensor_lm_head_compiled_whole_draws_the_tokens_of_tp1(world, vocab_size):
+def test_dtensor_lm_head_compiled_whole_draws_the_tokens_of_tp1(world, vocab_size, with_bias):
     weight = make_problem(1, vocab_size, DIM, device=torch.device("cpu"), seed=5)[1]
-    per_rank = run_ranks(world, _dtensor_worker, weight)
+    bias = torch.linspace(-2.0, 2.0, vocab_size) if with_bias else None
+    per_rank = run_ranks(world, _dtensor_worker, weight, bias)
     rewrites, tokens, seeds, hidden = per_rank[0]
     assert rewrites.get("tp_all_gather") == 1, rewrites
     for other in per_rank[1:]:
         assert other[0] == rewrites
         assert all(torch.equal(a, b) for a, b in zip(other[1], tokens, strict=True))
     for drawn, seed in zip(tokens, seeds, strict=True):
-        expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
-        assert_pathwise_equal(drawn, expected, hidden, weight, temperature=0.7, seed=seed)
+        expected = fused_sample(hidden, weight, bias=bias, temperature=0.7, seed=seed, impl="torch")
+        assert_pathwise_equal(
+            drawn, expected, hidden, weight, bias=bias, temperature=0.7, seed=seed
+        )
