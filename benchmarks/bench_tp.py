@@ -18,6 +18,12 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
     tp1_fused             fused_sample over the whole V on one GPU (the TP = 1 line)
     tp1_matmul            cuBLAS over the whole V on one GPU
 
+Top-k 50 (not in the default list; ``--providers`` names them, and a second table shows
+them): ``fused_tp_topk50`` (tp_fused_sample(top_k=50): each rank's 50 largest scores
+exchanged, the shard's logits materialized), ``allgather_fi1_topk50`` (the logits gathered,
+then FlashInfer's top_k_top_p_sampling_from_logits), ``step_topk50_flashsampling`` /
+``step_topk50_inductor`` (gpt-fast's top-k after the gather, compiled).
+
 How it times: every rank runs the same fixed number of calls (a collective must be called
 the same number of times everywhere, so no adaptive do_bench), CUDA events around
 ``--iters`` calls after a barrier, five repeats, median per step. Two modes: "events" (calls
@@ -65,6 +71,12 @@ PROVIDERS = (
     "step_flashsampling",
     "step_inductor",
 )
+TOP_K_PROVIDERS = (
+    "fused_tp_topk50",
+    "allgather_fi1_topk50",
+    "step_topk50_flashsampling",
+    "step_topk50_inductor",
+)
 PEERS = (
     "shard_allgather",
     "allgather_fi2",
@@ -85,11 +97,12 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         return lambda: hidden @ weight_shard.T
     if provider.startswith("fused_tp"):
         exchange = "collective" if provider == "fused_tp_collective" else "auto"
+        top_k = 50 if provider == "fused_tp_topk50" else None
 
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
             return fs.tp_fused_sample(
-                hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size
+                hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size, top_k=top_k
             )
 
         return fused_step
@@ -103,9 +116,12 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
             # gather_dim ("shape '[1, V, P, V/P]' is invalid"), in eager too.
             local = torch.nn.functional.linear(h, weight_shard)
             full = funcol.all_gather_tensor(local, gather_dim=1, group=group)[:, :vocab_size]
+            if "topk50" in provider:  # gpt-fast's logits_to_probs with top_k
+                pivot = torch.topk(full, 50)[0].select(-1, -1).unsqueeze(-1)
+                full = torch.where(full < pivot, -float("Inf"), full)
             return torch.multinomial(torch.softmax(full.float(), dim=-1), 1)
 
-        backend = "flashsampling" if provider == "step_flashsampling" else "inductor"
+        backend = "flashsampling" if provider.endswith("_flashsampling") else "inductor"
         compiled = torch.compile(tp_step, backend=backend, fullgraph=True, dynamic=False)
         return lambda: compiled(hidden)
     batch, shard = hidden.shape[0], weight_shard.shape[0]
@@ -125,6 +141,10 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         seed = torch.tensor([1234], dtype=torch.int64, device=hidden.device)
         offset = torch.zeros(1, dtype=torch.int64, device=hidden.device)
         return lambda: fi.sampling_from_logits(logits(), seed=seed, offset=offset)
+    if provider == "allgather_fi1_topk50":
+        import flashinfer.sampling as fi
+
+        return lambda: fi.top_k_top_p_sampling_from_logits(logits(), 50, 1.0)
     if provider == "allgather_multinomial":
         return lambda: torch.multinomial(torch.softmax(logits().float(), dim=-1), 1)
     if provider == "allgather_compiled":
@@ -189,14 +209,14 @@ def main() -> int:
     # Each (shape, B) compiles the step anew (static shapes, like CUDA graphs want): more
     # graphs per code object than Dynamo's default limit of 8.
     torch._dynamo.config.recompile_limit = 64
-    if any(p in providers for p in ("allgather_fi2",)):
+    if any(p in providers for p in ("allgather_fi2", "allgather_fi1_topk50")):
         try:
             import flashinfer.sampling as fi
 
             fi.sampling_from_logits(torch.randn(4, 4096, device=device, dtype=torch.bfloat16))
         except Exception as error:  # noqa: BLE001 - a missing peer is a note, not a failure
             print(f"rank {rank}: FlashInfer unavailable: {error}", flush=True)
-            providers = [p for p in providers if p != "allgather_fi2"]
+            providers = [p for p in providers if not p.startswith("allgather_fi")]
     meta = {
         "gpu": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
@@ -274,6 +294,23 @@ def write_results(rows, meta, world: int, out_dir: Path) -> None:
                 f"{peers} | {time_of['step_flashsampling'] / time_of['step_inductor']:.2f} | "
                 f"{tp1:.0f} | {tp1 / (world * fused):.2f} |"
             )
+    if any(p in TOP_K_PROVIDERS for *_, p, _, _, _ in rows):
+        for mode in modes:
+            lines += [
+                f"\n{mode}, top-k 50: us per step, TP = {world}",
+                "| D, V | B | shard matmul | fused_tp_topk50 | allgather_fi1_topk50 / fused |"
+                " step_topk50_flashsampling / step_topk50_inductor |",
+                "|---|---|---|---|---|---|",
+            ]
+            for d, v, b in points:
+                t = {p: table.get((d, v, b, p, mode), float("nan")) for p in PROVIDERS}
+                t.update({p: table.get((d, v, b, p, mode), float("nan")) for p in TOP_K_PROVIDERS})
+                fused = t["fused_tp_topk50"]
+                lines.append(
+                    f"| {d}, {v} | {b} | {t['shard_matmul']:.0f} | {fused:.0f} | "
+                    f"{t['allgather_fi1_topk50'] / fused:.2f}x | "
+                    f"{t['step_topk50_flashsampling'] / t['step_topk50_inductor']:.2f} |"
+                )
     text = "\n".join(lines)
     (out_dir / f"{stem}.md").write_text(text + "\n")
     print(text, flush=True)
