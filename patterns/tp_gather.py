@@ -39,7 +39,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.fx import Graph, Node
 
-from ._walk import RESHAPES, TP_GATHER_NOT_LIFTED, aten, is_call, same, slice_args, val
+from ._walk import RESHAPES, TP_GATHER_NOT_LIFTED, aten, is_call, prims, same, slice_args, val
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -87,6 +87,8 @@ class AllGatherMatch:
     stand_in: list[Node] = field(default_factory=list)  # the lifted nodes, once lifted
     bias_shard: Node | None = None
     gathered_bias: Node | None = None  # its stand-in, once lifted
+    # elementwise steps between the shard's matmul and the gather, matmul side first
+    pre_ops: list[Node] = field(default_factory=list)
 
     def lift(self, graph: Graph) -> None:
         """Replace the gathered logits by ``mm(hidden, gathered_weight.T)`` (an addmm with
@@ -122,13 +124,20 @@ class AllGatherMatch:
             with graph.inserting_after(logits):
                 result = graph.call_function(aten.view.default, (logits, shape))
                 result.meta["val"] = logits.meta["val"].view(val(self.gathered).shape)
+        replayed = []
+        for step in self.pre_ops:
+            with graph.inserting_after(result):
+                node = graph.call_function(step.target, (result, *step.args[1:]), step.kwargs)
+                node.meta["val"] = val(result).new_empty(val(result).shape, dtype=val(step).dtype)
+            replayed.append(node)
+            result = node
         self.gathered.replace_all_uses_with(result)
-        self.stand_in = [gathered_weight, transposed, logits, result]
+        self.stand_in = [gathered_weight, transposed, logits, result, *replayed]
 
     def finish(self, graph: Graph) -> bool:
         """After the catalog: lower its fused call on the stand-in and erase the gather, or
         put the gather back. -> whether the gather was rewritten."""
-        gathered_weight, transposed, logits, result = self.stand_in
+        gathered_weight, transposed, logits, result, *replayed = self.stand_in
         calls = [
             user
             for user in gathered_weight.users
@@ -142,8 +151,9 @@ class AllGatherMatch:
         ):
             self._lower(graph, calls[0])
             _erase_unused(
-                [*reversed(self.chain), self.shard_logits, gathered_weight, self.gathered_bias]
-            )
+                [*reversed(self.chain), *reversed(self.pre_ops), self.shard_logits,
+                 gathered_weight, self.gathered_bias]
+            )  # fmt: skip
             return True
         if calls:
             # The catalog made a call this op cannot take (a per-row k, top-p without a top-k
@@ -157,7 +167,9 @@ class AllGatherMatch:
             )
             return False
         result.replace_all_uses_with(self.gathered)
-        _erase_unused([result, logits, transposed, gathered_weight, self.gathered_bias])
+        _erase_unused(
+            [*reversed(replayed), result, logits, transposed, gathered_weight, self.gathered_bias]
+        )
         return False
 
     def _lower(self, graph: Graph, call: Node) -> None:
@@ -262,6 +274,12 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
         if len(padding) != 2 or padding[0] != 0:
             return None
         chain.append(gathered_input)
+    # Elementwise steps on the shard's logits before the gather (a temperature, a soft-cap,
+    # a cast): lifting puts them after the stand-in LM head, where the catalog reads them.
+    pre_ops = []
+    while _per_logit(shard_logits):
+        pre_ops.insert(0, shard_logits)
+        shard_logits = shard_logits.args[0]
     rows_shape = None
     if is_call(shard_logits, aten.view.default) and is_call(
         shard_logits.args[0], aten.mm.default, aten.addmm.default
@@ -325,7 +343,7 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
             return None
     return AllGatherMatch(
         hidden, weight_shard, shard_logits, group_name, group_size, shard, vocab_size, node, chain,
-        rows_shape, bias_shard=bias_shard,
+        rows_shape, bias_shard=bias_shard, pre_ops=pre_ops,
     )  # fmt: skip
 
 
@@ -434,6 +452,26 @@ def _in_rank_order(pieces, group_size: int) -> list[Node]:
     are blocks 0 .. P - 1, once each."""
     pieces = sorted(pieces, key=lambda piece: piece.args[1])
     return pieces if [p.args[1] for p in pieces] == list(range(group_size)) else []
+
+
+def _per_logit(node: Node) -> bool:
+    """An elementwise step on the logits that commutes with the gather: a cast, a tanh, or a
+    multiply / divide by a number or by a tensor that does not span the vocabulary (a
+    per-row temperature [B, 1]), read by one node."""
+    if not isinstance(node, Node) or len(node.users) != 1 or node.kwargs:
+        return False
+    if is_call(node, prims.convert_element_type.default, aten.tanh.default):
+        return True
+    if is_call(node, aten.div.Tensor, aten.mul.Tensor) and len(node.args) == 2:
+        other = node.args[1]
+        if not isinstance(other, Node):
+            return isinstance(other, (int, float)) and not isinstance(other, bool)
+        value = val(other)
+        if not isinstance(value, torch.Tensor) or value.dim() > val(node).dim():
+            return False
+        # 0-d, or a last dim of 1: broadcast over the vocabulary
+        return value.dim() == 0 or same(value.shape[-1], 1)
+    return False
 
 
 def _only_user(node: Node) -> Node | None:

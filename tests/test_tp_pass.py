@@ -163,6 +163,29 @@ def _bias_worker(rank, world):
     return graph, rewrites, [step(*args) for _ in range(3)], seeds
 
 
+def _temperature_before(hidden, weight_shard):  # the shard's logits scaled, then gathered
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor((hidden @ weight_shard.T) / 0.7, -1, dist.group.WORLD)
+    return torch.multinomial(torch.softmax(logits[:, :VOCAB], dim=-1), 1)
+
+
+def _softcap_before(hidden, weight_shard):  # Gemma 2's soft-cap on the shard, then gathered
+    import torch.distributed._functional_collectives as funcol
+
+    logits = torch.tanh((hidden @ weight_shard.T) / 30.0) * 30.0
+    logits = funcol.all_gather_tensor(logits, -1, dist.group.WORLD)[:, :VOCAB]
+    return torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1)
+
+
+def _noise_before(hidden, weight_shard):  # near miss: noise that spans the vocabulary
+    import torch.distributed._functional_collectives as funcol
+
+    logits = (hidden @ weight_shard.T) * torch.rand(weight_shard.shape[0])
+    logits = funcol.all_gather_tensor(logits, -1, dist.group.WORLD)[:, :VOCAB]
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1)
+
+
 def _softcap_functional(hidden, weight_shard):  # Gemma 2's soft-cap after the gather
     import torch.distributed._functional_collectives as funcol
 
@@ -184,6 +207,9 @@ STEPS = {
     "functional": _functional,
     "single_row": _single_row_functional,
     "top_k": _top_k_functional,
+    "temperature_before": _temperature_before,
+    "softcap_before": _softcap_before,
+    "noise_before": _noise_before,
     "hf_top_k_top_p": _hf_top_k_top_p,
     "top_p_alone": _top_p_alone,
     "min_p": _min_p_functional,
@@ -213,13 +239,14 @@ def _explain_worker(rank, world, name):
 
 
 TOKEN_STEPS = ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d", "softcap",
-               "top_k", "hf_top_k_top_p", "min_p")  # fmt: skip
+               "top_k", "hf_top_k_top_p", "min_p", "temperature_before", "softcap_before")  # fmt: skip
 # What TP = 1 draws for the steps that are not plain sampling at T = 0.7.
 TP1_KNOBS = {
     "softcap": dict(softcap=30.0),
     "top_k": dict(top_k=5),
     "hf_top_k_top_p": dict(temperature=0.7, top_k=10, top_p=0.8),
     "min_p": dict(temperature=0.7, min_p=0.2),
+    "softcap_before": dict(softcap=30.0, temperature=0.7),
 }
 
 
@@ -310,6 +337,24 @@ graph():
             self.assertTrue(call.rstrip().endswith(knobs + ", kwargs = {})"), call)
             for gone in ("all_gather_into_tensor", "aten.topk", "aten.sort", "aten.multinomial"):
                 self.assertNotIn(gone, graph, name)
+
+    def test_steps_on_the_shard_before_the_gather_are_rewritten(self):
+        """A temperature or a soft-cap applied to the shard's logits before the gather
+        commutes with it: the TP call takes them; noise that spans the vocabulary does
+        not, and that gather is left alone."""
+        for name, knobs in (
+            ("temperature_before", "None, 0.7, None, 0, 1, None, auto, -19, 37, 0, True)"),
+            ("softcap_before", "None, 0.7, None, 0, 1, None, auto, -19, 37, 0, True, 30.0)"),
+        ):
+            graph, rewrites = self.graph(name)
+            self.assertEqual(rewrites, {"multinomial": 1, "tp_all_gather": 1}, name)
+            (call,) = [line for line in graph.splitlines() if "tp_fused_sample.default" in line]
+            self.assertTrue(call.rstrip().endswith(knobs + ", kwargs = {})"), call)
+            self.assertNotIn("all_gather_into_tensor", graph)
+        graph, rewrites = self.graph("noise_before")
+        self.assertNotIn("tp_all_gather", rewrites)
+        self.assertIn("all_gather_into_tensor", graph)
+        self.assertNotIn("tp_gathered_weight", graph)
 
     def test_top_p_without_top_k_after_the_gather_is_left_to_stock_inductor(self):
         """The nucleus of a whole row needs every token's mass: the gather is not lifted (a
