@@ -219,6 +219,8 @@ def _tp_fused_sample_impl(
     if seed is None:
         seed = torch.full((), scalar_seed, dtype=torch.int64, device=device)
     stop = min(vocab_start + weight_shard.shape[0], vocab_size)
+    if scalar_top_k >= vocab_size:
+        scalar_top_k = 0  # off (the pass lowers no top-p after it: tp_gather._lowerable)
     weight_shard = weight_shard[: stop - vocab_start]
     bias_shard = None if bias_shard is None else bias_shard[: stop - vocab_start]
     params = SamplingParams(

@@ -217,7 +217,10 @@ def _lowerable(call: Node) -> bool:
     if not isinstance(k, int):
         return False
     p_off = _argument(call, "top_p", None) is None and _argument(call, "scalar_top_p", 1.0) >= 1
-    return k > 0 or p_off
+    # (k >= V is off; V: the rows of fused_sample's weight, sample_logits' last dim)
+    fused = is_call(call, torch.ops.flashsampling.fused_sample.default)
+    vocab_size = val(call.args[1]).shape[0] if fused else val(call.args[0]).shape[-1]
+    return 0 < k < vocab_size or p_off
 
 
 # The TP op's arguments after shared_seed, as the fused call names them, and their values
