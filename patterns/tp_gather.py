@@ -157,9 +157,9 @@ class AllGatherMatch:
             return True
         if calls:
             # The catalog made a call this op cannot take (a per-row k, top-p without a top-k
-            # that _blocker did not see): it stays as
-            # correct as the program (the stand-in gathers the weight), only slower.
-            _erase_unused([*reversed(self.chain), self.shard_logits])
+            # that _blocker did not see): it stays as correct as the program (the stand-in
+            # gathers the weight), only slower.
+            _erase_unused([*reversed(self.chain), *reversed(self.pre_ops), self.shard_logits])
             log.warning(
                 "flashsampling: a tensor-parallel sampling step at %s keeps the gathered "
                 "weight (a per-row k, or top-p without a top-k, is not fused across ranks)",
