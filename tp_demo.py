@@ -6,7 +6,8 @@ Each rank holds a vocabulary shard of a random LM head; the decode step gathers 
 logits and samples, as vLLM- or torchtitan-style code does. Compiled with
 ``backend="flashsampling"``, the gather and the sampling become one ``tp_fused_sample`` call:
 the ranks exchange a few candidates per row instead of the [B, V] logits, and draw the same
-tokens. The script prints the rewrite and every rank's tokens.
+tokens. The script prints the rewrite and every rank's tokens, for temperature sampling and
+for gpt-fast's top-k (each rank then also sends its shard's k largest scores).
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def decode_step(hidden: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tenso
     return torch.multinomial(probs, num_samples=1)
 
 
+def decode_step_top_k(hidden: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
+    """The same gather, then gpt-fast's logits_to_probs with top_k = 50."""
+    logits = funcol.all_gather_tensor(
+        hidden @ weight_shard.T, gather_dim=-1, group=dist.group.WORLD
+    )
+    logits = logits[:, :VOCAB] / 0.8
+    pivot = torch.topk(logits, 50)[0].select(-1, -1).unsqueeze(-1)
+    logits = torch.where(logits < pivot, -float("Inf"), logits)
+    return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+
+
 def main() -> None:
     cuda = torch.cuda.is_available()
     rank = int(os.environ.get("RANK", 0))
@@ -54,19 +66,21 @@ def main() -> None:
     weight = torch.randn(world * shard, HIDDEN, generator=generator) * HIDDEN**-0.5
     weight_shard = weight[rank * shard : (rank + 1) * shard].to(device)
 
-    step = torch.compile(decode_step, backend="flashsampling")
-    for call in range(3):
-        tokens = step(hidden, weight_shard)
-        gathered = [torch.empty_like(tokens) for _ in range(world)]
-        dist.all_gather(gathered, tokens)
+    for name, fn in (("temperature 0.8", decode_step), ("top-k 50", decode_step_top_k)):
+        counters.clear()
+        step = torch.compile(fn, backend="flashsampling")
+        for call in range(3):
+            tokens = step(hidden, weight_shard)
+            gathered = [torch.empty_like(tokens) for _ in range(world)]
+            dist.all_gather(gathered, tokens)
+            if rank == 0:
+                same = all(torch.equal(t, tokens) for t in gathered)
+                print(
+                    f"{name}, step {call}: tokens {tokens.flatten().tolist()}, the same on all"
+                    f" {world} ranks: {same}"
+                )
         if rank == 0:
-            same = all(torch.equal(t, tokens) for t in gathered)
-            print(
-                f"step {call}: tokens {tokens.flatten().tolist()}, the same on all {world}"
-                f" ranks: {same}"
-            )
-    if rank == 0:
-        print(f"rewrites: {dict(counters['flashsampling'])}")
+            print(f"{name}: rewrites {dict(counters['flashsampling'])}")
     dist.destroy_process_group()
 
 
