@@ -39,6 +39,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.fx import Graph, Node
 
+from ._truncation import MASKING_OPS
 from ._walk import RESHAPES, TP_GATHER_NOT_LIFTED, aten, is_call, prims, same, slice_args, val
 
 log = logging.getLogger("flashsampling_inductor")
@@ -527,11 +528,21 @@ def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
     or cumsum with no such top-k is top-p over the whole row (or a k read from a tensor)."""
     seen, frontier = set(), [logits]
     sort, top_k = None, False
+    on_cuda = _on_cuda(logits)
     while frontier and len(seen) < limit:
         node = frontier.pop()
         if node in seen:
             continue
         seen.add(node)
+        if on_cuda and (
+            is_call(node, aten.topk.default, *_SORTS, *MASKING_OPS)
+            or (is_call(node, torch.ops.flashsampling.sample_logits.default) and _truncates(node))
+        ):
+            return node, (
+                "tensor-parallel top-k / top-p / min-p run as torch ops on each shard's "
+                "logits (exact, but not yet timed faster than gathering the logits on GPUs): "
+                "left to stock Inductor on CUDA until the kernel path exists"
+            )
         if is_call(node, aten.topk.default):
             if not isinstance(node.args[1], int):
                 return node, "tensor-parallel top-k takes a k fixed in the graph"
@@ -548,6 +559,24 @@ def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
             " k fixed in the graph, since the nucleus of a whole row needs every token's mass"
         )
     return None
+
+
+def _on_cuda(logits: Node) -> bool:
+    value = val(logits)
+    return isinstance(value, torch.Tensor) and value.device.type == "cuda"
+
+
+def _truncates(call: Node) -> bool:
+    """A sample_logits / fused_sample call with top-k, top-p or min-p on."""
+    return (
+        any(
+            _argument(call, name, off) is not None
+            if off is None
+            else _argument(call, name, off) != off
+            for name, off in list(_TP_TRUNCATION.items())[1:]
+        )
+        or _argument(call, "top_k", None) is not None
+    )
 
 
 def finish(graph: Graph, gathers: list[AllGatherMatch]) -> int:

@@ -250,6 +250,12 @@ TP1_KNOBS = {
 }
 
 
+def _as_if_on_cuda_worker(rank, world, name):
+    """The pass's decision for a step as if its logits were on a GPU."""
+    tp_gather._on_cuda = lambda logits: True
+    return _graph_worker(rank, world, name), _explain_worker(rank, world, name)
+
+
 def _tokens_worker(rank, world):
     """Compiled steps on every rank, and what TP = 1 draws with the same seeds."""
     hidden, weight, padded, shard = _problem(world)
@@ -355,6 +361,20 @@ graph():
         self.assertNotIn("tp_all_gather", rewrites)
         self.assertIn("all_gather_into_tensor", graph)
         self.assertNotIn("tp_gathered_weight", graph)
+
+    def test_truncation_after_the_gather_on_cuda_is_left_to_stock_inductor(self):
+        """On GPUs the TP op's top-k / top-p / min-p path (torch ops on the shard's logits)
+        is not yet timed faster than the gathered logits: left alone, and said so; plain
+        sampling and the soft-cap are still rewritten there."""
+        for name in ("top_k", "hf_top_k_top_p", "min_p"):
+            (graph, rewrites), (site,) = run_ranks(2, _as_if_on_cuda_worker, name)[0]
+            self.assertNotIn("tp_all_gather", rewrites)
+            self.assertIn("all_gather_into_tensor", graph)
+            self.assertNotIn("tp_gathered_weight", graph)
+            assert "left to stock Inductor on CUDA" in site.reason, site
+        for name in ("sliced", "softcap"):
+            (graph, rewrites), _ = run_ranks(2, _as_if_on_cuda_worker, name)[0]
+            self.assertEqual(rewrites.get("tp_all_gather"), 1, name)
 
     def test_top_p_without_top_k_after_the_gather_is_left_to_stock_inductor(self):
         """The nucleus of a whole row needs every token's mass: the gather is not lifted (a
