@@ -229,7 +229,7 @@ def _tp_fused_sample_impl(
     )  # fmt: skip
     if params.truncates:
         score, index = _truncated_shard_candidates(
-            hidden, weight_shard, bias_shard, params, vocab_start, vocab_size, group_name
+            hidden, weight_shard, bias_shard, params, vocab_start, vocab_size, group_name, impl
         )
     else:
         score, index = _shard_candidates(
@@ -339,6 +339,7 @@ def _truncated_shard_candidates(
     vocab_start: int,
     vocab_size: int,
     group_name: str,
+    impl: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``_shard_candidates`` for a call that truncates: the shard's best perturbed score and
     global index among the tokens that top-k, top-p and min-p keep over the WHOLE row.
@@ -350,7 +351,9 @@ def _truncated_shard_candidates(
     ties with the row's k-th value that a shard left out with its own k-th. So each rank
     sends its k largest values and how many tokens it left out that tie with the last of
     them (one all-gather of [B, k + 1] fp32 a rank); every rank computes the same threshold
-    from the same messages, masks its shard below it and draws as ``_shard_candidates``."""
+    from the same messages, masks its shard below it and draws as ``_shard_candidates``
+    (the Triton kernels: one pass over the materialized shard, ``masked_gumbel_argmax``;
+    the reference: torch ops)."""
     batch, device = hidden.shape[0], hidden.device
     rows = params.rows(batch, device)
     logits = softcap_logits(
@@ -388,6 +391,13 @@ def _truncated_shard_candidates(
     if logits.shape[1] == 0:  # a shard of padding rows only: it sent, it has no token
         score = torch.full((batch, params.num_samples), float("-inf"), device=device)
         return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
+    if _use_triton(impl, device, params):
+        from .truncation_kernel import masked_gumbel_argmax
+
+        seed = params.seed if params.seed is not None else rows.seed[0]
+        return masked_gumbel_argmax(
+            logits, threshold, rows.temperature, seed, params.num_samples, vocab_start
+        )
     logits = logits.masked_fill(logits < threshold, float("-inf"))
     return gumbel_argmax(
         logits, rows.temperature, rows.seed, params.per_row_seed, params.num_samples, vocab_start

@@ -61,6 +61,7 @@ __all__ = [
     "key_low_bits",
     "launch_fallback",
     "launch_stage2",
+    "masked_gumbel_argmax",
     "merge_keep",
     "min_p_may_be_off",
     "p_may_be_off",
@@ -789,6 +790,64 @@ def _fallback_logits(
             )  # fmt: skip
             tl.store(scratch_ptr + rows.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
                      mask=found[:, None] & v_mask[None, :])  # fmt: skip
+
+
+@triton.jit
+def _masked_gumbel_argmax(
+    logits_ptr, threshold_ptr, temperature_ptr, seed_ptr, score_ptr, index_ptr,
+    V, vocab_start, num_chunks, num_samples,
+    SEED_MODE: tl.constexpr, FAST_MATH: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Program (row, chunk): for every sample, the best Gumbel-max score ``logit + T ln2 g``
+    and its GLOBAL index (``vocab_start`` + column, ties to the lowest) over the chunk's
+    columns of the row's fp32 ``logits`` [B, V] at or above its threshold (the others are
+    -inf), with the noise ``reference.gumbel_argmax`` draws for those global indices."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row64 = row.to(tl.int64)
+    offs = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = offs < V
+    logits = tl.load(logits_ptr + row64 * V + offs, mask=mask, other=float("-inf"))
+    logits = tl.where(logits >= tl.load(threshold_ptr + row), logits, float("-inf"))
+    noise_scale = tl.load(temperature_ptr + row) * LN2
+    k0, k1, row_counter = row_seeds(seed_ptr, row, 0, 0, SEED_MODE)
+    index = vocab_start + offs
+    for sample_index in range(num_samples):
+        noise = token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH)
+        scores = logits + noise_scale * noise
+        best = tl.max(scores)
+        best_index = tl.min(tl.where(scores == best, index, _INT32_MAX))
+        slot = (row64 * num_samples + sample_index) * num_chunks + chunk
+        tl.store(score_ptr + slot, best)
+        tl.store(index_ptr + slot, best_index)
+
+
+def masked_gumbel_argmax(
+    logits: torch.Tensor,
+    threshold: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    num_samples: int,
+    vocab_start: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.gumbel_argmax`` of ``logits`` masked below ``threshold`` [B, 1], in one
+    pass over the materialized logits: per row and sample, the best score [B, S] fp32 and
+    its global index [B, S] int64 (ties to the lowest). ``temperature`` [B] fp32, ``seed``
+    int64, 0-d (the row in the noise counter) or [B] (per-row seeds)."""
+    batch, width = logits.shape
+    block = 1024
+    chunks = triton.cdiv(width, block)
+    score = torch.empty((batch, num_samples, chunks), dtype=torch.float32, device=logits.device)
+    index = torch.empty_like(score, dtype=torch.int32)
+    _masked_gumbel_argmax[(batch, chunks)](
+        logits.contiguous(), threshold.contiguous(), temperature.contiguous(), seed.contiguous(),
+        score, index, width, vocab_start, chunks, num_samples,
+        SEED_MODE=2 if seed.dim() else 1, FAST_MATH=logits.is_cuda, BLOCK_V=block,
+        num_warps=4,
+    )  # fmt: skip
+    best = score.amax(-1, keepdim=True)
+    winner = torch.where(score == best, index, _INT32_MAX.value).amin(-1)
+    return best[..., 0], winner.to(torch.int64)
 
 
 def candidates_per_tile(params: SamplingParams) -> int:

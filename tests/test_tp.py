@@ -177,7 +177,8 @@ def assert_same_as_tp1(per_rank: list[dict], cases=CASES) -> None:
         name, _ = key
         case = cases[name]
         hidden, weight, bias = build_case(case)
-        expected = fused_sample(hidden, weight, bias=bias, impl="torch", **case["kwargs"])
+        knobs = {k: v for k, v in case["kwargs"].items() if k != "impl"}
+        expected = fused_sample(hidden, weight, bias=bias, impl="torch", **knobs)
         for rank, tokens in enumerate(per_rank):
             assert torch.equal(tokens[key], per_rank[0][key]), (key, rank)
         assert_pathwise_equal(
@@ -210,6 +211,17 @@ def test_truncated_tp_draws_the_tokens_of_tp1(world_size):
     after it, min-p, per-row knobs: every rank draws what fused_sample draws at TP = 1."""
     per_rank = run_ranks(world_size, _pathwise_worker, ("chunk", "padded"), TRUNCATING_CASES)
     assert_same_as_tp1(per_rank, TRUNCATING_CASES)
+
+
+def test_truncated_tp_through_the_kernel_draws_the_tokens_of_tp1():
+    """The same through the Triton kernels (interpreter): each shard's draw in one pass over
+    its logits (``masked_gumbel_argmax``), at TP 3 with uneven shards."""
+    cases = {
+        name: {**TRUNCATING_CASES[name], "kwargs": {**TRUNCATING_CASES[name]["kwargs"],
+                                                     "impl": "triton"}}
+        for name in ("top_k_top_p_min_p", "tie_wall", "top_k_bf16_head")
+    }  # fmt: skip
+    assert_same_as_tp1(run_ranks(3, _pathwise_worker, ("chunk",), cases), cases)
 
 
 @pytest.mark.parametrize(
@@ -380,6 +392,29 @@ def test_truncated_tp_draws_follow_the_float64_warpers():
     assert counts[~kept].sum() == 0, counts
     _, p_value = stats.chisquare(counts[kept].numpy(), (target[kept] * counts.sum()).numpy())
     assert p_value > ALPHA, p_value
+
+
+@pytest.mark.parametrize("per_row_seed", [False, True], ids=["one-seed", "per-row-seeds"])
+def test_masked_gumbel_argmax_kernel_draws_the_reference(per_row_seed):
+    """The truncated TP path's draw over a shard's materialized logits (Triton, one pass):
+    per row threshold, a greedy row, -inf tokens, a shard starting off a multiple of 4, 3
+    samples: the reference's scores and global indices."""
+    from flashsampling_inductor.reference import gumbel_argmax
+    from flashsampling_inductor.truncation_kernel import masked_gumbel_argmax
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 2500, generator=generator) * 3
+    logits[:, ::9] = float("-inf")
+    threshold = torch.tensor([[2.0], [-float("inf")], [4.0], [0.5], [99.0]])
+    temperature = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0])
+    seed = torch.tensor([5, 17, 2**62, 7, 0]) if per_row_seed else torch.tensor(11)
+    score, index = masked_gumbel_argmax(logits, threshold, temperature, seed, 3, 333)
+    expected_score, expected_index = gumbel_argmax(
+        logits.masked_fill(logits < threshold, float("-inf")), temperature,
+        seed.expand(5), per_row_seed, 3, 333,
+    )  # fmt: skip
+    assert torch.equal(index, expected_index), (index, expected_index)
+    assert torch.equal(score, expected_score)
 
 
 def _simulated_ranks(world: int) -> list[SymmetricExchange]:

@@ -128,14 +128,26 @@ compile_kernel(
          SCAN=256, PATCH_TILES=16, PATCH_V=128),
     num_warps=4, num_stages=3,
 )
+# Tensor parallelism with top-k: one shard's masked draw over its materialized logits.
+masked = {
+    "logits_ptr": "*fp32", "threshold_ptr": "*fp32", "temperature_ptr": "*fp32",
+    "seed_ptr": "*i64", "score_ptr": "*fp32", "index_ptr": "*i32", "V": "i32",
+    "vocab_start": "i32", "num_chunks": "i32", "num_samples": "i32",
+}
+for seed_mode in (1, 2):
+    compile_kernel(
+        truncation_kernel._masked_gumbel_argmax, masked,
+        dict(SEED_MODE=seed_mode, FAST_MATH=True, BLOCK_V=1024), num_warps=4,
+    )
 print("compiled")
 """
 
 
 def test_truncating_kernels_compile_for_hopper():
     """Stage 1 (soft-cap, top-m, mass partials), stage 2 (per-row top-p and min-p, no
-    top-k; on candidates in registers, and the fallback's over V in chunks) and the
-    fallback's logits (soft-cap, MMA tiles) compile for sm_90a."""
+    top-k; on candidates in registers, and the fallback's over V in chunks), the
+    fallback's logits (soft-cap, MMA tiles) and the TP shard's masked draw compile for
+    sm_90a."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.run(
