@@ -98,8 +98,7 @@ def tp_fused_sample(
             sends its shard's k largest scores (and how many tokens tie with its k-th) to
             every rank, which then all know the row's threshold
             (``_truncated_shard_candidates``); top-p over the whole row would need every
-            token's mass. These calls materialize each shard's [B, V_r] logits (the torch
-            path, on every device).
+            token's mass. These calls materialize each shard's [B, V_r] logits.
         seed: int, 0-d or [B] int64 tensor, the same on every rank: the tokens are then
             those ``fused_sample`` draws with that seed. None: each call takes the next seed
             of a stream all ranks share without communicating: a device counter, the same

@@ -539,9 +539,9 @@ def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
             or (is_call(node, torch.ops.flashsampling.sample_logits.default) and _truncates(node))
         ):
             return node, (
-                "tensor-parallel top-k / top-p / min-p run as torch ops on each shard's "
-                "logits (exact, but not yet timed faster than gathering the logits on GPUs): "
-                "left to stock Inductor on CUDA until the kernel path exists"
+                "tensor-parallel top-k / top-p / min-p materialize each shard's logits "
+                "(exact, but not yet timed against gathering the logits on GPUs): left to "
+                "stock Inductor on CUDA until they are"
             )
         if is_call(node, aten.topk.default):
             if not isinstance(node.args[1], int):
