@@ -122,6 +122,10 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
             return torch.multinomial(torch.softmax(full.float(), dim=-1), 1)
 
         backend = "flashsampling" if provider.endswith("_flashsampling") else "inductor"
+        if provider == "step_topk50_flashsampling":
+            from flashsampling_inductor.patterns import tp_gather
+
+            tp_gather.TRUNCATION_ON_CUDA = True  # (the pass leaves it alone on GPUs by default)
         compiled = torch.compile(tp_step, backend=backend, fullgraph=True, dynamic=False)
         return lambda: compiled(hidden)
     batch, shard = hidden.shape[0], weight_shard.shape[0]

@@ -73,4 +73,6 @@ def source_hash() -> str:
     for path in sorted(Path(__file__).parent.glob("*.py")):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
+    # (a switch that changes what the catalog rewrites is part of it)
+    digest.update(f"tp truncation on cuda: {tp_gather.TRUNCATION_ON_CUDA}".encode())
     return digest.hexdigest()

@@ -561,9 +561,17 @@ def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
     return None
 
 
+# Let the pass lower top-k / top-p / min-p after a gather on CUDA too (off until that path
+# is timed on GPUs; benchmarks/bench_tp.py turns it on to time it). Part of the catalog's
+# hash, so graphs compiled either way are cached apart.
+TRUNCATION_ON_CUDA = False
+
+
 def _on_cuda(logits: Node) -> bool:
     value = val(logits)
-    return isinstance(value, torch.Tensor) and value.device.type == "cuda"
+    return (
+        not TRUNCATION_ON_CUDA and isinstance(value, torch.Tensor) and value.device.type == "cuda"
+    )
 
 
 def _truncates(call: Node) -> bool:

@@ -250,6 +250,15 @@ TP1_KNOBS = {
 }
 
 
+def test_the_cuda_switch_is_part_of_the_catalogs_hash(monkeypatch):
+    """Graphs compiled with TP truncation lowered on CUDA or not are cached apart."""
+    from flashsampling_inductor import patterns
+
+    before = patterns.source_hash()
+    monkeypatch.setattr(tp_gather, "TRUNCATION_ON_CUDA", True)
+    assert patterns.source_hash() != before
+
+
 def _as_if_on_cuda_worker(rank, world, name):
     """The pass's decision for a step as if its logits were on a GPU."""
     tp_gather._on_cuda = lambda logits: True
