@@ -97,12 +97,13 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         return lambda: hidden @ weight_shard.T
     if provider.startswith("fused_tp"):
         exchange = "collective" if provider == "fused_tp_collective" else "auto"
-        top_k = 50 if provider == "fused_tp_topk50" else None
+        # (top-k: bf16 logits, what a bf16 head computes and the pass asks for)
+        top_k = {"top_k": 50, "logits_dtype": torch.bfloat16} if "topk" in provider else {}
 
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
             return fs.tp_fused_sample(
-                hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size, top_k=top_k
+                hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size, **top_k
             )
 
         return fused_step

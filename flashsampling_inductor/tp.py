@@ -327,6 +327,16 @@ def _shard_logits(hidden, weight, bias, logits_dtype) -> torch.Tensor:
     the shard's weight to fp32 every step (the reference's way, kept for the rest)."""
     if bias is None and logits_dtype == hidden.dtype and hidden.dtype != torch.float32:
         return (hidden @ weight.T).float()
+    if hidden.is_cuda and hidden.dtype != torch.float32:
+        # fp32 logits of half-precision inputs without an fp32 copy of the weight (cuBLAS's
+        # out_dtype matmul), rounded or biased as the reference does
+        try:
+            logits = torch.mm(hidden, weight.T, out_dtype=torch.float32)
+        except (TypeError, NotImplementedError):  # (a torch without it)
+            return reference_logits(hidden, weight, bias, logits_dtype)
+        if bias is not None:
+            logits = logits + bias.float()
+        return logits if logits_dtype is None else logits.to(logits_dtype).float()
     return reference_logits(hidden, weight, bias, logits_dtype)
 
 
