@@ -394,6 +394,25 @@ def test_truncated_tp_draws_follow_the_float64_warpers():
     assert p_value > ALPHA, p_value
 
 
+@pytest.mark.parametrize(
+    "knobs, error, words",
+    [
+        (dict(top_k=torch.tensor([5, 5])), TypeError, "top_k as a Python int"),
+        (dict(top_p=0.9), ValueError, "top_p only after a top_k"),
+        (dict(top_k=2000, top_p=0.9), ValueError, "top_p only after a top_k"),  # k >= V: off
+        (dict(top_k=-1), ValueError, "top_k must be"),
+        (dict(top_k=5, top_p=1.5), ValueError, "top_p must be"),
+        (dict(min_p=float("nan")), ValueError, "min_p must be"),
+    ],
+)
+def test_bad_truncation_knobs_fail_naming_the_argument(knobs, error, words):
+    hidden, weight = make_problem(2, 100, 8, device=torch.device("cpu"))
+    with pytest.raises(error, match=words):
+        tp_fused_sample(
+            hidden, weight[:50], vocab_start=0, vocab_size=1000, group="unused", **knobs
+        )
+
+
 @pytest.mark.parametrize("per_row_seed", [False, True], ids=["one-seed", "per-row-seeds"])
 def test_masked_gumbel_argmax_kernel_draws_the_reference(per_row_seed):
     """The truncated TP path's draw over a shard's materialized logits (Triton, one pass):
