@@ -224,16 +224,17 @@ def _lowerable(call: Node) -> bool:
     return 0 < k < vocab_size or p_off
 
 
-# The TP op's arguments after shared_seed, as the fused call names them, and their values
-# that turn them off (the lowered call passes them only when one is on).
-_TP_TRUNCATION = {
-    "softcap": 0.0,
+# A fused call's truncation knobs (but a per-row k tensor) and their values that turn them
+# off; after the soft-cap, the TP op's arguments past shared_seed, in its order (the lowered
+# call passes them only when one is on).
+_TRUNCATION_OFF = {
     "scalar_top_k": 0,
     "top_p": None,
     "scalar_top_p": 1.0,
     "min_p": None,
     "scalar_min_p": 0.0,
 }
+_TP_TRUNCATION = {"softcap": 0.0, **_TRUNCATION_OFF}
 
 
 def _argument(call: Node, name: str, default):
@@ -576,14 +577,12 @@ def _on_cuda(logits: Node) -> bool:
 
 def _truncates(call: Node) -> bool:
     """A sample_logits / fused_sample call with top-k, top-p or min-p on."""
-    return (
-        any(
-            _argument(call, name, off) is not None
-            if off is None
-            else _argument(call, name, off) != off
-            for name, off in list(_TP_TRUNCATION.items())[1:]
-        )
-        or _argument(call, "top_k", None) is not None
+    if _argument(call, "top_k", None) is not None:
+        return True
+    values = {name: _argument(call, name, off) for name, off in _TRUNCATION_OFF.items()}
+    return any(
+        values[name] is not None if off is None else values[name] != off
+        for name, off in _TRUNCATION_OFF.items()
     )
 
 
