@@ -332,7 +332,9 @@ def _shard_logits(hidden, weight, bias, logits_dtype) -> torch.Tensor:
         # out_dtype matmul), rounded or biased as the reference does
         try:
             logits = torch.mm(hidden, weight.T, out_dtype=torch.float32)
-        except (TypeError, NotImplementedError):  # (a torch without it)
+        except torch.OutOfMemoryError:
+            raise
+        except (TypeError, NotImplementedError, RuntimeError):  # (a torch or GPU without it)
             return reference_logits(hidden, weight, bias, logits_dtype)
         if bias is not None:
             logits = logits + bias.float()
