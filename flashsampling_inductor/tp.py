@@ -405,9 +405,8 @@ def _truncated_shard_candidates(
     if _use_triton(impl, device, params):
         from .truncation_kernel import masked_gumbel_argmax
 
-        seed = params.seed if params.seed is not None else rows.seed[0]
         return masked_gumbel_argmax(
-            logits, threshold, rows.temperature, seed, params.num_samples, vocab_start
+            logits, threshold, rows.temperature, params.seed, params.num_samples, vocab_start
         )
     logits = logits.masked_fill(logits < threshold, float("-inf"))
     return gumbel_argmax(
