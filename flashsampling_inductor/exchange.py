@@ -54,8 +54,6 @@ EXCHANGE_TIMEOUT_MS = int(os.environ.get("FLASHSAMPLING_TP_TIMEOUT_MS", "30000")
 HEADER = ("batch", "num_samples", "vocab_size", "seed", "shard_start", "shard_stop")
 NO_INDEX = 2**31 - 1  # the index of a shard without vocabulary rows: never the lowest
 _NO_INDEX = tl.constexpr(NO_INDEX)
-# Candidates per rank and step the symmetric buffers hold (B * num_samples).
-SYMMETRIC_CAPACITY = 1 << 16
 
 
 def pack_message(score: torch.Tensor, index: torch.Tensor, header: torch.Tensor) -> torch.Tensor:
@@ -147,94 +145,156 @@ def resolve_group(group_name: str) -> dist.ProcessGroup:
     return _resolve_process_group(group_name)
 
 
-@triton.jit
-def _fan_out(
-    score_ptr, index_ptr, header_ptr, peers_ptr, step_ptr, rank, row, count,
-    HEADER_LEN: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """One program: this rank's message into row ``rank`` of slot ``step % 2`` of every
-    peer's buffer (``peers_ptr``: their addresses). A candidate travels as one int64:
-    the fp32 score's bits in the low word, the index in the high word (``pack_message``'s
-    layout)."""
-    slot = tl.load(step_ptr) % 2
-    header_offsets = tl.arange(0, 8)
-    header_mask = header_offsets < HEADER_LEN
-    header = tl.load(header_ptr + header_offsets, mask=header_mask)
-    for peer in tl.static_range(WORLD):
-        base = tl.load(peers_ptr + peer).to(tl.pointer_type(tl.int64))
-        tl.store(base + (slot * WORLD + rank) * row + header_offsets, header, mask=header_mask)
-    for start in range(0, count, BLOCK):
-        offsets = start + tl.arange(0, BLOCK)
-        mask = offsets < count
-        score = tl.load(score_ptr + offsets, mask=mask).to(tl.int32, bitcast=True)
-        index = tl.load(index_ptr + offsets, mask=mask).to(tl.int64)
-        packed = (score.to(tl.int64) & 0xFFFFFFFF) | (index << 32)
-        for peer in tl.static_range(WORLD):
-            base = tl.load(peers_ptr + peer).to(tl.pointer_type(tl.int64))
-            at = base + (slot * WORLD + rank) * row + HEADER_LEN + offsets
-            tl.store(at, packed, mask=mask)
+# The symmetric buffers: per (slot, rank, lane) one message of MESSAGE_WORDS int64 words, each
+# word a 32-bit value in its low half and the step's tag (epoch) in its high half.
+MESSAGE_WORDS = 16  # 9 used: the header's fields (the seed as two words), score bits, index
+_WORDS_USED = tl.constexpr(9)
+_MESSAGE_WORDS = tl.constexpr(MESSAGE_WORDS)
+# Lanes (rows x samples) a call may exchange through symmetric memory; more go by collectives.
+SYMMETRIC_CAPACITY = 8192
+_CAPACITY = tl.constexpr(SYMMETRIC_CAPACITY)
 
 
 @triton.jit
-def _reduce(
-    buffer_ptr, header_ptr, step_ptr, out_ptr, error_ptr, row, count, vocab_size,
-    HEADER_LEN: tl.constexpr, WORLD: tl.constexpr, WORLD_BLOCK: tl.constexpr,
-    BLOCK: tl.constexpr,
+def _now():
+    """The GPU's global nanosecond timer."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _field(values, j: tl.constexpr):
+    """Column ``j`` of a [P, MESSAGE_WORDS] block of message words -> [P]."""
+    words = tl.arange(0, _MESSAGE_WORDS)
+    return tl.sum(tl.where(words[None, :] == j, values, 0), axis=1)
+
+
+@triton.jit(do_not_specialize=["rank", "batch", "num_samples", "vocab_size", "start", "stop"])
+def _exchange(
+    cand_score_ptr, cand_index_ptr, num_candidates, seed_ptr, peers_ptr, buffer_ptr, epoch_ptr,
+    out_ptr, ok_ptr, error_ptr, rank, lanes, batch, num_samples, vocab_size, start, stop,
+    timeout_ns,
+    PER_ROW_SEED: tl.constexpr, WORLD: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr, SEND: tl.constexpr, RECEIVE: tl.constexpr, SPIN: tl.constexpr,
 ):  # fmt: skip
-    """One program, after the barrier: every rank's message in this step's slot of the local
-    buffer -> the tokens (best score, ties to the lowest global index); ``error`` = 1 + the
-    first rank whose header disagrees with this one's, WORLD + 1 if the shards do not tile
-    [0, V), else 0. Then the next step's slot."""
-    step = tl.load(step_ptr)
-    base = buffer_ptr + (step % 2) * WORLD * row
+    """One tensor-parallel exchange, per lane (row x sample) of the batch:
+
+    1. the shard's best candidate over its ``num_candidates`` per-tile candidates (stage 2 of
+       the fused kernel; ties to the lowest tile, so to the lowest global index);
+    2. the lane's message (header, score bits, global index) into this rank's row of every
+       peer's buffer, each int64 word tagged with the lane's epoch in its high half;
+    3. wait until every rank's message of this epoch is in the local buffer: a word is
+       written whole (8-byte stores are single-copy atomic), so a word that carries the tag
+       carries its value; no fence and no barrier;
+    4. the tokens (best score, ties to the lowest global index), and the headers checked.
+
+    The lane's epoch counts the calls that had the lane (the same on every rank: ranks make
+    the same calls); its two slots alternate, and a rank writes slot s of epoch n + 2 only
+    after reading every peer's message of epoch n + 1, which each peer wrote after it had
+    read slot s of epoch n (its launch of epoch n + 1 follows that of epoch n on its
+    stream). ``ok`` becomes 0 and ``error`` the largest code on a failure: 1 + a rank that
+    sampled something else, WORLD + 1 for shards that do not tile [0, V), WORLD + 2 + a rank
+    whose message did not come within ``timeout_ns``. SEND / RECEIVE: the halves (tests run
+    them on simulated ranks in turn, without SPIN)."""
+    words = tl.arange(0, _MESSAGE_WORDS)
     ranks = tl.arange(0, WORLD_BLOCK)
-    fields = tl.arange(0, 8)
-    mine = tl.load(header_ptr + fields, mask=fields < HEADER_LEN, other=0)
     in_world = ranks < WORLD
-    headers = tl.load(
-        base + ranks[:, None] * row + fields[None, :],
-        mask=in_world[:, None] & (fields < HEADER_LEN)[None, :],
-        other=0,
-    )
-    # Fields 0-3 (batch, samples, vocabulary size, seed) must be this rank's.
-    differs = (headers != mine[None, :]) & (fields < 4)[None, :]
-    bad = tl.sum(differs.to(tl.int32), axis=1) > 0
-    first_bad = tl.min(tl.where(bad & in_world, ranks, WORLD_BLOCK), axis=0)
-    start = tl.sum(tl.where(fields[None, :] == 4, headers, 0), axis=1)
-    stop = tl.sum(tl.where(fields[None, :] == 5, headers, 0), axis=1)
-    # The shards tile [0, stop) for a stop <= V when their sizes add up to at most V and
-    # each starts at 0 or where another one stops (ids past the last shard: padding).
-    follows = tl.sum((start[:, None] == stop[None, :]).to(tl.int32) * in_world[None, :], axis=1)
-    placed = (start == 0) | (follows > 0) | (start == stop) | ~in_world
-    tiles = (tl.sum(tl.where(in_world, stop - start, 0), axis=0) <= vocab_size) & (
-        tl.min(placed.to(tl.int32), axis=0) > 0
-    )
-    error = tl.where(first_bad < WORLD, first_bad + 1, tl.where(tiles, 0, WORLD + 1))
-    tl.store(error_ptr, error.to(tl.int64))
-    for begin in range(0, count, BLOCK):
-        offsets = begin + tl.arange(0, BLOCK)
-        mask = offsets < count
-        best_score = tl.full((BLOCK,), float("-inf"), tl.float32)
-        best_index = tl.full((BLOCK,), _NO_INDEX, tl.int32)
-        for peer in tl.static_range(WORLD):
-            packed = tl.load(base + peer * row + HEADER_LEN + offsets, mask=mask, other=0)
-            score = packed.to(tl.int32).to(tl.float32, bitcast=True)
-            index = (packed >> 32).to(tl.int32)
-            take = (score > best_score) | ((score == best_score) & (index < best_index))
-            best_score = tl.where(take, score, best_score)
-            best_index = tl.where(take, index, best_index)
-        tl.store(out_ptr + offsets, best_index.to(tl.int64), mask=mask)
-    tl.store(step_ptr, step + 1)
+    for lane in range(tl.program_id(0), lanes, tl.num_programs(0)):
+        epoch = tl.load(epoch_ptr + lane) + 1
+        slot = epoch % 2
+        tag = epoch << 32
+        if PER_ROW_SEED:
+            seed = tl.load(seed_ptr + lane // num_samples)
+        else:
+            seed = tl.load(seed_ptr)
+        # The header's words, then (when sending) the score's bits and the index.
+        value = tl.where(words == 0, batch, 0).to(tl.int64)
+        value = tl.where(words == 1, num_samples, value)
+        value = tl.where(words == 2, vocab_size, value)
+        value = tl.where(words == 3, seed & 0xFFFFFFFF, value)
+        value = tl.where(words == 4, (seed >> 32) & 0xFFFFFFFF, value)
+        value = tl.where(words == 5, start, value)
+        value = tl.where(words == 6, stop, value)
+        if SEND:
+            offsets = tl.arange(0, BLOCK_C)
+            scores = tl.load(
+                cand_score_ptr + lane * num_candidates + offsets,
+                mask=offsets < num_candidates,
+                other=float("-inf"),
+            )
+            best, winner = tl.max(
+                scores, axis=0, return_indices=True, return_indices_tie_break_left=True
+            )
+            index = tl.load(cand_index_ptr + lane * num_candidates + winner).to(tl.int64)
+            value = tl.where(words == 7, best.to(tl.int32, bitcast=True).to(tl.int64), value)
+            value = tl.where(words == 8, index, value)
+            message = (value & 0xFFFFFFFF) | tag
+            for peer in tl.static_range(WORLD):
+                base = tl.load(peers_ptr + peer).to(tl.pointer_type(tl.int64))
+                at = base + ((slot * WORLD + rank) * _CAPACITY + lane) * _MESSAGE_WORDS + words
+                tl.store(at, message, mask=words < _WORDS_USED)
+        if RECEIVE:
+            at = (
+                buffer_ptr
+                + ((slot * WORLD + ranks[:, None]) * _CAPACITY + lane) * _MESSAGE_WORDS
+                + words[None, :]
+            )
+            used = in_world[:, None] & (words < _WORDS_USED)[None, :]
+            received = tl.load(at, mask=used, other=tag, volatile=True)
+            waiting = tl.sum(((received >> 32) != epoch).to(tl.int32))
+            if SPIN:
+                deadline = _now() + timeout_ns
+                late = 0
+                while (waiting > 0) & (late == 0):
+                    received = tl.load(at, mask=used, other=tag, volatile=True)
+                    waiting = tl.sum(((received >> 32) != epoch).to(tl.int32))
+                    late = (_now() > deadline).to(tl.int32)
+            arrived = tl.sum(((received >> 32) != epoch).to(tl.int32), axis=1) == 0
+            missing = tl.min(tl.where(arrived | ~in_world, WORLD_BLOCK, ranks), axis=0)
+            received = received & 0xFFFFFFFF
+            # Fields 0-4 (batch, samples, vocabulary size, seed) must be this rank's.
+            differs = (received != value[None, :]) & (words < 5)[None, :] & in_world[:, None]
+            bad = tl.sum(differs.to(tl.int32), axis=1) > 0
+            first_bad = tl.min(tl.where(bad, ranks, WORLD_BLOCK), axis=0)
+            starts = _field(received, 5)
+            stops = _field(received, 6)
+            # The shards tile [0, stop) for a stop <= V when their sizes add up to at most V
+            # and each starts at 0 or where another one stops (ids past the last shard:
+            # padding).
+            follows = tl.sum(
+                (starts[:, None] == stops[None, :]).to(tl.int32) * in_world[None, :], axis=1
+            )
+            placed = (starts == 0) | (follows > 0) | (starts == stops) | ~in_world
+            tiles = (tl.sum(tl.where(in_world, stops - starts, 0), axis=0) <= vocab_size) & (
+                tl.min(placed.to(tl.int32), axis=0) > 0
+            )
+            scores = _field(received, 7).to(tl.int32).to(tl.float32, bitcast=True)
+            indices = _field(received, 8).to(tl.int32)
+            scores = tl.where(in_world, scores, float("-inf"))
+            best_score = tl.max(scores, axis=0)
+            token = tl.min(tl.where(in_world & (scores == best_score), indices, _NO_INDEX), axis=0)
+            tl.store(out_ptr + lane, token.to(tl.int64))
+            error = tl.where(
+                missing < WORLD,
+                WORLD + 2 + missing,
+                tl.where(first_bad < WORLD, first_bad + 1, tl.where(tiles, 0, WORLD + 1)),
+            )
+            if error != 0:
+                tl.store(ok_ptr, 0)
+                tl.atomic_max(error_ptr, error.to(tl.int64))
+            tl.store(epoch_ptr + lane, epoch)
 
 
 class SymmetricExchange:
-    """Candidates through CUDA symmetric memory: one kernel stores this rank's message into
-    every peer's buffer (NVLink), one device-side barrier, one kernel reduces the local
-    buffer to the tokens. One per (group, device).
+    """Candidates through CUDA symmetric memory: one kernel per call (``_exchange``) reduces
+    this rank's per-tile candidates, stores each lane's message into every peer's buffer
+    (NVLink), waits for the peers' messages of the same epoch and reduces them to the tokens.
+    One per (group, device).
 
-    Buffer layout: [2 slots, P ranks, len(HEADER) + SYMMETRIC_CAPACITY] int64; rank r
-    writes row r of the step's slot in every peer's buffer. ``send`` and ``receive`` are
-    the two halves around the barrier (tests run them on simulated ranks).
+    Buffer layout: [2 slots, P ranks, SYMMETRIC_CAPACITY lanes, MESSAGE_WORDS] int64; rank r
+    writes row r of the lane's slot in every peer's buffer. ``send`` and ``receive`` are the
+    kernel's two halves (tests run them on simulated ranks).
     """
 
     def __init__(self, group_name: str, device: torch.device) -> None:
@@ -243,68 +303,84 @@ class SymmetricExchange:
         group = resolve_group(group_name)
         self.group_name = group_name
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.row = len(HEADER) + SYMMETRIC_CAPACITY
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
             with warnings.catch_warnings():  # needed on older torch, deprecated on newer
                 warnings.simplefilter("ignore", FutureWarning)
                 symm_mem.enable_symm_mem_for_group(group_name)
-        self.buffer = symm_mem.empty(2 * self.world * self.row, dtype=torch.int64, device=device)
+        size = 2 * self.world * SYMMETRIC_CAPACITY * MESSAGE_WORDS
+        self.buffer = symm_mem.empty(size, dtype=torch.int64, device=device)
         self.buffer.zero_()
         self.handle = symm_mem.rendezvous(self.buffer, group_name)
         self.peers = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.step = torch.zeros((), dtype=torch.int64, device=device)
-        self.error = torch.zeros((), dtype=torch.int64, device=device)
+        self._init_state(device)
+        # Every peer's buffer is zeroed (no stale tag) before any rank's first message.
         self.handle.barrier(channel=0, timeout_ms=EXCHANGE_TIMEOUT_MS)
+
+    def _init_state(self, device: torch.device) -> None:
+        self.epochs = torch.zeros(SYMMETRIC_CAPACITY, dtype=torch.int64, device=device)
+        self.ok = torch.ones((), dtype=torch.int64, device=device)
+        self.error = torch.zeros((), dtype=torch.int64, device=device)
+        # Every program waits for its peers' programs of the same number: a grid that fits
+        # on the GPU at once (4 small programs an SM) so that none waits for one not started.
+        self.max_programs = 1
+        if device.type == "cuda":
+            self.max_programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
     def sample(
         self,
         score: torch.Tensor,
         index: torch.Tensor,
-        header: torch.Tensor,
-        vocab_size: int,
+        seed: torch.Tensor,
+        fields: tuple[int, int, int, int, int],
         where: str,
     ) -> torch.Tensor:
-        """This rank's candidates (``score`` [B, S] fp32, global ``index`` [B, S]) and
-        header -> the tokens [B, S] of the whole group, the same on every rank."""
-        self.send(score, index, header)
-        self.handle.barrier(channel=0, timeout_ms=EXCHANGE_TIMEOUT_MS)
-        return self.receive(header, score.shape, vocab_size, where)
-
-    def send(self, score: torch.Tensor, index: torch.Tensor, header: torch.Tensor) -> None:
-        count = score.numel()
-        if count > SYMMETRIC_CAPACITY:
-            raise ValueError(
-                f"B * num_samples = {count} exceeds the symmetric exchange's capacity of "
-                f"{SYMMETRIC_CAPACITY} candidates per rank"
-            )
-        with _on(score.device):
-            _fan_out[(1,)](
-                score.contiguous(), index.contiguous(), header, self.peers, self.step,
-                self.rank, self.row, count,
-                HEADER_LEN=len(HEADER), WORLD=self.world, BLOCK=_BLOCK,
-            )  # fmt: skip
-
-    def receive(
-        self, header: torch.Tensor, shape: torch.Size, vocab_size: int, where: str
-    ) -> torch.Tensor:
-        tokens = torch.empty(shape, dtype=torch.int64, device=header.device)
-        with _on(header.device):
-            _reduce[(1,)](
-                self.buffer, header, self.step, tokens, self.error, self.row, tokens.numel(),
-                vocab_size,
-                HEADER_LEN=len(HEADER), WORLD=self.world,
-                WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)), BLOCK=_BLOCK,
-            )  # fmt: skip
-        torch._assert_async(
-            self.error == 0,
-            f"flashsampling TP exchange ({where}): a rank sampled another batch size, number "
-            "of samples, vocabulary size or seed than this one, or the shards do not tile the "
-            "vocabulary (the exchange's error tensor holds 1 + that rank, or P + 1)",
-        )
+        """This rank's candidates (``score`` fp32 and global ``index``, [B, S] or per tile
+        [B, S, T]), its seed (0-d or [B]) and header ``fields`` (batch, num_samples,
+        vocab_size, shard_start, shard_stop) -> the tokens [B, S] of the whole group, the
+        same on every rank."""
+        tokens = self._launch(score, index, seed, fields, send=True, receive=True, spin=True)
+        self.check(where)
         return tokens
 
+    def send(self, score, index, seed, fields) -> None:
+        self._launch(score, index, seed, fields, send=True, receive=False, spin=False)
 
-_BLOCK = 1024
+    def receive(self, score, index, seed, fields, where: str) -> torch.Tensor:
+        tokens = self._launch(score, index, seed, fields, send=False, receive=True, spin=False)
+        self.check(where)
+        return tokens
+
+    def check(self, where: str) -> None:
+        # (CUDA's assert messages must stay under 255 characters; the error tensor holds 1 +
+        # the rank that differs, P + 1 for shards that do not tile, P + 2 + the missing rank)
+        torch._assert_async(
+            self.ok,
+            f"flashsampling TP exchange ({where[:40]}): a rank did not arrive within "
+            f"{EXCHANGE_TIMEOUT_MS} ms, or sampled another batch size, number of samples, "
+            "vocabulary size or seed, or the shards do not tile the vocabulary",
+        )
+
+    def _launch(self, score, index, seed, fields, send, receive, spin) -> torch.Tensor:
+        batch, num_samples = fields[0], fields[1]
+        lanes = batch * num_samples
+        if lanes > SYMMETRIC_CAPACITY:
+            raise ValueError(
+                f"B * num_samples = {lanes} exceeds the symmetric exchange's capacity of "
+                f"{SYMMETRIC_CAPACITY} lanes"
+            )
+        num_candidates = score.numel() // max(lanes, 1)
+        tokens = torch.empty((batch, num_samples), dtype=torch.int64, device=score.device)
+        with _on(score.device):
+            _exchange[(min(lanes, self.max_programs),)](
+                score.contiguous(), index.contiguous(), num_candidates, seed, self.peers,
+                self.buffer, self.epochs, tokens, self.ok, self.error, self.rank, lanes,
+                *fields, EXCHANGE_TIMEOUT_MS * 1_000_000,
+                PER_ROW_SEED=seed.dim() == 1, WORLD=self.world,
+                WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)),
+                BLOCK_C=max(16, triton.next_power_of_2(num_candidates)),
+                SEND=send, RECEIVE=receive, SPIN=spin,
+            )  # fmt: skip
+        return tokens
 
 
 def _on(device: torch.device):

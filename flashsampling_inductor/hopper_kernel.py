@@ -144,14 +144,16 @@ if AVAILABLE:
         return w0, w1, w2, w3
 
     @gluon.jit
-    def _best_of_staged(staging, quad_start, b_start, V, bias_ptr, noise_scale,
+    def _best_of_staged(staging, quad_start, quad_offset, b_start, V, bias_ptr, noise_scale,
                         sample_index, k0, k1,
                         HAS_BIAS: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
                         GREEDY: gl.constexpr, EVEN_V: gl.constexpr, PER_ROW_SEED: gl.constexpr,
                         BLOCK_B: gl.constexpr, NUM_CHUNKS: gl.constexpr,
                         CHUNK_Q: gl.constexpr):  # fmt: skip
         """Per row, the best perturbed score of the staged logits (vocab indices
-        4 * quad_start + 0..4 * NUM_CHUNKS * CHUNK_Q - 1) and its global index.
+        4 * quad_start + 0..4 * NUM_CHUNKS * CHUNK_Q - 1) and its global index (a
+        tensor-parallel shard's columns are global quads from ``quad_offset``: their noise and
+        their index are those of the whole vocabulary).
 
         The chunks go by in a loop that is not unrolled: one copy of the noise code, which
         keeps the instruction cache warm. NaN counts as -inf, columns past V never win, and
@@ -182,7 +184,7 @@ if AVAILABLE:
                 # c0 and c2 start narrow, so the first round's products are computed once
                 # per column and once per chunk.
                 bits = philox4x32(
-                    col_quads.to(gl.uint32), row_counter,
+                    (col_quads + quad_offset).to(gl.uint32), row_counter,
                     gl.full([1, 1], sample_index, gl.uint32, QUAD_LAYOUT),
                     gl.zeros([1, 1], gl.uint32, QUAD_LAYOUT), k0, k1, True,
                 )  # fmt: skip
@@ -205,13 +207,13 @@ if AVAILABLE:
                 best_index = gl.where(better, cols, best_index)
         row_best = gl.max(best, axis=1)
         index = gl.min(gl.where(best == row_best[:, None], best_index, 2147483647), axis=1)
-        return row_best, index
+        return row_best, index + 4 * quad_offset
 
     @gluon.jit
     def _consume_tiles(
         parity, h_bufs, w_bufs, ready, empty, turn, staging,
         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
+        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
     ):  # fmt: skip
@@ -303,7 +305,8 @@ if AVAILABLE:
                 cand_tile = 2 * pid_v + half
                 for sample_index in range(num_samples):
                     best, index = _best_of_staged(
-                        staging, (pid_v * BLOCK_V + half * HALF_V) // 4, b_start, V, bias_ptr,
+                        staging, (pid_v * BLOCK_V + half * HALF_V) // 4, quad_offset, b_start, V,
+                        bias_ptr,
                         noise_scale, sample_index, k0, k1,
                         HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,
                         BLOCK_B, NUM_CHUNKS, CHUNK_V // 4,
@@ -316,10 +319,10 @@ if AVAILABLE:
             n += 1
 
     # A scalar seed or temperature equal to 1 must not become a compile-time constant.
-    @gluon.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi"])
+    @gluon.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "quad_offset"])
     def _hopper_stage1(
         h_desc, w_desc, bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
+        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
@@ -371,6 +374,7 @@ if AVAILABLE:
                         seed_lo,
                         seed_hi,
                         num_samples,
+                        quad_offset,
                         HAS_BIAS,
                         TEMPERATURE_MODE,
                         SEED_MODE,
@@ -401,6 +405,7 @@ if AVAILABLE:
                         seed_lo,
                         seed_hi,
                         num_samples,
+                        quad_offset,
                         HAS_BIAS,
                         TEMPERATURE_MODE,
                         SEED_MODE,
@@ -435,10 +440,11 @@ def _shared_layout(rows: int, dtype: torch.dtype):
 def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
-    temperature_mode, seed_mode,
+    temperature_mode, seed_mode, vocab_offset=0,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
-    ``sampling_kernel.triton_fused_sample``, which calls this and then stage 2."""
+    ``sampling_kernel.triton_fused_sample``, which calls this and then stage 2
+    (``vocab_offset``, a multiple of 4: a tensor-parallel shard's first global index)."""
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     h_layout = _shared_layout(block_b, hidden.dtype)
@@ -449,6 +455,7 @@ def launch_stage1(
     _hopper_stage1[(min(num_tiles, num_sms),)](
         h_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
         batch, vocab_size, hidden_size, scalar_temperature, seed_lo, seed_hi, num_samples,
+        vocab_offset // 4,
         HAS_BIAS=bias is not None,
         TEMPERATURE_MODE=temperature_mode,
         SEED_MODE=seed_mode,

@@ -454,13 +454,17 @@ def triton_fused_sample(
     config: SampleConfig | None = None,
     vocab_offset: int = 0,
     out_score: torch.Tensor | None = None,
-) -> torch.Tensor:
+    tile_candidates: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Launch both stages; arguments as validated by ``op.fused_sample``.
 
     ``config`` overrides the tile shapes (tests use it to show the tokens do not depend on
     them). A tensor-parallel shard (``tp.py``) passes ``vocab_offset``, the global index of
     ``weight``'s first row (a multiple of 4), and ``out_score`` [B, num_samples] fp32, which
-    receives each winner's perturbed score; the returned indices are then global.
+    receives each winner's perturbed score; the returned indices are then global. With
+    ``tile_candidates`` (no truncation) stage 2 is left to the caller: the call returns
+    stage 1's per-tile candidates, scores [B, num_samples, T] fp32 and global indices
+    (int32), which the symmetric exchange reduces in its own kernel.
     """
     if vocab_offset % 4:
         raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
@@ -495,13 +499,7 @@ def triton_fused_sample(
     # Truncating calls stay on this kernel: the Gluon kernel exists to hide the noise behind
     # the MMAs, and a truncating stage 1 draws no noise (README, "Top-k and top-p"). The
     # Gluon kernel has no soft-cap either.
-    if (
-        config.warp_specialized_rows
-        and not vocab_offset
-        and out_score is None
-        and not truncates
-        and not params.softcap
-    ):
+    if config.warp_specialized_rows and not truncates and not params.softcap:
         from . import hopper_kernel
 
         if hopper_kernel.supported(hidden, weight):
@@ -509,6 +507,7 @@ def triton_fused_sample(
                 return _hopper_fused_sample(
                     hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64,
                     num_samples, logits_dtype, config, out, temperature_mode, seed_mode,
+                    vocab_offset, out_score, tile_candidates,
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_kernel.disable(error)
@@ -584,6 +583,8 @@ def triton_fused_sample(
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )  # fmt: skip
+        if tile_candidates and not truncates:
+            return cand_score, cand_index
         if not truncates:
             _launch_stage2(cand_score, cand_index, out, out_score)
             return out
@@ -632,10 +633,12 @@ def _launch_stage2(
 
 def _hopper_fused_sample(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64, num_samples,
-    logits_dtype, config, out, temperature_mode, seed_mode,
+    logits_dtype, config, out, temperature_mode, seed_mode, vocab_offset=0, out_score=None,
+    tile_candidates=False,
 ):  # fmt: skip
     """Both stages with stage 1 in the warp-specialized Gluon kernel, which writes one
-    candidate per half of its hopper_kernel.BLOCK_V-wide tiles."""
+    candidate per half of its hopper_kernel.BLOCK_V-wide tiles (the last three arguments as
+    in ``triton_fused_sample``)."""
     from . import hopper_kernel
 
     batch = hidden.shape[0]
@@ -646,7 +649,9 @@ def _hopper_fused_sample(
             hidden, weight, bias, temperature, scalar_temperature, seed,
             seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, logits_dtype,
             cand_score, cand_index, config.warp_specialized_rows, _num_sms(hidden.device),
-            temperature_mode, seed_mode,
+            temperature_mode, seed_mode, vocab_offset,
         )  # fmt: skip
-        _launch_stage2(cand_score, cand_index, out)
+        if tile_candidates:
+            return cand_score, cand_index
+        _launch_stage2(cand_score, cand_index, out, out_score)
     return out

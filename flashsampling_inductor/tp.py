@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .exchange import (
     HEADER,
     NO_INDEX,
+    SYMMETRIC_CAPACITY,
     gather_messages,
     pack_message,
     reduce_messages,
@@ -226,23 +227,28 @@ def _tp_fused_sample_impl(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
         None, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p, softcap,
     )  # fmt: skip
+    symmetric = batch * num_samples <= SYMMETRIC_CAPACITY and use_symmetric_memory(
+        group_name, device
+    )
     if params.truncates:
         score, index = _truncated_shard_candidates(
             hidden, weight_shard, bias_shard, params, vocab_start, vocab_size, group_name, impl
         )
     else:
+        # (symmetric memory: the exchange's kernel reduces the shard's per-tile candidates)
         score, index = _shard_candidates(
             hidden, weight_shard, bias_shard, temperature, scalar_temperature, seed,
-            num_samples, logits_dtype, impl, vocab_start, softcap,
+            num_samples, logits_dtype, impl, vocab_start, softcap, per_tile=symmetric,
         )  # fmt: skip
-    # The seed travels in the header: ranks seeded apart would draw wrong tokens.
+    where = f"group {group_name}"
+    if symmetric:
+        # The seed travels in every lane's header (a per-row seed: the lane's row's), so
+        # ranks seeded apart fail the call instead of drawing wrong tokens.
+        fields = (batch, num_samples, vocab_size, vocab_start, stop)
+        return symmetric_exchange(group_name, device).sample(score, index, seed, fields, where)
     seed_key = seed.sum() if seed.dim() else seed
     fields = _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device)
     header = torch.cat([fields[:3], seed_key.view(1), fields[3:]])
-    where = f"group {group_name}"
-    if use_symmetric_memory(group_name, device):
-        exchange = symmetric_exchange(group_name, device)
-        return exchange.sample(score, index, header, vocab_size, where)
     messages = gather_messages(pack_message(score, index, header), group_name)
     return reduce_messages(messages, header, batch, num_samples, where)
 
@@ -258,9 +264,11 @@ def _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device) ->
 
 def _shard_candidates(
     hidden, weight, bias, temperature, scalar_temperature, seed, num_samples, logits_dtype,
-    impl, vocab_start, softcap=0.0,
+    impl, vocab_start, softcap=0.0, per_tile=False,
 ):  # fmt: skip
-    """Per row and sample, the shard's best score [B, S] fp32 and its global index [B, S]."""
+    """Per row and sample, the shard's best score [B, S] fp32 and its global index [B, S];
+    with ``per_tile``, where the Triton kernels run, stage 1's per-tile candidates [B, S, T]
+    instead (the best of them is the shard's best)."""
     batch = hidden.shape[0]
     if weight.shape[0] == 0:  # a shard of padding rows only
         score = torch.full((batch, num_samples), float("-inf"), device=hidden.device)
@@ -271,6 +279,10 @@ def _shard_candidates(
     if _use_triton(impl, hidden.device, params) and vocab_start % 4 == 0:
         from .sampling_kernel import triton_fused_sample
 
+        if per_tile:
+            return triton_fused_sample(
+                hidden, weight, bias, params, vocab_offset=vocab_start, tile_candidates=True
+            )
         score = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
         index = triton_fused_sample(
             hidden, weight, bias, params, vocab_offset=vocab_start, out_score=score
@@ -425,7 +437,7 @@ class _SeedStream:
         self.calls = torch.zeros((), dtype=torch.int64, device=device)
 
     def next(self) -> torch.Tensor:
-        seed = self.base + self.calls * _SEED_STRIDE
+        seed = torch.add(self.base, self.calls, alpha=_SEED_STRIDE)  # (one kernel, wraps)
         self.calls.add_(1)
         return seed
 

@@ -8,7 +8,10 @@ with greedy rows, per-row seeds, a bias with masked tokens, several samples, bf1
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -18,6 +21,7 @@ from scipy import stats
 from flashsampling_inductor import fused_sample, tp_fused_sample
 from flashsampling_inductor.exchange import (
     HEADER,
+    MESSAGE_WORDS,
     SYMMETRIC_CAPACITY,
     SymmetricExchange,
     pack_message,
@@ -439,60 +443,155 @@ def test_masked_gumbel_argmax_kernel_draws_the_reference(per_row_seed):
 def _simulated_ranks(world: int) -> list[SymmetricExchange]:
     """The symmetric exchange's state on ``world`` simulated ranks of one process: CPU
     buffers stand for the symmetric ones (the interpreter stores through their addresses)."""
-    row = len(HEADER) + SYMMETRIC_CAPACITY
-    buffers = [torch.zeros(2 * world * row, dtype=torch.int64) for _ in range(world)]
+    size = 2 * world * SYMMETRIC_CAPACITY * MESSAGE_WORDS
+    buffers = [torch.zeros(size, dtype=torch.int64) for _ in range(world)]
     ranks = []
     for rank in range(world):
         exchange = object.__new__(SymmetricExchange)
-        exchange.rank, exchange.world, exchange.row = rank, world, row
+        exchange.rank, exchange.world = rank, world
         exchange.buffer = buffers[rank]
         exchange.peers = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
-        exchange.step = torch.zeros((), dtype=torch.int64)
-        exchange.error = torch.zeros((), dtype=torch.int64)
+        exchange._init_state(torch.device("cpu"))
         ranks.append(exchange)
     return ranks
 
 
+def _exchange_in_turn(ranks, candidates, seeds, fields):
+    """Every simulated rank sends, then every one receives: the tokens of each rank."""
+    for exchange, (score, index), seed, rank_fields in zip(
+        ranks, candidates, seeds, fields, strict=True
+    ):
+        exchange.send(score, index, seed, rank_fields)
+    return [
+        exchange.receive(score, index, seed, rank_fields, "test")
+        for exchange, (score, index), seed, rank_fields in zip(
+            ranks, candidates, seeds, fields, strict=True
+        )
+    ]
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_symmetric_exchange_kernels_on_simulated_ranks(world_size):
-    """The fan-out and reduction kernels (interpreter), three steps so both slots are used:
-    every rank gets the full vocabulary's tokens; a rank with another seed fails the call."""
+def test_symmetric_exchange_kernel_on_simulated_ranks(world_size):
+    """The exchange's kernel (interpreter), four steps so both slots of a lane are used and
+    the batch changes: every rank gets the full vocabulary's tokens, from one candidate a
+    lane or from stage 1's per-tile candidates (the shard's stage 2 in the same kernel)."""
     ranks = _simulated_ranks(world_size)
-    for step, name in enumerate(("per_row", "plain", "bias_bf16")):
+    for step, (name, per_tile) in enumerate(
+        (("per_row", False), ("plain", True), ("bias_bf16", False), ("per_row", True))
+    ):
         case = CASES[name]
         hidden, weight, bias = build_case(case)
         kwargs = case["kwargs"]
         seed = torch.as_tensor(kwargs.get("seed", 0))
         temperature = torch.as_tensor(kwargs.get("temperature", 1.0)).float()
         num_samples, vocab_size = kwargs.get("num_samples", 1), case["vocab_size"]
-        headers = []
-        for exchange, (start, stop) in zip(
-            ranks, shard_bounds(vocab_size, world_size, "chunk"), strict=True
-        ):
-            score, index = _shard_candidates(
-                hidden, weight[start:stop], None if bias is None else bias[start:stop],
-                temperature, 1.0, seed, num_samples, kwargs.get("logits_dtype"), "torch", start,
+        candidates, fields = [], []
+        # (the Triton kernel takes shards that start at multiples of 4: vLLM's padded cut)
+        for start, stop in shard_bounds(vocab_size, world_size, "padded" if per_tile else "chunk"):
+            start, stop = min(start, vocab_size), min(stop, vocab_size)
+            shard_bias = None if bias is None else bias[start:stop]
+            impl = "triton" if per_tile else "torch"
+            shard = _shard_candidates(
+                hidden, weight[start:stop], shard_bias, temperature, 1.0, seed, num_samples,
+                kwargs.get("logits_dtype"), impl, start, per_tile=per_tile,
             )  # fmt: skip
-            header = torch.tensor([case["batch"], num_samples, vocab_size, 7, start, stop])
-            headers.append((header, score.shape))
-            exchange.send(score, index, header)
+            candidates.append(shard)
+            fields.append((case["batch"], num_samples, vocab_size, start, stop))
+        if per_tile:
+            assert candidates[0][0].dim() == 3 and candidates[0][0].shape[-1] > 1
         expected = fused_sample(hidden, weight, bias=bias, impl="torch", **kwargs)
-        for exchange, (header, shape) in zip(ranks, headers, strict=True):
-            tokens = exchange.receive(header, shape, vocab_size, "test")
-            assert torch.equal(tokens, expected), (step, name, exchange.rank)
-    # A rank that comes with another seed: every rank's call fails.
+        tokens = _exchange_in_turn(ranks, candidates, [seed] * world_size, fields)
+        for exchange, rank_tokens in zip(ranks, tokens, strict=True):
+            assert torch.equal(rank_tokens, expected), (step, name, exchange.rank)
+            assert int(exchange.ok) == 1 and int(exchange.error) == 0
+
+
+def _plain_candidates(world_size, seed=3):
     hidden, weight, _ = build_case(CASES["plain"])
-    for exchange, (start, stop) in zip(ranks, shard_bounds(1000, world_size, "chunk"), strict=True):
-        score, index = _shard_candidates(
-            hidden, weight[start:stop], None, torch.tensor(1.0), 1.0, torch.tensor(3), 1, None,
-            "torch", start,
-        )  # fmt: skip
-        seed_key = 99 if exchange.rank == world_size - 1 else 3
-        exchange.send(score, index, torch.tensor([5, 1, 1000, seed_key, start, stop]))
-    for exchange, (start, stop) in zip(ranks, shard_bounds(1000, world_size, "chunk"), strict=True):
-        seed_key = 99 if exchange.rank == world_size - 1 else 3
-        header = torch.tensor([5, 1, 1000, seed_key, start, stop])
-        with pytest.raises(RuntimeError, match="a rank sampled another"):
-            exchange.receive(header, (5, 1), 1000, "test")
-        bad = world_size if exchange.rank != world_size - 1 else 1
-        assert int(exchange.error) == bad, (exchange.rank, int(exchange.error))
+    bounds = shard_bounds(1000, world_size, "chunk")
+    one, seed = torch.tensor(1.0), torch.tensor(seed)
+    candidates = []
+    for start, stop in bounds:
+        shard = _shard_candidates(
+            hidden, weight[start:stop], None, one, 1.0, seed, 1, None, "torch", start
+        )
+        candidates.append(shard)
+    return candidates, [(5, 1, 1000, start, stop) for start, stop in bounds]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_symmetric_exchange_fails_a_rank_seeded_apart(world_size):
+    """A rank that comes with another seed: every rank's call fails, naming the rank."""
+    ranks = _simulated_ranks(world_size)
+    candidates, fields = _plain_candidates(world_size)
+    seeds = [torch.tensor(99 if rank == world_size - 1 else 3) for rank in range(world_size)]
+    for exchange, (score, index), seed, rank_fields in zip(
+        ranks, candidates, seeds, fields, strict=True
+    ):
+        exchange.send(score, index, seed, rank_fields)
+    for exchange, (score, index), seed, rank_fields in zip(
+        ranks, candidates, seeds, fields, strict=True
+    ):
+        with pytest.raises(RuntimeError, match="sampled another batch size"):
+            exchange.receive(score, index, seed, rank_fields, "test")
+        bad = world_size if exchange.rank != world_size - 1 else 1  # 1 + the rank that differs
+        assert int(exchange.ok) == 0 and int(exchange.error) == bad, exchange.rank
+
+
+def test_symmetric_exchange_fails_a_missing_rank_and_shards_that_do_not_tile():
+    """Without its peer's message of this epoch a rank's call fails (code P + 2 + the rank,
+    what the GPU's wait reports after its timeout); shards that overlap fail with P + 1."""
+    ranks = _simulated_ranks(2)
+    candidates, fields = _plain_candidates(2)
+    ranks[1].send(*candidates[1], torch.tensor(3), fields[1])
+    with pytest.raises(RuntimeError, match="did not arrive"):
+        ranks[1].receive(*candidates[1], torch.tensor(3), fields[1], "test")
+    assert int(ranks[1].error) == 2 + 2 + 0
+    ranks = _simulated_ranks(2)
+    overlapping = [(5, 1, 1000, 0, 600), (5, 1, 1000, 400, 1000)]
+    with pytest.raises(RuntimeError, match="do not tile"):
+        _exchange_in_turn(ranks, candidates, [torch.tensor(3)] * 2, overlapping)
+    assert int(ranks[0].error) == 2 + 1
+
+
+_COMPILE_EXCHANGE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from flashsampling_inductor import exchange
+
+kernel = exchange._exchange
+signature = {
+    "cand_score_ptr": "*fp32", "cand_index_ptr": "*i32", "num_candidates": "i32",
+    "seed_ptr": "*i64", "peers_ptr": "*i64", "buffer_ptr": "*i64", "epoch_ptr": "*i64",
+    "out_ptr": "*i64", "ok_ptr": "*i64", "error_ptr": "*i64", "rank": "i32", "lanes": "i32",
+    "batch": "i32", "num_samples": "i32", "vocab_size": "i32", "start": "i32", "stop": "i32",
+    "timeout_ns": "i64",
+}
+constants = dict(PER_ROW_SEED=True, WORLD=4, WORLD_BLOCK=4, BLOCK_C=2048, SEND=True,
+                 RECEIVE=True, SPIN=True)
+signature.update({name: "constexpr" for name in constants})
+constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
+compiled = triton.compile(
+    ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+    options={"num_warps": 4},
+)
+ptx = compiled.asm["ptx"]
+# The wait reads the peers' words as volatile (system-scope) loads, with the GPU's timer.
+assert "ld.volatile.global.b64" in ptx and "%globaltimer" in ptx
+print("compiled")
+"""
+
+
+def test_exchange_kernel_compiles_for_hopper():
+    """The exchange's whole kernel (the wait loop, its timer and volatile loads, which the
+    interpreter never runs) compiles for sm_90a without a GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.run(
+        [sys.executable, "-c", _COMPILE_EXCHANGE], capture_output=True, text=True, env=env,
+        cwd=root,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "compiled" in child.stdout

@@ -71,6 +71,39 @@ def _symmetric_worker(rank, world, batches):
     return out
 
 
+def _truncated_worker(rank, world, batch):
+    """Top-k 50 (then top-p 0.9) over bf16 shards: the ranks' [B, k + 1] messages, the
+    threshold, the masked draw on each shard, then the symmetric exchange."""
+    device = torch.device("cuda", rank)
+    hidden, weight = make_problem(batch, VOCAB, 512, torch.bfloat16, device=device)
+    hidden = hidden * 4  # logits of std ~4: top-k 50 and top-p 0.9 both cut
+    shard = -(-VOCAB // world)
+    start = rank * shard
+    out = {}
+    for seed, top_p in ((5, None), (6, 0.9)):
+        knobs = dict(top_k=50, top_p=top_p, logits_dtype=torch.bfloat16, seed=seed)
+        tokens = tp_fused_sample(
+            hidden, weight[start : start + shard], vocab_start=start, vocab_size=VOCAB, **knobs
+        )
+        out[seed] = tokens.cpu()
+        if rank == 0:
+            # TP = 1's reference: the same distribution; the logits' bf16 rounding after
+            # cuBLAS's and the reference's fp32 sums may differ by an ulp in rare columns.
+            expected = fused_sample(hidden, weight, impl="torch", **knobs)
+            differ = int((tokens != expected).sum())
+            assert differ <= max(1, batch // 100), (differ, batch)
+    return out
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("batch", [1, 64])
+def test_symmetric_exchange_truncated_tokens_equal_on_ranks_and_tp1(batch):
+    per_rank = run_ranks(world_size(), _truncated_worker, batch, backend="nccl")
+    for other in per_rank[1:]:
+        for seed, tokens in per_rank[0].items():
+            assert torch.equal(other[seed], tokens), seed
+
+
 @pytest.mark.multigpu
 def test_symmetric_exchange_tokens_equal_on_ranks_and_tp1():
     per_rank = run_ranks(world_size(), _symmetric_worker, (1, 64, 256), backend="nccl")
