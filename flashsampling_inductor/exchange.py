@@ -34,6 +34,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from .launch import launch
+
 __all__ = [
     "EXCHANGE_TIMEOUT_MS",
     "HEADER",
@@ -371,7 +373,8 @@ class SymmetricExchange:
         num_candidates = score.numel() // max(lanes, 1)
         tokens = torch.empty((batch, num_samples), dtype=torch.int64, device=score.device)
         with _on(score.device):
-            _exchange[(min(lanes, self.max_programs),)](
+            launch(
+                _exchange, (min(lanes, self.max_programs),),
                 score.contiguous(), index.contiguous(), num_candidates, seed, self.peers,
                 self.buffer, self.epochs, tokens, self.ok, self.error, self.rank, lanes,
                 *fields, EXCHANGE_TIMEOUT_MS * 1_000_000,

@@ -31,6 +31,7 @@ import warnings
 import torch
 import triton
 
+from .launch import launch
 from .sampling_device import LN2, bits_to_log2_gumbel, is_hopper, philox4x32, tma_compatible
 
 try:  # Gluon is experimental: its API moves between Triton releases (written for 3.6).
@@ -452,7 +453,8 @@ def launch_stage1(
     h_desc = TensorDescriptor.from_tensor(hidden, [block_b, BLOCK_D], h_layout)
     w_desc = TensorDescriptor.from_tensor(weight, [BLOCK_V, BLOCK_D], w_layout)
     num_tiles = triton.cdiv(batch, block_b) * triton.cdiv(vocab_size, BLOCK_V)
-    _hopper_stage1[(min(num_tiles, num_sms),)](
+    launch(
+        _hopper_stage1, (min(num_tiles, num_sms),),
         h_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
         batch, vocab_size, hidden_size, scalar_temperature, seed_lo, seed_hi, num_samples,
         vocab_offset // 4,

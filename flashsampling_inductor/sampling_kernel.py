@@ -36,6 +36,7 @@ from triton.compiler.errors import CompilationError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import truncation_kernel
+from .launch import launch
 from .params import SamplingParams
 from .sampling_device import (
     KEY_PAD,
@@ -558,7 +559,8 @@ def triton_fused_sample(
     # Triton launches on the current device: make it the inputs' one.
     on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
     with on_device:
-        _sample_stage1[(grid,)](
+        launch(
+            _sample_stage1, (grid,),
             hidden, weight, hidden_desc, weight_desc, bias, temperature, seed,
             cand_score, cand_index, stage1.get("top_m_key"), stage1.get("top_m_index"),
             stage1.get("hidden_key"), stage1.get("mass"),
@@ -620,7 +622,9 @@ def _launch_stage2(
     out_score: torch.Tensor | None = None,
 ) -> None:
     batch, num_samples, num_v_tiles = cand_score.shape
-    _sample_stage2[(batch * num_samples,)](
+    launch(
+        _sample_stage2,
+        (batch * num_samples,),
         cand_score,
         cand_index,
         out,

@@ -1,0 +1,36 @@
+"""The fast launcher's specialization key (flashsampling_inductor/launch.py): a cached kernel
+must never meet arguments Triton would have compiled another kernel for. The launch itself
+runs on CUDA only (the GPU tests take it on every call after the first)."""
+
+from __future__ import annotations
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from flashsampling_inductor.launch import _argument_key, _key
+
+
+def test_key_separates_what_triton_specializes_on():
+    base = torch.zeros(64, dtype=torch.float32)
+    assert _argument_key(base) != _argument_key(base[1:])  # 16-byte alignment
+    assert _argument_key(base) != _argument_key(base.int())  # dtype
+    assert _argument_key(base) == _argument_key(torch.ones(8))
+    keys = {_argument_key(v) for v in (1, 2, 16, 32, 2**31, -(2**31) - 1, 2**63)}
+    assert len(keys) == 6  # 1; 2; 16 and 32 alike; two int64s (one divides by 16); uint64
+    assert _argument_key(True) != _argument_key(1)
+    assert _argument_key(0.5) == _argument_key(2.0)
+    assert _argument_key(None) == ("none",)
+
+
+def test_key_of_descriptors_and_unknown_arguments():
+    weight = torch.zeros(256, 64, dtype=torch.bfloat16)
+    a = TensorDescriptor.from_tensor(weight, [64, 64])
+    b = TensorDescriptor.from_tensor(weight, [128, 64])
+    assert _argument_key(a) != _argument_key(b)
+    assert _argument_key(a) == _argument_key(TensorDescriptor.from_tensor(weight.clone(), [64, 64]))
+    assert _argument_key(object()) is None
+    kernel = object()
+    assert _key(kernel, 0, (weight, object()), {}) is None  # unknown: Triton's own path
+    block_64, block_32 = ({"BLOCK": block} for block in (64, 32))
+    assert _key(kernel, 0, (weight, 3), block_64) != _key(kernel, 0, (weight, 3), block_32)
+    assert _key(kernel, 0, (weight,), {"UNHASHABLE": []}) is None
