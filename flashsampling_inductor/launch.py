@@ -69,6 +69,8 @@ def _cuda_device(args) -> int | None:
 def _key(kernel, device: int, args, kwargs) -> tuple | None:
     """The specialization key of a call, or None where an argument is of a kind not read
     here (Triton's own path then)."""
+    if len(args) + sum(name in kwargs for name in kernel.arg_names) != len(kernel.arg_names):
+        return None  # (an argument left to its default: Triton's own path binds it)
     key = [kernel, device]
     for arg in args:
         part = _argument_key(arg)

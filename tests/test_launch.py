@@ -22,6 +22,12 @@ def test_key_separates_what_triton_specializes_on():
     assert _argument_key(None) == ("none",)
 
 
+class _Kernel:
+    """A stand-in for a JITFunction: its signature's names, hashable by identity."""
+
+    arg_names = ["w", "n", "BLOCK"]
+
+
 def test_key_of_descriptors_and_unknown_arguments():
     weight = torch.zeros(256, 64, dtype=torch.bfloat16)
     a = TensorDescriptor.from_tensor(weight, [64, 64])
@@ -29,8 +35,11 @@ def test_key_of_descriptors_and_unknown_arguments():
     assert _argument_key(a) != _argument_key(b)
     assert _argument_key(a) == _argument_key(TensorDescriptor.from_tensor(weight.clone(), [64, 64]))
     assert _argument_key(object()) is None
-    kernel = object()
-    assert _key(kernel, 0, (weight, object()), {}) is None  # unknown: Triton's own path
+    kernel = _Kernel()
+    assert _key(kernel, 0, (weight, object()), {"BLOCK": 64}) is None  # Triton's own path
     block_64, block_32 = ({"BLOCK": block} for block in (64, 32))
     assert _key(kernel, 0, (weight, 3), block_64) != _key(kernel, 0, (weight, 3), block_32)
-    assert _key(kernel, 0, (weight,), {"UNHASHABLE": []}) is None
+    assert _key(kernel, 0, (weight, 3), {"BLOCK": [64]}) is None  # unhashable
+    # An argument left to its default: the fast path could not pass it, so Triton binds it.
+    assert _key(kernel, 0, (weight, 3), {}) is None
+    assert _key(kernel, 0, (weight, 3), {"BLOCK": 64, "num_warps": 4}) is not None
