@@ -172,6 +172,12 @@ def _field(values, j: tl.constexpr):
     return tl.sum(tl.where(words[None, :] == j, values, 0), axis=1)
 
 
+@triton.jit
+def _stale(words, epoch_bits):
+    """1 where a message word does not carry this epoch's tag yet, else 0."""
+    return (((words >> 32) & 0xFFFFFFFF) != epoch_bits).to(tl.int32)
+
+
 @triton.jit(do_not_specialize=["rank", "batch", "num_samples", "vocab_size", "start", "stop"])
 def _exchange(
     cand_score_ptr, cand_index_ptr, num_candidates, seed_ptr, peers_ptr, buffer_ptr, epoch_ptr,
@@ -205,7 +211,10 @@ def _exchange(
     for lane in range(tl.program_id(0), lanes, tl.num_programs(0)):
         epoch = tl.load(epoch_ptr + lane) + 1
         slot = epoch % 2
-        tag = epoch << 32
+        # (the tag is the epoch's low 32 bits: it wraps after 2**32 calls, never matching a
+        # stale word, which is at most two epochs old)
+        epoch_bits = epoch & 0xFFFFFFFF
+        tag = epoch_bits << 32
         if PER_ROW_SEED:
             seed = tl.load(seed_ptr + lane // num_samples)
         else:
@@ -244,15 +253,15 @@ def _exchange(
             )
             used = in_world[:, None] & (words < _WORDS_USED)[None, :]
             received = tl.load(at, mask=used, other=tag, volatile=True)
-            waiting = tl.sum(((received >> 32) != epoch).to(tl.int32))
+            waiting = tl.sum(_stale(received, epoch_bits))
             if SPIN:
                 deadline = _now() + timeout_ns
                 late = 0
                 while (waiting > 0) & (late == 0):
                     received = tl.load(at, mask=used, other=tag, volatile=True)
-                    waiting = tl.sum(((received >> 32) != epoch).to(tl.int32))
+                    waiting = tl.sum(_stale(received, epoch_bits))
                     late = (_now() > deadline).to(tl.int32)
-            arrived = tl.sum(((received >> 32) != epoch).to(tl.int32), axis=1) == 0
+            arrived = tl.sum(_stale(received, epoch_bits), axis=1) == 0
             missing = tl.min(tl.where(arrived | ~in_world, WORLD_BLOCK, ranks), axis=0)
             received = received & 0xFFFFFFFF
             # Fields 0-4 (batch, samples, vocabulary size, seed) must be this rank's.

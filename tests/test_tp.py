@@ -595,3 +595,19 @@ def test_exchange_kernel_compiles_for_hopper():
     )  # fmt: skip
     assert child.returncode == 0, child.stderr[-3000:]
     assert "compiled" in child.stdout
+
+
+def test_symmetric_exchange_tags_wrap_after_2_to_the_32_calls():
+    """A lane's tag is its epoch's low 32 bits: across the wrap every call still reads its
+    own peers' messages, and a message not sent this call is still missing."""
+    ranks = _simulated_ranks(2)
+    for exchange in ranks:
+        exchange.epochs.fill_(2**32 - 3)
+    candidates, fields = _plain_candidates(2)
+    expected = fused_sample(*build_case(CASES["plain"])[:2], seed=3, impl="torch")
+    for _ in range(4):  # epochs 2**32 - 2 .. 2**32 + 1: tags ..., 0xFFFFFFFF, 0, 1
+        tokens = _exchange_in_turn(ranks, candidates, [torch.tensor(3)] * 2, fields)
+        assert all(torch.equal(t, expected) for t in tokens)
+    assert int(ranks[0].epochs[0]) == 2**32 + 1
+    with pytest.raises(RuntimeError, match="did not arrive"):
+        ranks[0].receive(*candidates[0], torch.tensor(3), fields[0], "test")
