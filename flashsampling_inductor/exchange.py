@@ -1,19 +1,20 @@
 """The candidate exchange of tensor-parallel sampling: every rank's per-row best (score,
 global vocabulary index) reaches every rank, and each rank reduces them to the same tokens.
 
-A rank's message is one int64 row: a header (what the rank sampled: batch size, samples,
-vocabulary size, seed, its shard's global range) and its candidates, each packed as
-(fp32 score bits, int32 index) in one int64. Two transports carry it:
+Two transports carry the candidates:
 
-* ``SymmetricExchange`` (CUDA, every rank of the group on this host with peer access):
-  each rank writes its message into every peer's symmetric-memory buffer (NVLink stores),
-  then one device-side barrier of ``torch.distributed._symmetric_memory`` (release/acquire
-  signals, with a timeout that names the rank it waited for), then a local reduction. Two
-  slots, picked by a step counter on the device, let one barrier per step suffice: a rank
-  writes slot ``s`` of step n + 2 only after passing step n + 1's barrier, which every peer
-  reaches only after reading slot ``s`` of step n. No host sync, capturable in a CUDA graph.
+* ``SymmetricExchange`` (CUDA, every rank of the group on this host with peer access): one
+  kernel per call (``_exchange``) reduces the shard's per-tile candidates per lane (row x
+  sample), stores the lane's message (header: what the rank sampled, batch size, samples,
+  vocabulary size, seed, its shard's global range; then the score's bits and the index) into
+  every peer's symmetric-memory buffer over NVLink, waits for the peers' messages and reduces
+  them. Each 8-byte word carries the lane's epoch tag beside its value, so a word read with
+  this call's tag is this call's value: no barrier, no fence; two slots per lane keep skewed
+  ranks apart. No host sync, capturable in a CUDA graph.
 * ``gather_messages`` (any backend: gloo on the CPU, NCCL without peer access): one
-  functional-collective all-gather of the messages; never of the logits.
+  functional-collective all-gather of the messages, each one int64 row (``pack_message``:
+  the header, then every (fp32 score bits, int32 index) pair in one int64); never of the
+  logits.
 
 The reduction checks the headers: ranks that disagree on the batch, the samples, the
 vocabulary, the seed, or whose shards do not tile [0, stop) for a stop <= V (ids past the
@@ -48,9 +49,8 @@ __all__ = [
     "use_symmetric_memory",
 ]
 
-# A rank that has not arrived after this long fails the call (symmetric memory: the
-# barrier traps and prints the rank it waited for; collectives: the process group's own
-# timeout applies).
+# A rank that has not arrived after this long fails the call (symmetric memory: the exchange
+# kernel's wait; collectives: the process group's own timeout applies).
 EXCHANGE_TIMEOUT_MS = int(os.environ.get("FLASHSAMPLING_TP_TIMEOUT_MS", "30000"))
 # Header fields of a message, in order.
 HEADER = ("batch", "num_samples", "vocab_size", "seed", "shard_start", "shard_stop")
@@ -148,7 +148,7 @@ def resolve_group(group_name: str) -> dist.ProcessGroup:
 
 
 # The symmetric buffers: per (slot, rank, lane) one message of MESSAGE_WORDS int64 words, each
-# word a 32-bit value in its low half and the step's tag (epoch) in its high half.
+# word a 32-bit value in its low half and the lane's epoch tag in its high half.
 MESSAGE_WORDS = 16  # 9 used: the header's fields (the seed as two words), score bits, index
 _WORDS_USED = tl.constexpr(9)
 _MESSAGE_WORDS = tl.constexpr(MESSAGE_WORDS)
