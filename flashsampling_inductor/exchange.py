@@ -166,6 +166,14 @@ def _now():
 
 
 @triton.jit
+def _thread_index():
+    """The thread's index in its program (x)."""
+    return tl.inline_asm_elementwise(
+        "mov.u32 $0, %tid.x;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def _field(values, j: tl.constexpr):
     """Column ``j`` of a [P, MESSAGE_WORDS] block of message words -> [P]."""
     words = tl.arange(0, _MESSAGE_WORDS)
@@ -293,7 +301,17 @@ def _exchange(
             )
             if error != 0:
                 tl.store(ok_ptr, 0)
-                tl.atomic_max(error_ptr, error.to(tl.int64))
+                earlier = tl.atomic_max(error_ptr, error.to(tl.int64))
+                if SPIN:
+                    # The call's assert cannot carry values: the first failing lane names
+                    # the rank on stdout before it (one thread prints).
+                    if (earlier == 0) & (_thread_index() == 0):
+                        tl.device_print(
+                            " flashsampling TP exchange failed; this rank, the lane, the code "
+                            "(1 + a rank that sampled something else, P + 1: shards that do "
+                            "not tile, P + 2 + a rank that did not arrive):",
+                            rank, lane, error,
+                        )  # fmt: skip
             tl.store(epoch_ptr + lane, epoch)
 
 
