@@ -32,7 +32,16 @@ import torch
 import triton
 
 from .launch import launch
-from .sampling_device import LN2, bits_to_log2_gumbel, is_hopper, philox4x32, tma_compatible
+from .sampling_device import (
+    KEY_PAD,
+    LN2,
+    bits_to_log2_gumbel,
+    is_hopper,
+    ordered_key,
+    philox4x32,
+    restore_low_bits,
+    tma_compatible,
+)
 
 try:  # Gluon is experimental: its API moves between Triton releases (written for 3.6).
     from triton.experimental import gluon
@@ -211,20 +220,104 @@ if AVAILABLE:
         return row_best, index + 4 * quad_offset
 
     @gluon.jit
+    def _tile_keys(acc, columns, V, bias_ptr, HAS_BIAS: gl.constexpr,
+                   LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr):  # fmt: skip
+        """Half a tile's scores (bias, rounding) and their order-preserving keys, columns past V
+        padded; ``columns`` the global indices, [1, HALF_V] in the accumulator's layout."""
+        scores = acc
+        if HAS_BIAS:
+            scores += gl.load(bias_ptr + columns, mask=columns < V, other=0.0).to(gl.float32)
+        if LOGITS_DTYPE is not None:
+            scores = scores.to(LOGITS_DTYPE).to(gl.float32)
+        keys = ordered_key(scores)
+        if not EVEN_V:
+            keys = gl.where(columns < V, keys, KEY_PAD)
+        return scores, keys
+
+    @gluon.jit
+    def _keep_top_m(acc_lo, acc_hi, rows, row_mask, v_start, tile_slot, V, bias_ptr,
+                    noise_scale, top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    HAS_BIAS: gl.constexpr, LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr,
+                    TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
+                    KEY_LOW_BITS: gl.constexpr):  # fmt: skip
+        """The truncating epilogue, ``sampling_kernel._sample_stage1``'s with TOP_M on the same
+        BLOCK_V-wide tiles, so stage 2 reads the same candidates: per row, the tile's TOP_M
+        largest keys (ties to the lowest index) with their indices, the largest key left out
+        and, with ROW_MASS, the tile's (max, sum of exp2) at the row's temperature. It draws no
+        noise and reads the accumulators in their own layout (no staging)."""
+        HALF_V: gl.constexpr = acc_lo.shape[1]
+        BLOCK_V: gl.constexpr = 2 * HALF_V
+        columns = gl.arange(0, HALF_V, gl.SliceLayout(0, acc_lo.type.layout))[None, :]
+        lo, keys_lo = _tile_keys(acc_lo, v_start + columns, V, bias_ptr, HAS_BIAS,
+                                 LOGITS_DTYPE, EVEN_V)  # fmt: skip
+        hi, keys_hi = _tile_keys(acc_hi, v_start + HALF_V + columns, V, bias_ptr, HAS_BIAS,
+                                 LOGITS_DTYPE, EVEN_V)  # fmt: skip
+        if ROW_MASS:
+            # (before the key loop below, so its scores are dead when the keys are searched)
+            lo = gl.where(lo == lo, lo, float("-inf"))
+            hi = gl.where(hi == hi, hi, float("-inf"))
+            if not EVEN_V:
+                lo = gl.where(v_start + columns < V, lo, float("-inf"))
+                hi = gl.where(v_start + HALF_V + columns < V, hi, float("-inf"))
+            tile_max = gl.maximum(gl.max(lo, axis=1), gl.max(hi, axis=1))
+            inv_temperature = gl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)[:, None]
+            w_lo = gl.exp2((lo - tile_max[:, None]) * inv_temperature)
+            w_lo = gl.where(lo == tile_max[:, None], 1.0, w_lo)
+            w_lo = gl.where(lo > float("-inf"), w_lo, 0.0)
+            w_hi = gl.exp2((hi - tile_max[:, None]) * inv_temperature)
+            w_hi = gl.where(hi == tile_max[:, None], 1.0, w_hi)
+            w_hi = gl.where(hi > float("-inf"), w_hi, 0.0)
+            gl.store(mass_ptr + tile_slot * 2, tile_max, mask=row_mask)
+            gl.store(mass_ptr + tile_slot * 2 + 1, gl.sum(w_lo, axis=1) + gl.sum(w_hi, axis=1),
+                     mask=row_mask)  # fmt: skip
+        if KEY_LOW_BITS > 0:
+            # The packed form of the Triton kernel: the bits the rounding fixed carry the
+            # reversed column, so one int32 max per round finds the key and its lowest column.
+            low: gl.constexpr = (1 << KEY_LOW_BITS) - 1
+            high: gl.constexpr = -(1 << KEY_LOW_BITS)
+            keys_lo = (keys_lo & high) | (BLOCK_V - 1 - columns)
+            keys_hi = (keys_hi & high) | (HALF_V - 1 - columns)
+            for slot in gl.static_range(TOP_M):
+                top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+                key = restore_low_bits(top & high, KEY_LOW_BITS)
+                gl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=row_mask)
+                gl.store(top_m_index_ptr + tile_slot * TOP_M + slot,
+                         v_start + BLOCK_V - 1 - (top & low), mask=row_mask)  # fmt: skip
+                keys_lo = gl.where(keys_lo == top[:, None], KEY_PAD, keys_lo)
+                keys_hi = gl.where(keys_hi == top[:, None], KEY_PAD, keys_hi)
+            left_out = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1)) & high
+        else:
+            for slot in gl.static_range(TOP_M):
+                top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+                arg = gl.minimum(
+                    gl.min(gl.where(keys_lo == top[:, None], columns, BLOCK_V), axis=1),
+                    gl.min(gl.where(keys_hi == top[:, None], HALF_V + columns, BLOCK_V), axis=1),
+                )
+                gl.store(top_m_key_ptr + tile_slot * TOP_M + slot, top, mask=row_mask)
+                gl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
+                         mask=row_mask)  # fmt: skip
+                keys_lo = gl.where(columns == arg[:, None], KEY_PAD, keys_lo)
+                keys_hi = gl.where(HALF_V + columns == arg[:, None], KEY_PAD, keys_hi)
+            left_out = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+        gl.store(hidden_key_ptr + tile_slot, restore_low_bits(left_out, KEY_LOW_BITS),
+                 mask=row_mask)  # fmt: skip
+
+    @gluon.jit
     def _consume_tiles(
         parity, h_bufs, w_bufs, ready, empty, turn, staging,
         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
         B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
+        PLAIN: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
+        KEY_LOW_BITS: gl.constexpr,
     ):  # fmt: skip
         """One consumer warpgroup: the program's tiles number parity, parity + 2, ..."""
         BLOCK_B: gl.constexpr = h_bufs.shape[1]
         BLOCK_D: gl.constexpr = h_bufs.shape[2]
         BLOCK_V: gl.constexpr = w_bufs.shape[1]
         HALF_V: gl.constexpr = BLOCK_V // 2
-        NUM_CHUNKS: gl.constexpr = staging.shape[0]
-        CHUNK_V: gl.constexpr = staging.shape[2]
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_V, 16]
         )
@@ -275,58 +368,95 @@ if AVAILABLE:
                 noise_scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
             else:
                 noise_scale = gl.zeros([BLOCK_B], gl.float32, row_layout)  # unused: greedy
-            # One key for the whole batch where the seed is shared: per-row keys would make the
-            # compiler keep every row's ten round keys in registers.
-            if SEED_MODE == 0:
-                k0 = seed_lo.to(gl.uint32)
-                k1 = seed_hi.to(gl.uint32)
-            else:
-                if SEED_MODE == 1:
-                    seed = gl.load(seed_ptr)
-                else:
-                    seed = gl.load(seed_ptr + rows, mask=row_mask, other=0)
-                k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
-                k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
-            for half in range(2):
-                # Each half of the tile goes through shared memory once, so that the noise
-                # side reads whole quads of tokens in its own layout.
-                _thread_barrier()  # the previous half's readers are done
-                logits = gl.where(half == 0, acc_lo, acc_hi)
-                if NUM_CHUNKS == 1:
-                    staging.index(0).store(logits)
-                else:
-                    gl.static_assert(NUM_CHUNKS == 2)
-                    left, right = gl.split(
-                        gl.permute(gl.reshape(logits, [BLOCK_B, 2, CHUNK_V]), (0, 2, 1))
-                    )
-                    staging.index(0).store(left)
-                    staging.index(1).store(right)
-                _thread_barrier()
-                # Candidates are per half tile: cand_* are [B, num_samples, V / HALF_V].
-                cand_tile = 2 * pid_v + half
-                for sample_index in range(num_samples):
-                    best, index = _best_of_staged(
-                        staging, (pid_v * BLOCK_V + half * HALF_V) // 4, quad_offset, b_start, V,
-                        bias_ptr,
-                        noise_scale, sample_index, k0, k1,
-                        HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,
-                        BLOCK_B, NUM_CHUNKS, CHUNK_V // 4,
-                    )  # fmt: skip
-                    best = gl.convert_layout(best, row_layout)
-                    index = gl.convert_layout(index, row_layout)
-                    out = (rows * num_samples + sample_index) * (2 * num_v_tiles) + cand_tile
-                    gl.store(cand_score_ptr + out, best, mask=row_mask)
-                    gl.store(cand_index_ptr + out, index, mask=row_mask)
+            if TOP_M > 0:
+                _keep_top_m(
+                    acc_lo, acc_hi, rows, row_mask, pid_v * BLOCK_V,
+                    rows.to(gl.int64) * num_v_tiles + pid_v, V, bias_ptr, noise_scale,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                )  # fmt: skip
+            if PLAIN:
+                _draw_noise(
+                    acc_lo, acc_hi, staging, b_start, rows, row_mask, pid_v, num_v_tiles, V,
+                    bias_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo,
+                    seed_hi, num_samples, quad_offset,
+                    HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+                )  # fmt: skip
             n += 1
+
+    @gluon.jit
+    def _draw_noise(
+        acc_lo, acc_hi, staging, b_start, rows, row_mask, pid_v, num_v_tiles, V, bias_ptr,
+        seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo, seed_hi, num_samples,
+        quad_offset,
+        HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
+        LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr,
+    ):  # fmt: skip
+        """The sampling epilogue: per row and sample, each half tile's best perturbed score and
+        its global index (cand_* [B, num_samples, 2 * num_v_tiles]), the noise drawn from
+        the logits staged in shared memory."""
+        BLOCK_B: gl.constexpr = acc_lo.shape[0]
+        HALF_V: gl.constexpr = acc_lo.shape[1]
+        BLOCK_V: gl.constexpr = 2 * HALF_V
+        NUM_CHUNKS: gl.constexpr = staging.shape[0]
+        CHUNK_V: gl.constexpr = staging.shape[2]
+        row_layout: gl.constexpr = gl.SliceLayout(1, acc_lo.type.layout)
+        # One key for the whole batch where the seed is shared: per-row keys would make the
+        # compiler keep every row's ten round keys in registers.
+        if SEED_MODE == 0:
+            k0 = seed_lo.to(gl.uint32)
+            k1 = seed_hi.to(gl.uint32)
+        else:
+            if SEED_MODE == 1:
+                seed = gl.load(seed_ptr)
+            else:
+                seed = gl.load(seed_ptr + rows, mask=row_mask, other=0)
+            k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
+            k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+        for half in range(2):
+            # Each half of the tile goes through shared memory once, so that the noise
+            # side reads whole quads of tokens in its own layout.
+            _thread_barrier()  # the previous half's readers are done
+            logits = gl.where(half == 0, acc_lo, acc_hi)
+            if NUM_CHUNKS == 1:
+                staging.index(0).store(logits)
+            else:
+                gl.static_assert(NUM_CHUNKS == 2)
+                left, right = gl.split(
+                    gl.permute(gl.reshape(logits, [BLOCK_B, 2, CHUNK_V]), (0, 2, 1))
+                )
+                staging.index(0).store(left)
+                staging.index(1).store(right)
+            _thread_barrier()
+            # Candidates are per half tile: cand_* are [B, num_samples, V / HALF_V].
+            cand_tile = 2 * pid_v + half
+            for sample_index in range(num_samples):
+                best, index = _best_of_staged(
+                    staging, (pid_v * BLOCK_V + half * HALF_V) // 4, quad_offset, b_start, V,
+                    bias_ptr,
+                    noise_scale, sample_index, k0, k1,
+                    HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,
+                    BLOCK_B, NUM_CHUNKS, CHUNK_V // 4,
+                )  # fmt: skip
+                best = gl.convert_layout(best, row_layout)
+                index = gl.convert_layout(index, row_layout)
+                out = (rows * num_samples + sample_index) * (2 * num_v_tiles) + cand_tile
+                gl.store(cand_score_ptr + out, best, mask=row_mask)
+                gl.store(cand_index_ptr + out, index, mask=row_mask)
 
     # A scalar seed or temperature equal to 1 must not become a compile-time constant.
     @gluon.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "quad_offset"])
     def _hopper_stage1(
         h_desc, w_desc, bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
         B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+        PLAIN: gl.constexpr = True,  # the sampling epilogue (cand_score / cand_index)
+        TOP_M: gl.constexpr = 0,  # > 0: the truncating epilogue (_keep_top_m)
+        ROW_MASS: gl.constexpr = False,
+        KEY_LOW_BITS: gl.constexpr = 0,
     ):  # fmt: skip
         h_bufs = gl.allocate_shared_memory(
             h_desc.dtype, [STAGES] + h_desc.block_type.shape, h_desc.layout
@@ -368,6 +498,10 @@ if AVAILABLE:
                         seed_ptr,
                         cand_score_ptr,
                         cand_index_ptr,
+                        top_m_key_ptr,
+                        top_m_index_ptr,
+                        hidden_key_ptr,
+                        mass_ptr,
                         B,
                         V,
                         D,
@@ -382,6 +516,10 @@ if AVAILABLE:
                         LOGITS_DTYPE,
                         EVEN_V,
                         STAGES,
+                        PLAIN,
+                        TOP_M,
+                        ROW_MASS,
+                        KEY_LOW_BITS,
                     ),
                 ),
                 (
@@ -399,6 +537,10 @@ if AVAILABLE:
                         seed_ptr,
                         cand_score_ptr,
                         cand_index_ptr,
+                        top_m_key_ptr,
+                        top_m_index_ptr,
+                        hidden_key_ptr,
+                        mass_ptr,
                         B,
                         V,
                         D,
@@ -413,6 +555,10 @@ if AVAILABLE:
                         LOGITS_DTYPE,
                         EVEN_V,
                         STAGES,
+                        PLAIN,
+                        TOP_M,
+                        ROW_MASS,
+                        KEY_LOW_BITS,
                     ),
                 ),
                 (_load_tiles, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, STAGES)),
@@ -441,11 +587,15 @@ def _shared_layout(rows: int, dtype: torch.dtype):
 def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
-    temperature_mode, seed_mode, vocab_offset=0,
+    temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
+    key_low_bits=0,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``sampling_kernel.triton_fused_sample``, which calls this and then stage 2
-    (``vocab_offset``, a multiple of 4: a tensor-parallel shard's first global index)."""
+    (``vocab_offset``, a multiple of 4: a tensor-parallel shard's first global index). The
+    sampling epilogue runs where ``cand_score`` is given; with ``top_m`` the truncating one
+    writes ``stage1``'s buffers (``sampling_kernel._truncation_buffers``)."""
+    stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     h_layout = _shared_layout(block_b, hidden.dtype)
@@ -456,6 +606,8 @@ def launch_stage1(
     launch(
         _hopper_stage1, (min(num_tiles, num_sms),),
         h_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
+        stage1.get("top_m_key"), stage1.get("top_m_index"), stage1.get("hidden_key"),
+        stage1.get("mass"),
         batch, vocab_size, hidden_size, scalar_temperature, seed_lo, seed_hi, num_samples,
         vocab_offset // 4,
         HAS_BIAS=bias is not None,
@@ -467,5 +619,9 @@ def launch_stage1(
         STAGES=STAGES[block_b],
         CONSUMER_REGISTERS=CONSUMER_REGISTERS,
         LOADER_REGISTERS=LOADER_REGISTERS,
+        PLAIN=cand_score is not None,
+        TOP_M=top_m,
+        ROW_MASS=row_mass,
+        KEY_LOW_BITS=key_low_bits,
         num_warps=4,
     )  # fmt: skip

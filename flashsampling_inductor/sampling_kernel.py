@@ -380,15 +380,20 @@ def default_config(
     # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
     hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and is_hopper(device) else 0
     if batch <= 64 and truncates:
-        # The Gluon kernel has no top-m epilogue, so these run on the Triton kernel, whose
-        # epilogue then runs no MMA: long reductions hide it best with the vocabulary on M
-        # and eight warps, short ones with TMA copies. Whole calls with top-k 50 on an H100,
-        # against the tiles below: D = 4096 1.042 -> 1.021x of cuBLAS (B = 48), 1.044 -> 1.029
-        # (64); D = 8192 1.009 -> 0.981, 1.011 -> 0.984; D = 2048 with TMA 1.096 -> 1.090,
-        # 1.096 -> 1.089 (kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
+        # The Gluon kernel's top-m epilogue where it runs (hopper_rows); else the Triton
+        # kernel, whose epilogue then runs no MMA: long reductions hide it best with the
+        # vocabulary on M and eight warps, short ones with TMA copies. Whole calls with
+        # top-k 50 on an H100, against the tiles below: D = 4096 1.042 -> 1.021x of cuBLAS
+        # (B = 48), 1.044 -> 1.029 (64); D = 8192 1.009 -> 0.981, 1.011 -> 0.984; D = 2048
+        # with TMA 1.096 -> 1.090, 1.096 -> 1.089
+        # (kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
         if hidden_size >= 4096:
-            return SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
-        return SampleConfig(64, 128, 64, swap_ab=False, num_stages=4, tma=True)
+            return SampleConfig(
+                64, 64, 128, num_warps=8, num_stages=3, warp_specialized_rows=hopper_rows
+            )
+        return SampleConfig(
+            64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=hopper_rows
+        )
     if batch <= 64:
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
@@ -497,48 +502,22 @@ def triton_fused_sample(
     truncates = params.truncates
     if truncates and (vocab_offset or out_score is not None):
         raise ValueError("top-k / top-p on a tensor-parallel shard is not supported")
-    # Truncating calls stay on this kernel: the Gluon kernel exists to hide the noise behind
-    # the MMAs, and a truncating stage 1 draws no noise (README, "Top-k and top-p"). The
-    # Gluon kernel has no soft-cap either.
-    if config.warp_specialized_rows and not truncates and not params.softcap:
+    # The Gluon kernel has no soft-cap: those calls take this kernel.
+    if config.warp_specialized_rows and not params.softcap:
         from . import hopper_kernel
 
         if hopper_kernel.supported(hidden, weight):
             try:
                 return _hopper_fused_sample(
-                    hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64,
-                    num_samples, logits_dtype, config, out, temperature_mode, seed_mode,
-                    vocab_offset, out_score, tile_candidates,
+                    hidden, weight, bias, params, config, out, temperature_mode, seed_mode,
+                    seed_u64, vocab_offset, out_score, tile_candidates,
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_kernel.disable(error)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
-    stage1 = {}
-    plain, top_m, row_mass, key_low_bits = True, 0, False, 0
-    if truncates:
-        top_m = truncation_kernel.candidates_per_tile(params)
-        # (the packed top-m keeps the column in those bits: they must hold BLOCK_V values)
-        key_low_bits = truncation_kernel.key_low_bits(params)
-        if 1 << key_low_bits < config.block_v:
-            key_low_bits = 0
-        k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
-        plain = (
-            k_may_be_off
-            and truncation_kernel.p_may_be_off(params)
-            and truncation_kernel.min_p_may_be_off(params)
-        )
-        row_mass = k_may_be_off and not (params.top_p is None and params.scalar_top_p >= 1.0)
-        keys = torch.empty((batch, num_v_tiles * top_m), dtype=torch.int32, device=hidden.device)
-        stage1 = {
-            "top_m_key": keys,
-            "top_m_index": torch.empty_like(keys),
-            "hidden_key": torch.empty(
-                (batch, num_v_tiles), dtype=torch.int32, device=hidden.device
-            ),
-            "mass": torch.empty((batch, num_v_tiles, 2), device=hidden.device)
-            if row_mass
-            else None,
-        }
+    stage1, plain, top_m, row_mass, key_low_bits = _truncation_buffers(
+        params, batch, vocab_size, num_v_tiles, config.block_v, hidden.device
+    )
     cand_score = cand_index = None
     if plain:
         cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
@@ -590,20 +569,73 @@ def triton_fused_sample(
         if not truncates:
             _launch_stage2(cand_score, cand_index, out, out_score)
             return out
-        overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
-        floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
-        patch = None
-        if truncation_kernel.patching_pays(params):
-            patch = truncation_kernel.patch_buffers(stage1, config.block_v)
-        truncation_kernel.launch_stage2(
-            stage1, params, vocab_size, temperature_mode, out, overflow, floor,
-            patch=patch, fast_math=not interpreter,
-        )  # fmt: skip
-        truncation_kernel.launch_fallback(
-            hidden, weight, bias, params, temperature_mode, out, overflow,
-            tl_logits_dtype, dot_precision, not interpreter, floor, stage1, patch,
+        _finish_truncation(
+            hidden, weight, bias, params, stage1, config.block_v, temperature_mode, out,
+            dot_precision,
         )  # fmt: skip
     return out
+
+
+def _truncation_buffers(
+    params: SamplingParams,
+    batch: int,
+    vocab_size: int,
+    num_v_tiles: int,
+    block_v: int,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor | None], bool, int, bool, int]:
+    """What a stage 1 on ``block_v``-wide tiles writes for a truncating call: the buffers
+    (top_m_key, top_m_index [B, tiles * m], hidden_key [B, tiles], mass [B, tiles, 2] or
+    None; empty when the call does not truncate), whether it also draws the plain candidates
+    (rows that per-row knobs leave untruncated), m, whether it writes the mass partials and
+    the key bits the sign fixes (``truncation_kernel.key_low_bits``)."""
+    if not params.truncates:
+        return {}, True, 0, False, 0
+    top_m = truncation_kernel.candidates_per_tile(params)
+    # (the packed top-m keeps the column in those bits: they must hold block_v values)
+    key_low_bits = truncation_kernel.key_low_bits(params)
+    if 1 << key_low_bits < block_v:
+        key_low_bits = 0
+    k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
+    plain = (
+        k_may_be_off
+        and truncation_kernel.p_may_be_off(params)
+        and truncation_kernel.min_p_may_be_off(params)
+    )
+    row_mass = k_may_be_off and not (params.top_p is None and params.scalar_top_p >= 1.0)
+    keys = torch.empty((batch, num_v_tiles * top_m), dtype=torch.int32, device=device)
+    stage1 = {
+        "top_m_key": keys,
+        "top_m_index": torch.empty_like(keys),
+        "hidden_key": torch.empty((batch, num_v_tiles), dtype=torch.int32, device=device),
+        "mass": torch.empty((batch, num_v_tiles, 2), device=device) if row_mass else None,
+    }
+    return stage1, plain, top_m, row_mass, key_low_bits
+
+
+def _finish_truncation(
+    hidden, weight, bias, params, stage1, block_v, temperature_mode, out, dot_precision
+):  # fmt: skip
+    """Stage 2 of a truncating call over stage 1's candidates (``stage1``, on ``block_v``-wide
+    tiles), then the exact fallback's kernels, which return at once for rows stage 2 did not
+    flag (truncation_kernel.py)."""
+    batch, vocab_size = hidden.shape[0], weight.shape[0]
+    interpreter = hidden.device.type == "cpu"
+    logits_dtype = params.logits_dtype
+    tl_logits_dtype = None if logits_dtype is None else _TL_DTYPES[logits_dtype]
+    overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
+    floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
+    patch = None
+    if truncation_kernel.patching_pays(params):
+        patch = truncation_kernel.patch_buffers(stage1, block_v)
+    truncation_kernel.launch_stage2(
+        stage1, params, vocab_size, temperature_mode, out, overflow, floor,
+        patch=patch, fast_math=not interpreter,
+    )  # fmt: skip
+    truncation_kernel.launch_fallback(
+        hidden, weight, bias, params, temperature_mode, out, overflow,
+        tl_logits_dtype, dot_precision, not interpreter, floor, stage1, patch,
+    )  # fmt: skip
 
 
 def _candidates(
@@ -636,26 +668,41 @@ def _launch_stage2(
 
 
 def _hopper_fused_sample(
-    hidden, weight, bias, temperature, scalar_temperature, seed, seed_u64, num_samples,
-    logits_dtype, config, out, temperature_mode, seed_mode, vocab_offset=0, out_score=None,
-    tile_candidates=False,
+    hidden, weight, bias, params, config, out, temperature_mode, seed_mode, seed_u64,
+    vocab_offset=0, out_score=None, tile_candidates=False,
 ):  # fmt: skip
-    """Both stages with stage 1 in the warp-specialized Gluon kernel, which writes one
-    candidate per half of its hopper_kernel.BLOCK_V-wide tiles (the last three arguments as
-    in ``triton_fused_sample``)."""
+    """Both stages with stage 1 in the warp-specialized Gluon kernel (the last three arguments
+    as in ``triton_fused_sample``). Sampling: one candidate per half of its
+    hopper_kernel.BLOCK_V-wide tiles, then stage 2. Truncating: the top-m epilogue on its
+    whole tiles, then truncation_kernel's stage 2 and fallback, as after the Triton kernel."""
     from . import hopper_kernel
 
-    batch = hidden.shape[0]
-    num_v_tiles = 2 * triton.cdiv(weight.shape[0], hopper_kernel.BLOCK_V)  # half tiles
-    cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
+    batch, vocab_size = hidden.shape[0], weight.shape[0]
+    num_samples = params.num_samples
+    num_v_tiles = triton.cdiv(vocab_size, hopper_kernel.BLOCK_V)
+    stage1, plain, top_m, row_mass, key_low_bits = _truncation_buffers(
+        params, batch, vocab_size, num_v_tiles, hopper_kernel.BLOCK_V, hidden.device
+    )
+    cand_score = cand_index = None
+    if plain:  # per half tile
+        cand_score, cand_index = _candidates(batch, num_samples, 2 * num_v_tiles, hidden.device)
+        stage1.update(plain_score=cand_score, plain_index=cand_index)
     with torch.cuda.device(hidden.device):
         hopper_kernel.launch_stage1(
-            hidden, weight, bias, temperature, scalar_temperature, seed,
-            seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, logits_dtype,
+            hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
+            seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
             cand_score, cand_index, config.warp_specialized_rows, _num_sms(hidden.device),
             temperature_mode, seed_mode, vocab_offset,
+            stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
         )  # fmt: skip
-        if tile_candidates:
-            return cand_score, cand_index
-        _launch_stage2(cand_score, cand_index, out, out_score)
+        if not params.truncates:
+            if tile_candidates:
+                return cand_score, cand_index
+            _launch_stage2(cand_score, cand_index, out, out_score)
+            return out
+        # (16-bit weights: the fallback's dot takes "ieee", as the Triton kernel's does)
+        _finish_truncation(
+            hidden, weight, bias, params, stage1, hopper_kernel.BLOCK_V, temperature_mode, out,
+            "ieee",
+        )  # fmt: skip
     return out

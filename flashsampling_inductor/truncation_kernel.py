@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
 from .params import SamplingParams
 from .sampling_device import (
     INV_LN2,
@@ -839,7 +840,8 @@ def masked_gumbel_argmax(
     chunks = triton.cdiv(width, block)
     score = torch.empty((batch, num_samples, chunks), dtype=torch.float32, device=logits.device)
     index = torch.empty_like(score, dtype=torch.int32)
-    _masked_gumbel_argmax[(batch, chunks)](
+    launch(
+        _masked_gumbel_argmax, (batch, chunks),
         logits.contiguous(), threshold.contiguous(), temperature.contiguous(), seed.contiguous(),
         score, index, width, vocab_start, chunks, num_samples,
         SEED_MODE=2 if seed.dim() else 1, FAST_MATH=logits.is_cuda, BLOCK_V=block,
@@ -921,7 +923,8 @@ def _merge(
         "mass": None if mass is None else torch.empty((batch, groups, 2), device=keys.device),
     }
     block = max(16, triton.next_power_of_2(tiles_per_group * top_m))
-    _merge_tiles[(batch, groups)](
+    launch(
+        _merge_tiles, (batch, groups),
         keys, stage1["top_m_index"], stage1["hidden_key"], mass, params.temperature,
         merged["top_m_key"], merged["top_m_index"], merged["hidden_key"], merged["mass"],
         num_tiles, tiles_per_group, params.scalar_temperature,
@@ -1006,6 +1009,8 @@ def launch_stage2(
     hiding tiles, when few, for the tile-level fallback."""
     batch = out.shape[0]
     num_plain_tiles = num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
+    if stage1.get("plain_score") is not None:  # (the Gluon kernel's are per half tile)
+        num_plain_tiles = stage1["plain_score"].shape[2]
     tile_hidden = stage1.get("hidden_key")
     keep = 0 if complete or patched or batch > MERGE_MAX_BATCH else merge_keep(params, vocab_size)
     if keep and stage1["top_m_key"].shape[1] > MERGE_GROUPS * keep:
@@ -1034,7 +1039,8 @@ def launch_stage2(
     )
     dummy = keys
     patch = patch if patch_tiles else {}
-    _truncated_stage2[(batch,)](
+    launch(
+        _truncated_stage2, (batch,),
         keys, stage1.get("top_m_index", compact_index), stage1.get("hidden_key", dummy),
         stage1.get("mass"), stage1.get("plain_score"), stage1.get("plain_index"),
         params.temperature, params.seed, params.top_k, params.top_p, params.min_p, out,
@@ -1095,7 +1101,8 @@ def launch_fallback(
     if not interpreter:
         sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count
         programs = min(programs, FALLBACK_PROGRAMS_PER_SM * sms)
-    _fallback_logits[(programs,)](
+    launch(
+        _fallback_logits, (programs,),
         hidden, weight, bias, overflow, scratch, buffers.get("tiles"), buffers.get("count"),
         buffers.get("keys"), buffers.get("index"),
         batch, vocab_size, hidden_size,

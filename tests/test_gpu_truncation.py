@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
-from flashsampling_inductor import fused_sample, sample_logits
+from flashsampling_inductor import fused_sample, hopper_kernel, sample_logits
 
 from .sampling_oracle import (
     ALPHA,
@@ -82,6 +82,59 @@ def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
     assert_pathwise_equal(
         tokens, expected, hidden, weight, temperature=0.8, seed=seed,
         logits_dtype=torch.bfloat16,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "batch, vocab_size, knobs, with_bias",
+    [
+        (64, VOCAB, dict(top_k=50), False),
+        (48, 50_001, dict(top_k=256, top_p=0.9), True),
+        (100, VOCAB, dict(top_p=0.9), False),
+        (64, 50_001, dict(min_p=0.1), True),
+        (40, VOCAB, "per-row", False),
+    ],
+    ids=["k50", "k256-p09-odd-V-bias", "p09-B100", "min-p-odd-V-bias", "per-row"],
+)
+@pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-logits"])
+def test_gpu_hopper_kernel_truncating_epilogue(
+    batch, vocab_size, knobs, with_bias, logits_dtype, monkeypatch
+):
+    """From 33 to 128 rows on Hopper the Gluon kernel's top-m epilogue writes the candidates
+    (packed bf16 keys or fp32 keys, mass partials for top-p without top-k, plain candidates
+    beside them for rows per-row knobs leave untruncated, V not a multiple of its tiles,
+    a bias). On exact logits (multiples of 1/32, heavy ties at every k-th value) the tokens
+    are the reference's up to documented noise near-ties."""
+    probe = torch.empty(128, 64, device=CUDA, dtype=torch.bfloat16)
+    if not hopper_kernel.supported(probe, probe):
+        pytest.skip("not a Hopper GPU with Gluon")
+    epilogues = []
+    launch_stage1 = hopper_kernel.launch_stage1
+
+    def spy(*args, **kwargs):
+        epilogues.append(kwargs.get("top_m", 0))
+        return launch_stage1(*args, **kwargs)
+
+    monkeypatch.setattr(hopper_kernel, "launch_stage1", spy)
+    hidden, weight = make_exact_problem(batch, vocab_size, 2048, device=CUDA)
+    bias = None
+    if with_bias:  # (multiples of 1/32: the logits stay exact)
+        bias = torch.randint(-64, 64, (vocab_size,), device=CUDA) / 32
+    temperature = 0.8
+    if knobs == "per-row":
+        top_k, top_p, temperature = row_knobs(batch)
+        knobs = dict(top_k=top_k, top_p=top_p)
+    seed = torch.arange(batch, device=CUDA) * 7919 + 11
+    arguments = dict(
+        bias=bias, temperature=temperature, seed=seed, num_samples=2,
+        logits_dtype=logits_dtype, **knobs,
+    )  # fmt: skip
+    tokens = fused_sample(hidden, weight, impl="triton", **arguments)
+    expected = fused_sample(hidden, weight, impl="torch", **arguments)
+    assert epilogues and epilogues[0] > 0
+    assert_pathwise_equal(
+        tokens, expected, hidden, weight, bias=bias, temperature=temperature, seed=seed,
+        logits_dtype=logits_dtype,
     )  # fmt: skip
 
 

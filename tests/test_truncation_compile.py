@@ -14,6 +14,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from flashsampling_inductor import hopper_kernel
+
 SCRIPT = r"""
 import triton
 import triton.language as tl
@@ -152,6 +156,66 @@ def test_truncating_kernels_compile_for_hopper():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "compiled" in child.stdout
+
+
+GLUON_SCRIPT = r"""
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from flashsampling_inductor import hopper_kernel as hk
+
+kernel = hk._hopper_stage1
+pointers = {"seed_ptr": "*i64", "cand_index_ptr": "*i32", "top_m_key_ptr": "*i32",
+            "top_m_index_ptr": "*i32", "hidden_key_ptr": "*i32"}
+layout_64 = hk._shared_layout(64, torch.bfloat16)
+layout_v = hk._shared_layout(hk.BLOCK_V, torch.bfloat16)
+base = dict(
+    HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
+    STAGES=hk.STAGES[64], CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
+    LOADER_REGISTERS=hk.LOADER_REGISTERS,
+)
+variants = [
+    dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16),  # generate's top-k 50
+    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None),  # per row
+]
+for variant in variants:
+    constants = {**base, **variant}
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name == "h_desc":
+            signature[name] = f"tensordesc<bf16[64, {hk.BLOCK_D}],{layout_64!r}>"
+        elif name == "w_desc":
+            signature[name] = f"tensordesc<bf16[{hk.BLOCK_V}, {hk.BLOCK_D}],{layout_v!r}>"
+        elif name.endswith("_ptr"):
+            signature[name] = pointers.get(name, "*fp32")
+        else:
+            signature[name] = "fp32" if name == "scalar_temperature" else "i32"
+    constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
+    triton.compile(
+        GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4},
+    )
+print("compiled")
+"""
+
+
+def test_hopper_truncating_epilogue_compiles():
+    """The Gluon stage 1 with its top-m epilogue (packed bf16 keys; fp32 keys with the mass
+    partials and the sampling epilogue beside it, as per-row knobs need) compiles for
+    sm_90a: Gluon has no interpreter, so this is the CPU's only check of that code."""
+    if not hopper_kernel.AVAILABLE:
+        pytest.skip("this Triton has no Gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.run(
+        [sys.executable, "-c", GLUON_SCRIPT], capture_output=True, text=True, env=env, cwd=root
     )
     assert child.returncode == 0, child.stderr[-3000:]
     assert "compiled" in child.stdout
