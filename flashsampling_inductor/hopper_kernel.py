@@ -21,6 +21,13 @@ The result is the same as ``_sample_stage1``'s: per (row, sample, vocabulary til
 perturbed fp32 score and its global index, with the same noise stream (the shared Philox and
 Gumbel helpers), so stage 2 and every token are unchanged. Gluon needs a GPU (there is no
 interpreter), so the CPU tests run the Triton kernel and the GPU tests compare the two.
+
+Truncating calls (top-k / top-p / min-p) get the Triton kernel's top-m epilogue on the same
+128-wide tiles (``_keep_top_m``): each tile's m largest keys with their indices, the largest
+key left out and, for top-p without top-k, the tile's mass, read straight from the
+accumulators (no staging, no noise), so ``truncation_kernel``'s stage 2 reads the same
+candidates whichever kernel wrote them. Where per-row knobs leave rows untruncated the
+sampling epilogue runs beside it.
 """
 
 from __future__ import annotations

@@ -380,17 +380,16 @@ def default_config(
     # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
     hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and is_hopper(device) else 0
     if batch <= 64 and truncates:
-        # The Gluon kernel's top-m epilogue where it runs (hopper_rows); else the Triton
-        # kernel, whose epilogue then runs no MMA: long reductions hide it best with the
-        # vocabulary on M and eight warps, short ones with TMA copies. Whole calls with
-        # top-k 50 on an H100, against the tiles below: D = 4096 1.042 -> 1.021x of cuBLAS
-        # (B = 48), 1.044 -> 1.029 (64); D = 8192 1.009 -> 0.981, 1.011 -> 0.984; D = 2048
-        # with TMA 1.096 -> 1.090, 1.096 -> 1.089
-        # (kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
+        # Long reductions keep the Triton kernel, whose epilogue then runs no MMA: with the
+        # vocabulary on M and eight warps it hides the top-m epilogue as well as the Gluon
+        # kernel does (H100, B = 64, whole calls, Triton / Gluon: D = 4096 top-k 50 466 / 468
+        # us in one run, D = 8192 749 / 762 in two). Short ones take the Gluon kernel's top-m
+        # epilogue (D = 2048 top-k 50 260 -> 257 us, top-k 256 265 -> 262), or without it the
+        # Triton kernel with TMA copies (profile_calls_gluon_top_m_h100_20261125-2010.log,
+        # bench_sampling_nvidia-h100-80gb-hbm3_20261125-2021.csv; the Triton tiles' sweep:
+        # kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
         if hidden_size >= 4096:
-            return SampleConfig(
-                64, 64, 128, num_warps=8, num_stages=3, warp_specialized_rows=hopper_rows
-            )
+            return SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=hopper_rows
         )
