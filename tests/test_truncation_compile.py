@@ -152,13 +152,7 @@ def test_truncating_kernels_compile_for_hopper():
     top-k; on candidates in registers, and the fallback's over V in chunks), the
     fallback's logits (soft-cap, MMA tiles) and the TP shard's masked draw compile for
     sm_90a."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=root
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    assert "compiled" in child.stdout
+    _compile_in_a_child(SCRIPT)
 
 
 GLUON_SCRIPT = r"""
@@ -212,10 +206,16 @@ def test_hopper_truncating_epilogue_compiles():
     sm_90a: Gluon has no interpreter, so this is the CPU's only check of that code."""
     if not hopper_kernel.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
+    _compile_in_a_child(GLUON_SCRIPT)
+
+
+def _compile_in_a_child(script: str) -> None:
+    """Run ``script`` in a fresh interpreter without TRITON_INTERPRET (this process may have
+    it set, and the compiler must see real kernels); it prints "compiled" at its end."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.run(
-        [sys.executable, "-c", GLUON_SCRIPT], capture_output=True, text=True, env=env, cwd=root
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root
     )
     assert child.returncode == 0, child.stderr[-3000:]
     assert "compiled" in child.stdout
