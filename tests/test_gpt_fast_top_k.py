@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from expecttest import TestCase
 
 from .catalog_checks import (
     assert_left_alone,
@@ -16,6 +15,7 @@ from .catalog_checks import (
     compiled_draws,
     top_k_probs,
 )
+from .graph_capture import TestCase
 
 D, V = 24, 1000
 torch.manual_seed(0)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from expecttest import TestCase
 from scipy import stats
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
@@ -16,7 +15,7 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import flashsampling_inductor  # noqa: F401
 
-from .graph_capture import graph_after_pass
+from .graph_capture import TestCase, graph_after_pass
 from .test_patterns import gpt_fast, gumbel_eps, hidden, logits_returned, nanogpt
 
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from expecttest import TestCase
 from torch._dynamo.utils import counters
 
 from flashsampling_inductor import patterns, sample_logits
 
 from .catalog_checks import assert_left_alone, assert_one_fused_call, chi_square_p, compiled_draws
-from .graph_capture import graph_after_pass
+from .graph_capture import TestCase, graph_after_pass
 
 B, T, D, V = 3, 5, 24, 1000
 torch.manual_seed(0)

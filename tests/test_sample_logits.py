@@ -9,14 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from expecttest import TestCase
 from torch._dynamo.utils import counters
 
 from flashsampling_inductor import sample_logits
 from flashsampling_inductor.patterns import sample_logits as idiom
 
 from .catalog_checks import assert_left_alone, assert_one_fused_call
-from .graph_capture import graph_after_pass
+from .graph_capture import TestCase, graph_after_pass
 
 B, T, D, V = 16, 5, 24, 1000
 torch.manual_seed(0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from expecttest import TestCase
 from torch._dynamo.utils import counters
 
 from flashsampling_inductor import sample_logits
@@ -24,7 +23,7 @@ from .catalog_checks import (
     top_k_probs,
     top_p_probs,
 )
-from .graph_capture import graph_after_pass
+from .graph_capture import TestCase, graph_after_pass
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402

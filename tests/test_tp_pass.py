@@ -8,13 +8,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from expecttest import TestCase
 
 from flashsampling_inductor import fused_sample
 from flashsampling_inductor.patterns import tp_gather
 from flashsampling_inductor.tp import _SEED_STRIDE, _seed_stream
 
-from .graph_capture import graph_after_pass
+from .graph_capture import TestCase, graph_after_pass
 from .sampling_oracle import assert_pathwise_equal, make_problem
 from .tp_ranks import run_ranks
 

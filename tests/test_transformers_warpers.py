@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from expecttest import TestCase
 
 from flashsampling_inductor.patterns import top_p_mask
 
@@ -20,7 +19,7 @@ from .catalog_checks import (
     top_k_probs,
     top_p_probs,
 )
-from .graph_capture import graph_after_pass
+from .graph_capture import TestCase, graph_after_pass
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
