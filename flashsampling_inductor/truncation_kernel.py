@@ -168,19 +168,77 @@ def _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK: tl.
 
 
 @triton.jit
-def _kth_key(keys, k, LOW_BITS: tl.constexpr):
-    """The largest key T with at least k of ``keys`` >= T: the k-th largest key (KEY_PAD when
-    fewer than k are real), built bit by bit from KEY_PAD = -2**31 up (so a trial never
-    leaves the int32 range) down to bit LOW_BITS, below which every key's bits are its
-    sign's (``key_low_bits``: half the passes with bf16 logits). Counts are integers: exact.
-    (Settling four bits a pass with a [lanes, 16] count per pass cost the merge 2x on an
-    H100: the 2-D reduction goes through shared memory; one bit a pass reduces registers.)"""
+def _range_combine(lo0, hi0, n0, lo1, hi1, n1):
+    return tl.minimum(lo0, lo1), tl.maximum(hi0, hi1), n0 + n1
+
+
+@triton.jit
+def _search_start(lo, hi, LOW_BITS: tl.constexpr):
+    """Where a bitwise search for a key known to lie in [lo, hi] starts: the bits above the
+    highest one in which lo and hi differ are the answer's too, so the search starts from lo
+    with that bit and those below it cleared (in the biased domain key + 2**31, where int32
+    order is unsigned order) and settles only them. Returns (start, top): the biased start
+    (int64) and that highest bit (LOW_BITS - 1 when lo and hi differ in no searched bit).
+    On real rows the candidates span an octave or two: a bf16 search settles ~9 of its 16
+    bits, an fp32 one ~25 of 32."""
     one = tl.full((), 1, tl.int64)
-    bound = tl.full((), KEY_PAD, tl.int32)
-    for i in range(32 - LOW_BITS):
-        trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
-        count = tl.sum((keys >= trial).to(tl.int32))
-        bound = tl.where(count >= k, trial, bound)
+    low = lo.to(tl.int64) + (one << 31)
+    differ = low ^ (hi.to(tl.int64) + (one << 31))
+    top = tl.full((), LOW_BITS - 1, tl.int32)
+    for bit in tl.static_range(LOW_BITS, 32):
+        top = tl.where(((differ >> bit) & 1) != 0, bit, top)
+    shift = (top + 1).to(tl.int64)
+    return (low >> shift) << shift, top
+
+
+@triton.jit
+def _kth_key(keys, k, LOW_BITS: tl.constexpr, NARROW: tl.constexpr):
+    """The largest key T with at least k of ``keys`` >= T: the k-th largest key (KEY_PAD when
+    fewer than k are real), settled down to bit LOW_BITS, below which every key's bits are
+    its sign's (``key_low_bits``: half the passes with bf16 logits). Counts are integers:
+    exact. Without NARROW, one bit a pass from KEY_PAD = -2**31 up (so a trial never leaves
+    the int32 range). With NARROW, only the bits below those the smallest real key and the
+    largest share (``_search_start``), two a pass: a pass's three counts (keys >= bound +
+    c * 2**bit, c = 1, 2, 3) are one int64 sum, 16 bits each, so it costs one reduction; ~5
+    passes instead of 16 with bf16 logits. That pays in stage 2 (8 or 16 warps: H100, B = 64,
+    top-k 256 9.1 -> 7.9 us) but not in the one-warp merge (5.7 -> 7.3 us), where a pass is
+    cheap and the range reduction and the int64 counts are not. (Settling four bits a pass
+    with a [lanes, 16] count cost the merge 2x: that 2-D reduction goes through shared
+    memory.)"""
+    one = tl.full((), 1, tl.int64)
+    if NARROW:
+        tl.static_assert(keys.shape[0] < 65536)  # (a count fits its 16 bits)
+        real = keys > KEY_PAD
+        lo, hi, num_real = tl.reduce(
+            (tl.where(real, keys, _INT32_MAX), keys, real.to(tl.int32)), 0, _range_combine
+        )
+        bound, top = _search_start(lo, hi, LOW_BITS)
+        # Pairs of bits (bit + 1, bit), from the highest down to LOW_BITS; those above top
+        # stay lo's (and hi's).
+        NUM_PAIRS: tl.constexpr = (33 - LOW_BITS) // 2
+        for pair in tl.static_range(NUM_PAIRS):
+            bit = LOW_BITS + 2 * (NUM_PAIRS - 1 - pair)
+            if bit <= top:
+                # (a trial past the int32 range, bit 32 set, is clamped above every key)
+                trial = tl.minimum(bound + (one << bit) - (one << 31), _INT32_MAX)
+                trial2 = tl.minimum(bound + (one << (bit + 1)) - (one << 31), _INT32_MAX)
+                trial3 = tl.minimum(bound + 3 * (one << bit) - (one << 31), _INT32_MAX)
+                counts = tl.sum(
+                    (keys >= trial.to(tl.int32)).to(tl.int64)
+                    + ((keys >= trial2.to(tl.int32)).to(tl.int64) << 16)
+                    + ((keys >= trial3.to(tl.int32)).to(tl.int64) << 32)
+                )
+                digit = ((counts & 0xFFFF) >= k).to(tl.int64)
+                digit += (((counts >> 16) & 0xFFFF) >= k).to(tl.int64)
+                digit += (((counts >> 32) & 0xFFFF) >= k).to(tl.int64)
+                bound += digit << bit
+        bound = tl.where(num_real >= k, bound - (one << 31), KEY_PAD).to(tl.int32)
+    else:
+        bound = tl.full((), KEY_PAD, tl.int32)
+        for i in range(32 - LOW_BITS):
+            trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+            count = tl.sum((keys >= trial).to(tl.int32))
+            bound = tl.where(count >= k, trial, bound)
     return restore_low_bits(bound, LOW_BITS)
 
 
@@ -189,7 +247,9 @@ def _nucleus_bound(keys, weights, total, top_p, LOW_BITS: tl.constexpr):
     """Top-p over candidates held in registers: the smallest kept key, i.e. the largest key
     T whose mass at or above it is still >= p * total, built bit by bit from KEY_PAD = -2**31
     up (so a trial never leaves the int32 range) down to bit LOW_BITS (``_kth_key``). One
-    bit a pass keeps each pass's mass the same sum over the same lanes as the reference's."""
+    bit a pass keeps each pass's mass the same sum over the same lanes as the reference's.
+    (Starting between the weighed candidates' extreme keys, as ``_kth_key`` does, cost top-p
+    alone at B = 128 4 us more on an H100.)"""
     threshold = top_p * total
     one = tl.full((), 1, tl.int64)
     bound = tl.full((), KEY_PAD, tl.int32)
@@ -308,7 +368,7 @@ def _merge_tiles(
     keys = tl.load(key_ptr + source, mask=mask, other=KEY_PAD)
     index = tl.load(index_ptr + source, mask=mask, other=0)
     # The KEEP-th largest key (KEY_PAD when fewer are real).
-    bound = _kth_key(keys, KEEP, KEY_LOW_BITS)
+    bound = _kth_key(keys, KEEP, KEY_LOW_BITS, False)
     keep = keys > bound
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     target = row64 * num_groups * KEEP + group * KEEP
@@ -475,7 +535,7 @@ def _truncated_stage2(
     survivor_bound = tl.full((), KEY_PAD, tl.int32)
     if k_on:
         if SINGLE:
-            survivor_bound = _kth_key(row_keys, top_k, KEY_LOW_BITS)
+            survivor_bound = _kth_key(row_keys, top_k, KEY_LOW_BITS, True)
         else:
             for i in range(32):
                 trial = (survivor_bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
