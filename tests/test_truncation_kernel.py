@@ -469,7 +469,7 @@ def test_key_searches_are_exact_wherever_the_keys_lie(case, low_bits):
     tie at every key, and a nucleus over a row mass the candidates hold only part of."""
     gen = torch.Generator().manual_seed(low_bits)
     dtype = {0: torch.float32, 13: torch.float16, 16: torch.bfloat16}[low_bits]
-    values = {
+    draws = {
         "positive": torch.rand(200, generator=gen) * 20 + 0.5,
         "negative": -torch.rand(200, generator=gen) * 20 - 0.5,
         "mixed": torch.randn(200, generator=gen) * 6,
@@ -477,7 +477,8 @@ def test_key_searches_are_exact_wherever_the_keys_lie(case, low_bits):
         "few_real": torch.rand(5, generator=gen) * 4 + 1.0,
         "row_mass": torch.randn(200, generator=gen) * 2 + 10.0,
         "all_tied": torch.full((200,), 3.25),
-    }[case].to(dtype).float()
+    }
+    values = draws[case].to(dtype).float()
     ks = [1, 2, 3, 4, 5, 6, 50, 199, 200, 201]
     ps = [0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95, 0.99, 0.999, 1.0]
     row_mass = 1.7 if case == "row_mass" else 1.0
