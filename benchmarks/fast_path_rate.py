@@ -133,8 +133,8 @@ def main() -> None:
         f"# fast_path_rate: V = {VOCAB}, B = {args.batch}, tiles {config.block_v} wide, "
         f"m = {m} candidates per tile, T = 1, {where}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"# stage 2 merges candidates in {truncation_kernel.MERGE_GROUPS} groups per row at"
-        f" B <= {truncation_kernel.MERGE_MAX_BATCH}; a flagged row with at most"
+        f"# stage 2 merges candidates in {truncation_kernel.MERGE_GROUPS} groups per row;"
+        f" a flagged row with at most"
         f" {truncation_kernel.PATCH_TILES} hiding tiles is patched (those tiles recomputed)",
         "| rows | entropy (nats) | filter | kept tokens (median, max) | fast path | patched |"
         " whole row recomputed |",

@@ -3,8 +3,8 @@
 Stage 1 (``sampling_kernel._sample_stage1`` with ``TOP_M > 0``) leaves, per row and
 vocabulary tile, the tile's ``m`` largest scores as order-preserving int32 keys with their
 global indices, and the largest key it did NOT keep (``hidden_key``): no [B, V] logits, and
-no noise for truncated rows. At B <= 64, ``_merge_tiles`` first keeps each group of ~37
-tiles' 31 largest candidates (what it leaves out joins the group's hidden key), so stage 2
+no noise for truncated rows. ``_merge_tiles`` first keeps each group of ~37 tiles' 31
+largest candidates (what it leaves out joins the group's hidden key), so stage 2
 sees 2048 candidates instead of 9496. Stage 2, one program per row, works on those only:
 
 * top-k: the k-th largest candidate key by a binary search on the key bits (32 counting
@@ -83,11 +83,11 @@ STAGE2_LANES = 16384
 # tiles * m (9496 at V = 151936 on 64-wide tiles). Tests lower them to merge small rows.
 MERGE_GROUPS = 64
 MERGE_KEEP = 32
-# Only up to this batch: one program per row leaves SMs idle there, and the merge (64
-# one-warp programs per row, 4-8 us) is cheaper than the search over 4748-9496 candidates it
-# replaces (H100, B = 64: top-p 0.9 281 -> 268 us at D = 2048, 495 -> 484 at D = 4096); at
-# B = 256 it cost more than it saved (+15 to +20 us).
-MERGE_MAX_BATCH = 64
+# At every batch: the merge (64 one-warp programs per row, 4-16 us) is cheaper than stage 2's
+# search over the 4748-9496 candidates it replaces. H100, whole calls, D = 2048, unmerged ->
+# merged: B = 64 top-p 0.9 281 -> 268 us; B = 128 top-k 50 261 -> 256, top-p 0.9 296 -> 278;
+# B = 256 top-k 50 364 -> 346, top-p 0.9 439 -> 402 (merge_above_64_rows_h100_*.log). (An
+# older stage 1 and stage 2 had it cost B = 256 15-20 us more, so it once stopped at 64.)
 # A flagged row's overflow code: the whole row recomputed (OVERFLOW_FULL) or only the tiles
 # that may hide a kept token, at most PATCH_TILES of them (OVERFLOW_PATCH).
 OVERFLOW_FULL = tl.constexpr(1)
@@ -1072,7 +1072,7 @@ def launch_stage2(
     if stage1.get("plain_score") is not None:  # (the Gluon kernel's are per half tile)
         num_plain_tiles = stage1["plain_score"].shape[2]
     tile_hidden = stage1.get("hidden_key")
-    keep = 0 if complete or patched or batch > MERGE_MAX_BATCH else merge_keep(params, vocab_size)
+    keep = 0 if complete or patched else merge_keep(params, vocab_size)
     if keep and stage1["top_m_key"].shape[1] > MERGE_GROUPS * keep:
         stage1 = _merge(stage1, params, temperature_mode, keep)
         num_tiles = stage1["hidden_key"].shape[1]

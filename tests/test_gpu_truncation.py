@@ -68,10 +68,11 @@ def test_gpu_truncated_kernel_matches_reference_pathwise(batch, hidden_size, log
 )
 def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
     """Scalar knobs, as generate passes them, with bf16 logits: each tile keeps its m = 4, 6
-    or 16 largest keys by one int32 max over keys packed with their column, B <= 64 merges
-    them per group of tiles, and the k-th key and nucleus searches skip the 16 low key bits
-    that bf16 fixes. Exact logits (multiples of 1/32): heavy ties at every k-th value. The
-    fused kernel draws the reference's tokens up to documented noise near-ties."""
+    or 16 largest keys by one int32 max over keys packed with their column, stage 2 merges
+    them per group of tiles (not for k = 2000), and the k-th key and nucleus searches skip
+    the 16 low key bits that bf16 fixes. Exact logits (multiples of 1/32): heavy ties at
+    every k-th value. The fused kernel draws the reference's tokens up to documented noise
+    near-ties."""
     hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
     seed = torch.arange(batch, device=CUDA) * 7919 + 11
     arguments = dict(
