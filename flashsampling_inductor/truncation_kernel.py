@@ -7,8 +7,9 @@ no noise for truncated rows. ``_merge_tiles`` first keeps each group of ~37 tile
 largest candidates (what it leaves out joins the group's hidden key), so stage 2
 sees 2048 candidates instead of 9496. Stage 2, one program per row, works on those only:
 
-* top-k: the k-th largest candidate key by a binary search on the key bits (32 counting
-  passes, no sort); survivors are the keys >= it, ties all kept;
+* top-k: the k-th largest candidate key by a search on the key bits (counting passes, no
+  sort; only the bits below those the extreme candidates share, two a pass); survivors are
+  the keys >= it, ties all kept;
 * completeness: a tile whose hidden key is >= that threshold (and above -inf) may hide a
   survivor, so the row "overflows"; otherwise the candidates hold every survivor, and the
   threshold is the row's true k-th value (the k-th largest of a subset is <= the true one,
@@ -201,7 +202,7 @@ def _kth_key(keys, k, LOW_BITS: tl.constexpr, NARROW: tl.constexpr):
     largest share (``_search_start``), two a pass: a pass's three counts (keys >= bound +
     c * 2**bit, c = 1, 2, 3) are one int64 sum, 16 bits each, so it costs one reduction; ~5
     passes instead of 16 with bf16 logits. That pays in stage 2 (8 or 16 warps: H100, B = 64,
-    top-k 256 9.1 -> 7.9 us) but not in the one-warp merge (5.7 -> 7.3 us), where a pass is
+    top-k 256 9.1 -> 7.9 us) but not in the one-warp merge (5.6 -> 6.5-7.3 us), where a pass is
     cheap and the range reduction and the int64 counts are not. (Settling four bits a pass
     with a [lanes, 16] count cost the merge 2x: that 2-D reduction goes through shared
     memory.)"""
