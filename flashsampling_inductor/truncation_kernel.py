@@ -180,8 +180,8 @@ def _search_start(lo, hi, LOW_BITS: tl.constexpr):
     with that bit and those below it cleared (in the biased domain key + 2**31, where int32
     order is unsigned order) and settles only them. Returns (start, top): the biased start
     (int64) and that highest bit (LOW_BITS - 1 when lo and hi differ in no searched bit).
-    On real rows the candidates span an octave or two: a bf16 search settles ~9 of its 16
-    bits, an fp32 one ~25 of 32."""
+    Candidates within an octave or two (std-5 rows: the top few per tile) leave about half
+    of a bf16 search's 16 bits to settle."""
     one = tl.full((), 1, tl.int64)
     low = lo.to(tl.int64) + (one << 31)
     differ = low ^ (hi.to(tl.int64) + (one << 31))
