@@ -33,6 +33,13 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
 
 Shapes are LM heads of real models: Qwen3-1.7B (2048, 151936), Qwen3-8B (4096, 151936),
 Llama-3-70B (8192, 128256); B runs over 1..256. The logits are N(0, s^2) with s =
+``--fused-seed`` (default drawn): the fused providers' seed. ``drawn`` leaves it to the op,
+which draws it on the device (``torch.randint`` in the graph; a CUDA graph holding any torch
+RNG op also replays torch's generator prologue, two small kernels before each replay: ~7 us
+of an H200 call at D = 2048, results/seed_cost_h200_*.log, which any torch sampler in a
+graph pays). ``tensor`` passes a fixed 0-d device seed, as the FlashInfer providers get: the
+op's own cost, the like-for-like comparison with them.
+
 ``--logit-std`` (default 1): a flat distribution, which plain sampling and top-k do not
 notice but top-p and min-p do (their kept sets, and FlashInfer's rejection rounds, depend on
 it): ``--logit-std 5`` gives rows of ~3.6 nats entropy with ~90 tokens in the 0.9 nucleus
@@ -122,6 +129,14 @@ class DecodeStep(torch.nn.Module):
 # With bf16 the keys' 16 low bits are their sign's and the kernel uses it (truncation_kernel.
 # key_low_bits); fp32 logits take the general path.
 FUSED_LOGITS = {"bf16": torch.bfloat16, "fp32": None}
+# --fused-seed tensor: the fused providers take a fixed 0-d device seed (set in main).
+FUSED_SEED_TENSOR = False
+
+
+def fused_seed(device: torch.device) -> torch.Tensor | None:
+    return torch.tensor(1234, dtype=torch.int64, device=device) if FUSED_SEED_TENSOR else None
+
+
 TOP_K, TOP_P, MIN_P = 50, 0.9, 0.1
 
 
@@ -197,7 +212,10 @@ def fused_truncated_builder(**knobs) -> Callable[..., Step]:
     def build(weight: torch.Tensor, logits_dtype: torch.dtype | None) -> Step:
         from flashsampling_inductor import fused_sample
 
-        return lambda hidden: fused_sample(hidden, weight, logits_dtype=logits_dtype, **knobs)
+        seed = fused_seed(weight.device)
+        return lambda hidden: fused_sample(
+            hidden, weight, logits_dtype=logits_dtype, seed=seed, **knobs
+        )
 
     return build
 
@@ -209,7 +227,8 @@ def build_matmul(weight: torch.Tensor) -> Step:
 def build_fused(weight: torch.Tensor) -> Step:
     from flashsampling_inductor import fused_sample
 
-    return lambda hidden: fused_sample(hidden, weight)
+    seed = fused_seed(weight.device)
+    return lambda hidden: fused_sample(hidden, weight, seed=seed)
 
 
 def build_eager_race(weight: torch.Tensor) -> Step:
@@ -410,6 +429,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fused-logits", choices=tuple(FUSED_LOGITS), default="bf16",
         help="logits the fused top-k / top-p / min-p providers sample: bf16 (default: what\n"
         "the rewrite of a bf16 LM head passes, and the cuBLAS logits the peers read) or fp32",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fused-seed", choices=("drawn", "tensor"), default="drawn",
+        help="the fused providers' seed: drawn on the device by the op (default) or a fixed\n"
+        "0-d device tensor, as the FlashInfer providers get (see above)",
     )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan; needs no GPU")
     args = parser.parse_args(argv)
@@ -684,6 +708,8 @@ def run_shape(
             for timing, value, note in measured:
                 if provider.truncating:
                     note = "; ".join(filter(None, (f"{args.fused_logits} logits", note)))
+                if FUSED_SEED_TENSOR and name.startswith("fused"):
+                    note = "; ".join(filter(None, ("seed tensor", note)))
                 results.add(Row(dim, vocab, batch, name, timing, value, note))
             print(f"  ({name}: {time.perf_counter() - start:.1f} s)", flush=True)
     return True
@@ -786,7 +812,8 @@ def markdown_tables(rows: list[Row], meta: dict[str, str]) -> str:
         out += [
             f"\n### {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}:"
             f" {timing} timing; matmul and fused in us; peer columns = peer time / fused time;"
-            f" fused top-k / top-p / min-p on {meta.get('fused_logits', 'fp32')} logits",
+            f" fused top-k / top-p / min-p on {meta.get('fused_logits', 'fp32')} logits;"
+            f" fused seed {meta.get('fused_seed', 'drawn')}",
             "",
             "| D, V | B | matmul | fused | fused/matmul | " + " | ".join(peers) + " |",
             "|---|---|---|---|---|" + "---|" * len(peers),
@@ -857,7 +884,9 @@ def _stop_on_sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    global FUSED_SEED_TENSOR
     args = parse_args(argv)
+    FUSED_SEED_TENSOR = args.fused_seed == "tensor"
     print(describe_plan(args), flush=True)
     if args.dry_run:
         return 0
@@ -873,6 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         "triton": triton.__version__,
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "fused_logits": args.fused_logits,
+        "fused_seed": args.fused_seed,
     }
     stem = f"bench_sampling_{slug(meta['gpu'])}_{now.strftime('%Y%m%d-%H%M')}"
     results = Results(args.out_dir / f"{stem}.csv", meta)

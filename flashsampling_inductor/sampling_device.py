@@ -10,6 +10,7 @@ and ``truncation_kernel.py`` each import from here and never from each other's d
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -21,12 +22,14 @@ __all__ = [
     "KEY_MINUS_INF",
     "KEY_PAD",
     "LN2",
+    "await_previous_kernel",
     "bits_to_log2_gumbel",
     "gumbel_tile",
     "is_hopper",
     "key_value",
     "knob_per_row",
     "ordered_key",
+    "pdl_launch",
     "philox4x32",
     "restore_low_bits",
     "round_logits",
@@ -291,6 +294,39 @@ def token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH: tl.constex
     word = index % 4
     bits = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
     return bits_to_log2_gumbel(bits, FAST_MATH)
+
+
+@triton.jit
+def await_previous_kernel(PDL: tl.constexpr):
+    """With PDL (a programmatic dependent launch, ``pdl_launch``): wait until the kernel
+    before this one on the stream has finished and its writes are visible, then let the next
+    one's programs be scheduled. First in the kernel, before any load or store, so the
+    launch only overlaps this kernel's scheduling with the previous one's last programs."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def pdl_launch(device: torch.device) -> dict[str, bool]:
+    """Keywords for a kernel that starts with ``await_previous_kernel(PDL)``: PDL and
+    launch_pdl on sm_90 and later (Triton's launcher then marks the launch as a programmatic
+    dependent, kept as such in a CUDA graph), else PDL off. Between the small kernels that
+    follow stage 1 this saves part of each launch gap. FLASHSAMPLING_PDL=0 turns it off."""
+    return {"PDL": True, "launch_pdl": True} if _pdl_supported(device) else {"PDL": False}
+
+
+@functools.cache
+def _pdl_supported(device: torch.device) -> bool:
+    if os.environ.get("FLASHSAMPLING_PDL", "1") == "0" or device.type != "cuda":
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return (
+        "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
 
 
 @functools.cache

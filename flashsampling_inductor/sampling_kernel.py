@@ -41,9 +41,11 @@ from .params import SamplingParams
 from .sampling_device import (
     KEY_PAD,
     LN2,
+    await_previous_kernel,
     gumbel_tile,
     is_hopper,
     ordered_key,
+    pdl_launch,
     restore_low_bits,
     round_logits,
     softcap_logits,
@@ -326,10 +328,11 @@ def _sample_stage1(
 @triton.jit
 def _sample_stage2(
     cand_score_ptr, cand_index_ptr, out_ptr, out_score_ptr, num_candidates,
-    HAS_SCORE: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_SCORE: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (row, sample): the argmax over its candidates, ties to the lowest;
     with HAS_SCORE also the winning score (a tensor-parallel shard's candidate)."""
+    await_previous_kernel(PDL)
     pid = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
     mask = offs < num_candidates
@@ -380,15 +383,15 @@ def default_config(
     # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
     hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and is_hopper(device) else 0
     if batch <= 64 and truncates:
-        # Long reductions keep the Triton kernel, whose epilogue then runs no MMA: with the
-        # vocabulary on M and eight warps it hides the top-m epilogue as well as the Gluon
-        # kernel does (H100, B = 64, whole calls, Triton / Gluon: D = 4096 top-k 50 466 / 468
-        # us in one run, D = 8192 749 / 762 in two). Short ones take the Gluon kernel's top-m
-        # epilogue (D = 2048 top-k 50 260 -> 257 us, top-k 256 265 -> 262), or without it the
-        # Triton kernel with TMA copies (profile_calls_gluon_top_m_h100_20261125-2010.log,
-        # bench_sampling_nvidia-h100-80gb-hbm3_20261125-2021.csv; the Triton tiles' sweep:
-        # kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
-        if hidden_size >= 4096:
+        # The Gluon kernel's top-m epilogue at every D on Hopper. H200, B = 64, whole calls,
+        # seed given, Triton (64 x 64 x 128 tiles, the choice below without it) -> Gluon: D =
+        # 4096 top-k 50 356 -> 321 us, top-k 256 367 -> 327; D = 8192 top-k 50 650 -> 614
+        # (config_ab_h200_20261125-2355.log). On an H100 the two were even at D = 4096 (466 /
+        # 468 us) and Gluon 2% slower at D = 8192 (749 / 762); at D = 2048 Gluon is ahead on
+        # both (H100 top-k 50 260 -> 257 us: profile_calls_gluon_top_m_h100_20261125-2010.log).
+        # Without it, long reductions keep the vocabulary on M with eight warps (the Triton
+        # tiles' sweep: kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
+        if hidden_size >= 4096 and not hopper_rows:
             return SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=hopper_rows
@@ -663,6 +666,7 @@ def _launch_stage2(
         num_v_tiles,
         HAS_SCORE=out_score is not None,
         BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
+        **pdl_launch(out.device),
     )
 
 

@@ -47,9 +47,11 @@ from .sampling_device import (
     KEY_MINUS_INF,
     KEY_PAD,
     LN2,
+    await_previous_kernel,
     key_value,
     knob_per_row,
     ordered_key,
+    pdl_launch,
     restore_low_bits,
     round_logits,
     row_seeds,
@@ -350,13 +352,14 @@ def _merge_tiles(
     num_tiles, tiles_per_group, scalar_temperature,
     TEMPERATURE_MODE: tl.constexpr, HAS_MASS: tl.constexpr, TOP_M: tl.constexpr,
     KEEP: tl.constexpr, BLOCK: tl.constexpr, TILE_BLOCK: tl.constexpr,
-    KEY_LOW_BITS: tl.constexpr,
+    KEY_LOW_BITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Program (row, group): the KEEP - 1 or fewer largest candidate keys of the group's
     tiles, those strictly above the KEEP-th largest (so ties there never need breaking),
     and the group's hidden key: the largest of its tiles' hidden keys and that KEEP-th key.
     Every token the group leaves out is at or below it, so stage 2's completeness proof
     holds over groups as over tiles. The tiles' mass partials merge into the group's."""
+    await_previous_kernel(PDL)
     row = tl.program_id(0)
     group = tl.program_id(1)
     row64 = row.to(tl.int64)
@@ -422,8 +425,10 @@ def _truncated_stage2(
     # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
     PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
     KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
+    PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates."""
+    await_previous_kernel(PDL)
     row = tl.program_id(0)
     if COMPLETE:
         if tl.load(overflow_ptr + row) != OVERFLOW_FULL:
@@ -813,7 +818,7 @@ def _fallback_logits(
     HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, SCAN: tl.constexpr,
-    PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
+    PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Recompute the logits of the rows that overflowed into scratch [B, V] fp32. The
     programs take the num_full_programs vocabulary tiles in turn (a persistent grid: the
@@ -823,6 +828,7 @@ def _fallback_logits(
     Before that, the programs take the B * PATCH_TILES items (r, j) (item = r * PATCH_TILES
     + j) in turn: tile j of row r recomputed for a patched row (OVERFLOW_PATCH) listing at
     least j + 1 tiles, as keys and indices for the patched stage 2."""
+    await_previous_kernel(PDL)
     pid = tl.program_id(0)
     if PATCH_TILES > 0:
         for item in range(pid, B * PATCH_TILES, tl.num_programs(0)):
@@ -991,7 +997,7 @@ def _merge(
         num_tiles, tiles_per_group, params.scalar_temperature,
         TEMPERATURE_MODE=temperature_mode, HAS_MASS=mass is not None, TOP_M=top_m, KEEP=keep,
         BLOCK=block, TILE_BLOCK=max(16, triton.next_power_of_2(tiles_per_group)),
-        KEY_LOW_BITS=key_low_bits(params),
+        KEY_LOW_BITS=key_low_bits(params), **pdl_launch(keys.device),
         num_warps=max(1, min(4, block // 256)),
     )  # fmt: skip
     return merged
@@ -1120,7 +1126,7 @@ def launch_stage2(
         COMPLETE=complete, SINGLE=lanes <= block, FAST_MATH=fast_math, BLOCK=block,
         COMPACT=compact_slots, PACK=pack_slots, PATCHED=patched, PATCH_TILES=patch_tiles,
         PATCH_V=patch_width, KEY_LOW_BITS=0 if complete else key_low_bits(params),
-        num_warps=16 if block >= 8192 else 8,
+        **pdl_launch(out.device), num_warps=16 if block >= 8192 else 8,
     )  # fmt: skip
 
 
@@ -1174,7 +1180,7 @@ def launch_fallback(
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
         SCAN=min(256, max(16, triton.next_power_of_2(batch))),
         PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
-        num_warps=4, num_stages=3,
+        **pdl_launch(hidden.device), num_warps=4, num_stages=3,
     )  # fmt: skip
     if patch is not None:
         launch_stage2(

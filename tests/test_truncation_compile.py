@@ -51,7 +51,7 @@ stage2 = {
 # top-k), mass partials.
 stage2_shared = dict(
     plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
-    HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048,
+    HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True,
 )
 
 
@@ -93,7 +93,7 @@ merge = {
 compile_kernel(
     truncation_kernel._merge_tiles, merge,
     dict(TEMPERATURE_MODE=2, HAS_MASS=True, TOP_M=4, KEEP=32, BLOCK=256, TILE_BLOCK=64,
-         KEY_LOW_BITS=16),
+         KEY_LOW_BITS=16, PDL=True),
     num_warps=2,
 )
 stage1 = {
@@ -129,7 +129,7 @@ compile_kernel(
     truncation_kernel._fallback_logits, fallback,
     dict(bias_ptr=None, HAS_BIAS=False, LOGITS_DTYPE=None, HAS_SOFTCAP=True,
          DOT_PRECISION="ieee", INTERPRETER=False, BLOCK_B=16, BLOCK_V=128, BLOCK_D=64,
-         SCAN=256, PATCH_TILES=16, PATCH_V=128),
+         SCAN=256, PATCH_TILES=16, PATCH_V=128, PDL=True),
     num_warps=4, num_stages=3,
 )
 # Tensor parallelism with top-k: one shard's masked draw over its materialized logits.
@@ -143,6 +143,13 @@ for seed_mode in (1, 2):
         truncation_kernel._masked_gumbel_argmax, masked,
         dict(SEED_MODE=seed_mode, FAST_MATH=True, BLOCK_V=1024), num_warps=4,
     )
+# Plain sampling's stage 2 (a programmatic dependent launch, as every kernel after stage 1).
+compile_kernel(
+    sampling_kernel._sample_stage2,
+    {"cand_score_ptr": "*fp32", "cand_index_ptr": "*i32", "out_ptr": "*i64",
+     "num_candidates": "i32"},
+    dict(out_score_ptr=None, HAS_SCORE=False, BLOCK_C=4096, PDL=True), num_warps=4,
+)
 print("compiled")
 """
 
@@ -150,8 +157,8 @@ print("compiled")
 def test_truncating_kernels_compile_for_hopper():
     """Stage 1 (soft-cap, top-m, mass partials), stage 2 (per-row top-p and min-p, no
     top-k; on candidates in registers, and the fallback's over V in chunks), the
-    fallback's logits (soft-cap, MMA tiles) and the TP shard's masked draw compile for
-    sm_90a."""
+    fallback's logits (soft-cap, MMA tiles), the TP shard's masked draw and plain
+    stage 2 compile for sm_90a, the kernels after stage 1 as programmatic dependents."""
     _compile_in_a_child(SCRIPT)
 
 
