@@ -919,20 +919,29 @@ def masked_gumbel_argmax(
     return best[..., 0], winner.to(torch.int64)
 
 
-def candidates_per_tile(params: SamplingParams) -> int:
-    """m: how many of its largest scores each (row, vocabulary tile) keeps for stage 2.
+def candidates_per_tile(params: SamplingParams, block_v: int = 128) -> int:
+    """m: how many of its largest scores each (row, ``block_v``-wide vocabulary tile) keeps
+    for stage 2.
 
     A row overflows only when one tile holds more than m of the tokens it keeps; with k
-    survivors spread at random over V / 128 tiles (the widest), the chance that some tile of
-    a row holds more than m is about 4e-6 for m = 4 up to k = 64 and for m = 6 up to k = 256
-    (Poisson: 1187 tiles with 0.216 survivors each at V = 151936), 4e-4 for m = 8 at
-    k = 1024; an overflowing row is exact, only slower. Each slot costs stage 1 a reduction
-    over the tile (H100, B = 64: about 5 us of 230). A per-row k tensor gets 8,
-    top-p alone 4 (its nucleus size is unknown ahead)."""
+    survivors spread at random over V / 128 tiles, the chance that some tile of a row holds
+    more than m is about 4e-6 for m = 4 up to k = 64 and for m = 6 up to k = 256 (Poisson:
+    1187 tiles with 0.216 survivors each at V = 151936), 4e-4 for m = 8 at k = 1024; an
+    overflowing row is exact, only slower. Wider tiles hold proportionally more survivors,
+    so k counts as k * block_v / 128 there: at B > 128 and D >= 4096 the 256-wide tiles
+    with m = 6 let ~2 rows in 10^4 overflow at k = 256, one B = 256 call in 20 (one took
+    the fallback's whole-row recomputation in an H100 sweep: 2.35x cuBLAS). Each slot
+    costs stage 1 a reduction over the tile (H100, B = 64: about 5 us of 230). A per-row k
+    tensor gets 8, top-p or min-p alone 4 (6 on wider tiles: their kept set's size is
+    unknown ahead)."""
+    scale = max(1, block_v // 128)
     if params.top_k is not None:
         return 8
     k = params.scalar_top_k
-    if k <= 0 or k <= 64:
+    if k <= 0:
+        return 4 if scale == 1 else 6
+    k *= scale
+    if k <= 64:
         return 4
     if k <= 256:
         return 6

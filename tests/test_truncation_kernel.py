@@ -9,6 +9,8 @@ every row either way.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import triton
@@ -485,3 +487,19 @@ def test_key_searches_are_exact_wherever_the_keys_lie(case, low_bits):
     kth, expected, nucleus, full = _search(values, 256, low_bits, ks, ps, row_mass)
     assert torch.equal(kth[0], expected) and torch.equal(kth[1], expected)
     assert torch.equal(nucleus, full)
+
+
+@pytest.mark.parametrize("block_v", [64, 128, 256])
+@pytest.mark.parametrize("top_k", [1, 50, 64, 65, 200, 256, 257, 1024])
+def test_wider_tiles_keep_more_candidates_per_tile(block_v, top_k):
+    """m grows with the tile's width, so that a row's chance to overflow (some tile holding
+    more than m of its k survivors, spread at random: Poisson) stays ~1e-5 or less up to
+    k = 256 and ~5e-4 up to k = 1024 at V = 151936 on every tile width the kernels use."""
+    vocab = 151936
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
+    m = truncation_kernel.candidates_per_tile(params, block_v)
+    mean = top_k * block_v / vocab
+    # P(X > m) for X ~ Poisson(mean), per tile, then over the row's tiles
+    tail = 1.0 - sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(m + 1))
+    per_row = tail * triton.cdiv(vocab, block_v)
+    assert per_row <= (1e-5 if top_k <= 256 else 5e-4), (m, per_row)
