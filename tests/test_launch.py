@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from flashsampling_inductor import sampling_device
 from flashsampling_inductor.launch import _argument_key, _key
 
 
@@ -43,3 +44,20 @@ def test_key_of_descriptors_and_unknown_arguments():
     # An argument left to its default: the fast path could not pass it, so Triton binds it.
     assert _key(kernel, 0, (weight, 3), {}) is None
     assert _key(kernel, 0, (weight, 3), {"BLOCK": 64, "num_warps": 4}) is not None
+
+
+def test_programmatic_dependent_launch_is_off_off_hopper_and_when_asked(monkeypatch):
+    """The kernels after stage 1 go out as programmatic dependents only on CUDA sm_90+ with a
+    Triton that has launch_pdl: never on the interpreter, never with FLASHSAMPLING_PDL=0,
+    and the launch option is part of the fast launcher's key."""
+    assert sampling_device.pdl_launch(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setenv("FLASHSAMPLING_PDL", "0")
+    sampling_device._pdl_supported.cache_clear()
+    try:
+        # (decided before asking CUDA anything: this runs on CPU-only machines too)
+        assert sampling_device.pdl_launch(torch.device("cuda", 0)) == {"PDL": False}
+    finally:
+        sampling_device._pdl_supported.cache_clear()
+    kernel, weight = _Kernel(), torch.zeros(4)
+    on = {"BLOCK": 64, "PDL": True, "launch_pdl": True}
+    assert _key(kernel, 0, (weight, 3), on) != _key(kernel, 0, (weight, 3), {"BLOCK": 64})
