@@ -919,7 +919,7 @@ def masked_gumbel_argmax(
     return best[..., 0], winner.to(torch.int64)
 
 
-def candidates_per_tile(params: SamplingParams, block_v: int = 128) -> int:
+def candidates_per_tile(params: SamplingParams, block_v: int) -> int:
     """m: how many of its largest scores each (row, ``block_v``-wide vocabulary tile) keeps
     for stage 2.
 
