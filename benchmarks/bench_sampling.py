@@ -33,12 +33,13 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
 
 Shapes are LM heads of real models: Qwen3-1.7B (2048, 151936), Qwen3-8B (4096, 151936),
 Llama-3-70B (8192, 128256); B runs over 1..256. The logits are N(0, s^2) with s =
-``--fused-seed`` (default drawn): the fused providers' seed. ``drawn`` leaves it to the op,
-which draws it on the device (``torch.randint`` in the graph; a CUDA graph holding any torch
-RNG op also replays torch's generator prologue, two small kernels before each replay: ~7 us
-of an H200 call at D = 2048, results/seed_cost_h200_*.log, which any torch sampler in a
-graph pays). ``tensor`` passes a fixed 0-d device seed, as the FlashInfer providers get: the
-op's own cost, the like-for-like comparison with them.
+``--fused-seed`` (default tensor): the fused providers' seed. ``tensor`` passes a fixed 0-d
+device seed, as the FlashInfer providers get theirs: the op's own cost, the like-for-like
+comparison. ``drawn`` leaves it to the op, which draws it on the device (``torch.randint`` in
+the graph; a CUDA graph holding any torch RNG op also replays torch's generator prologue, two
+small launches before each replay: ~7 us of an H200 call at D = 2048,
+results/seed_cost_h200_*.log, which any sampler taking torch's randomness in a graph pays
+once per replay, transformers' compiled ``multinomial`` step included).
 
 ``--logit-std`` (default 1): a flat distribution, which plain sampling and top-k do not
 notice but top-p and min-p do (their kept sets, and FlashInfer's rejection rounds, depend on
@@ -129,8 +130,8 @@ class DecodeStep(torch.nn.Module):
 # With bf16 the keys' 16 low bits are their sign's and the kernel uses it (truncation_kernel.
 # key_low_bits); fp32 logits take the general path.
 FUSED_LOGITS = {"bf16": torch.bfloat16, "fp32": None}
-# --fused-seed tensor: the fused providers take a fixed 0-d device seed (set in main).
-FUSED_SEED_TENSOR = False
+# --fused-seed tensor (the default): the fused providers take a fixed 0-d device seed (set in main).
+FUSED_SEED_TENSOR = True
 
 
 def fused_seed(device: torch.device) -> torch.Tensor | None:
@@ -431,9 +432,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the rewrite of a bf16 LM head passes, and the cuBLAS logits the peers read) or fp32",
     )  # fmt: skip
     parser.add_argument(
-        "--fused-seed", choices=("drawn", "tensor"), default="drawn",
-        help="the fused providers' seed: drawn on the device by the op (default) or a fixed\n"
-        "0-d device tensor, as the FlashInfer providers get (see above)",
+        "--fused-seed", choices=("drawn", "tensor"), default="tensor",
+        help="the fused providers' seed: a fixed 0-d device tensor, as the FlashInfer\n"
+        "providers get (default), or drawn on the device by the op (see above)",
     )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan; needs no GPU")
     args = parser.parse_args(argv)

@@ -3,9 +3,10 @@
 Stage 1 (``sampling_kernel._sample_stage1`` with ``TOP_M > 0``) leaves, per row and
 vocabulary tile, the tile's ``m`` largest scores as order-preserving int32 keys with their
 global indices, and the largest key it did NOT keep (``hidden_key``): no [B, V] logits, and
-no noise for truncated rows. ``_merge_tiles`` first keeps each group of ~37 tiles' 31
-largest candidates (what it leaves out joins the group's hidden key), so stage 2
-sees 2048 candidates instead of 9496. Stage 2, one program per row, works on those only:
+no noise for truncated rows. ``_merge_tiles`` first keeps each group of tiles' largest
+candidates (64 groups of ~37 tiles keep 15 or 31 each; 32 groups for k in (64, 256]; what a
+group leaves out joins its hidden key), so stage 2 sees 1024 or 2048 candidates instead of
+tiles * m (up to 14244). Stage 2, one program per row, works on those only:
 
 * top-k: the k-th largest candidate key by a search on the key bits (counting passes, no
   sort; only the bits below those the extreme candidates share, two a pass); survivors are
@@ -35,6 +36,8 @@ can hide.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -66,8 +69,10 @@ __all__ = [
     "launch_fallback",
     "launch_stage2",
     "masked_gumbel_argmax",
+    "merge_groups",
     "merge_keep",
     "min_p_may_be_off",
+    "overflow_chance",
     "p_may_be_off",
 ]
 
@@ -82,8 +87,9 @@ FALLBACK_PACK_SLOTS = 16384
 # the chunked path, which real vocabularies take in the fallback, on small ones.)
 STAGE2_LANES = 16384
 # Stage 2's candidates are first merged in groups of tiles (one program per row and group)
-# into each group's MERGE_KEEP largest: MERGE_GROUPS * MERGE_KEEP per row instead of
-# tiles * m (9496 at V = 151936 on 64-wide tiles). Tests lower them to merge small rows.
+# into each group's MERGE_KEEP largest (``merge_keep``, ``merge_groups``): MERGE_GROUPS *
+# MERGE_KEEP per row at most instead of tiles * m (9496 at V = 151936 on 64-wide tiles with
+# m = 4). Tests lower them to merge small rows.
 MERGE_GROUPS = 64
 MERGE_KEEP = 32
 # At every batch: the merge (64 one-warp programs per row, 4-16 us) is cheaper than stage 2's
@@ -919,33 +925,47 @@ def masked_gumbel_argmax(
     return best[..., 0], winner.to(torch.int64)
 
 
-def candidates_per_tile(params: SamplingParams, block_v: int) -> int:
+def overflow_chance(survivors: int, block_v: int, vocab_size: int, m: int) -> float:
+    """The chance that some ``block_v``-wide tile of a row holds more than m of its
+    ``survivors`` tokens, spread at random (per tile Poisson with mean survivors * block_v /
+    V, then over the row's tiles): the rate at which such a row takes the exact fallback."""
+    mean = survivors * block_v / vocab_size
+    term, tail = math.exp(-mean), 0.0
+    for i in range(1, m + 40):
+        term *= mean / i
+        if i > m:
+            tail += term
+    return min(1.0, tail * triton.cdiv(vocab_size, block_v))
+
+
+def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int) -> int:
     """m: how many of its largest scores each (row, ``block_v``-wide vocabulary tile) keeps
     for stage 2.
 
-    A row overflows only when one tile holds more than m of the tokens it keeps; with k
-    survivors spread at random over V / 128 tiles, the chance that some tile of a row holds
-    more than m is about 4e-6 for m = 4 up to k = 64 and for m = 6 up to k = 256 (Poisson:
-    1187 tiles with 0.216 survivors each at V = 151936), 4e-4 for m = 8 at k = 1024; an
-    overflowing row is exact, only slower. Wider tiles hold proportionally more survivors,
-    so k counts as k * block_v / 128 there: at B > 128 and D >= 4096 the 256-wide tiles
-    with m = 6 let ~2 rows in 10^4 overflow at k = 256, one B = 256 call in 20 (one took
-    the fallback's whole-row recomputation in an H100 sweep: 2.35x cuBLAS). Each slot
-    costs stage 1 a reduction over the tile (H100, B = 64: about 5 us of 230). A per-row k
-    tensor gets 8, top-p or min-p alone 4 (6 on wider tiles: their kept set's size is
-    unknown ahead)."""
+    A row overflows (to an exact but slower path) only when one tile holds more than m of
+    the tokens it keeps. With a Python k up to 256 on every row (no tile-level patching
+    there: ``patching_pays``), m is the smallest that keeps ``overflow_chance`` <= 1e-5 for k
+    survivors, and no more than the table below: m = 3 at k = 20 (Qwen3's), 4 at k = 50, 5
+    at k = 256 on the 64-wide tiles of B <= 32, 6 on 128-wide ones, 8 on 256-wide ones (B >
+    128, D >= 4096). Each slot costs stage 1 a reduction over the tile: on an H200, D =
+    2048, k = 256, 5 slots instead of 6 took 2 us off B = 1 and B = 16 calls (171.3 -> 169.3
+    and 174.7 -> 172.7 us: truncation_levers_h200_20261126-0140.log). Otherwise (larger k,
+    per-row k, top-p or min-p alone) the table, with k counted as k * block_v / 128 (wider
+    tiles hold proportionally more): 4e-4 for m = 8 at k = 1024; a per-row k tensor gets
+    8, top-p or min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead)."""
     scale = max(1, block_v // 128)
     if params.top_k is not None:
         return 8
     k = params.scalar_top_k
     if k <= 0:
         return 4 if scale == 1 else 6
-    k *= scale
-    if k <= 64:
-        return 4
-    if k <= 256:
-        return 6
-    return 8 if k <= 1024 else 16
+    table = 4 if k * scale <= 64 else 6 if k * scale <= 256 else 8 if k * scale <= 1024 else 16
+    if k > 256:
+        return table
+    for m in range(1, table):
+        if overflow_chance(k, block_v, vocab_size, m) <= 1e-5:
+            return m
+    return table
 
 
 def k_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
@@ -964,7 +984,7 @@ def merge_keep(params: SamplingParams, vocab_size: int) -> int:
     """How many candidates each group of tiles keeps for stage 2 (0: no merging).
 
     A row overflows when a group holds MERGE_KEEP or more of the tokens that decide it: the
-    top-k survivors (k / MERGE_GROUPS per group on average, hence twice the slots from
+    top-k survivors (k / ``merge_groups`` per group on average, hence twice the slots past
     k = 256 and no merging past k = 1024 or for per-row k, which may be any size), top-p's
     nucleus or min-p's survivors (a few hundred on real rows: a handful per group). Up to
     k = 64 (generate's default 50; top-p / min-p then keep at most k) half the slots do: a
@@ -980,15 +1000,33 @@ def merge_keep(params: SamplingParams, vocab_size: int) -> int:
     return 2 * MERGE_KEEP if k <= 1024 else 0
 
 
+def merge_groups(params: SamplingParams) -> int:
+    """Into how many groups of tiles stage 2's candidates are merged (``merge_keep`` each).
+    Half of MERGE_GROUPS for a Python k in (64, 256], so stage 2 searches and draws noise on
+    1024 lanes instead of 2048, as up to k = 64: a group overflows only when it holds
+    MERGE_KEEP of the row's k survivors (on average k / 32 <= 8; per row a binomial tail of
+    1.3e-9 at k = 256). On an H200 (D = 2048, k = 256) that took 2.8 us off B = 64 calls
+    (179.9 -> 177.1) and was even at B = 1 and 16 (truncation_levers_h200_20261126-0140.log);
+    below k = 64 (16 kept per group) and for top-p or min-p alone (a nucleus of hundreds on
+    flat rows) it was mixed, so they keep MERGE_GROUPS."""
+    if params.top_k is None and 64 < params.scalar_top_k <= 256:
+        return MERGE_GROUPS // 2
+    return MERGE_GROUPS
+
+
 def _merge(
-    stage1: dict[str, torch.Tensor | None], params: SamplingParams, temperature_mode: int, keep: int
+    stage1: dict[str, torch.Tensor | None],
+    params: SamplingParams,
+    temperature_mode: int,
+    groups: int,
+    keep: int,
 ) -> dict[str, torch.Tensor | None]:
     """Stage 1's per-tile candidates, hidden keys and mass partials merged per group of
     tiles (``_merge_tiles``); the plain candidates are left as they are."""
     keys, mass = stage1["top_m_key"], stage1.get("mass")
     batch, num_tiles = stage1["hidden_key"].shape
     top_m = keys.shape[1] // num_tiles
-    tiles_per_group = triton.cdiv(num_tiles, MERGE_GROUPS)
+    tiles_per_group = triton.cdiv(num_tiles, groups)
     groups = triton.cdiv(num_tiles, tiles_per_group)
     merged_key = torch.empty((batch, groups * keep), dtype=torch.int32, device=keys.device)
     merged = {
@@ -1089,8 +1127,9 @@ def launch_stage2(
         num_plain_tiles = stage1["plain_score"].shape[2]
     tile_hidden = stage1.get("hidden_key")
     keep = 0 if complete or patched else merge_keep(params, vocab_size)
-    if keep and stage1["top_m_key"].shape[1] > MERGE_GROUPS * keep:
-        stage1 = _merge(stage1, params, temperature_mode, keep)
+    groups = merge_groups(params)
+    if keep and stage1["top_m_key"].shape[1] > groups * keep:
+        stage1 = _merge(stage1, params, temperature_mode, groups, keep)
         num_tiles = stage1["hidden_key"].shape[1]
     keys = stage1["top_m_key"]
     num_candidates = keys.shape[1]

@@ -489,6 +489,37 @@ def test_key_searches_are_exact_wherever_the_keys_lie(case, low_bits):
     assert torch.equal(nucleus, full)
 
 
+@pytest.mark.parametrize(
+    "top_k, block_v, m",
+    [(1, 128, 2), (20, 128, 3), (50, 64, 4), (50, 128, 4), (256, 64, 5), (256, 128, 6),
+     (50, 256, 5), (256, 256, 8), (257, 64, 8), (1024, 128, 8)],
+)  # fmt: skip
+def test_candidates_per_tile_are_the_fewest_that_rarely_overflow(top_k, block_v, m):
+    """Up to k = 256 each tile keeps the fewest candidates whose overflow chance per row is
+    <= 1e-5 at V = 151936 (one fewer slot than that exceeds it); larger k keep the table's."""
+    vocab = 151936
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
+    assert truncation_kernel.candidates_per_tile(params, block_v, vocab) == m
+    if top_k <= 256:
+        assert truncation_kernel.overflow_chance(top_k, block_v, vocab, m) <= 1e-5
+        assert truncation_kernel.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-5
+
+
+@pytest.mark.parametrize("top_k", [1, 20, 50, 64, 65, 128, 256, 257, 600, 1024])
+def test_merge_groups_rarely_hold_their_keep_of_the_survivors(top_k):
+    """A group overflows when it holds merge_keep of the row's k survivors (spread at random:
+    binomial over the groups); with the groups and slots chosen per k that stays < 1e-8."""
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
+    groups = truncation_kernel.merge_groups(params)
+    keep = truncation_kernel.merge_keep(params, vocab_size=151936)
+    assert groups == (32 if 64 < top_k <= 256 else 64)
+    share = 1.0 / groups
+    tail = sum(
+        math.comb(top_k, i) * share**i * (1 - share) ** (top_k - i) for i in range(keep, top_k + 1)
+    )
+    assert tail * groups < 1e-8, (groups, keep, tail)
+
+
 @pytest.mark.parametrize("block_v", [64, 128, 256])
 @pytest.mark.parametrize("top_k", [1, 50, 64, 65, 200, 256, 257, 1024])
 def test_wider_tiles_keep_more_candidates_per_tile(block_v, top_k):
@@ -497,7 +528,7 @@ def test_wider_tiles_keep_more_candidates_per_tile(block_v, top_k):
     k = 256 and ~5e-4 up to k = 1024 at V = 151936 on every tile width the kernels use."""
     vocab = 151936
     params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
-    m = truncation_kernel.candidates_per_tile(params, block_v)
+    m = truncation_kernel.candidates_per_tile(params, block_v, vocab)
     mean = top_k * block_v / vocab
     # P(X > m) for X ~ Poisson(mean), per tile, then over the row's tiles
     tail = 1.0 - sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(m + 1))
