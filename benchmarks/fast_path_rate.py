@@ -127,7 +127,7 @@ def main() -> None:
         parser.error("on CPU --batch must be <= 32 (default_config asks CUDA beyond that)")
     config = default_config(args.batch, args.batch, torch.device("cuda"), truncates=True)
     params = SamplingParams(None, 1.0, None, 0, 1, None, None, 0, None, 0.9)
-    m = truncation_kernel.candidates_per_tile(params, config.block_v, VOCAB)
+    m = truncation_kernel.candidates_per_tile(params, config.block_v, VOCAB, args.batch)
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"
     lines = [
         f"# fast_path_rate: V = {VOCAB}, B = {args.batch}, tiles {config.block_v} wide, "

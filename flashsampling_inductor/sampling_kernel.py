@@ -593,7 +593,7 @@ def _truncation_buffers(
     the key bits the sign fixes (``truncation_kernel.key_low_bits``)."""
     if not params.truncates:
         return {}, True, 0, False, 0
-    top_m = truncation_kernel.candidates_per_tile(params, block_v, vocab_size)
+    top_m = truncation_kernel.candidates_per_tile(params, block_v, vocab_size, batch)
     # (the packed top-m keeps the column in those bits: they must hold block_v values)
     key_low_bits = truncation_kernel.key_low_bits(params)
     if 1 << key_low_bits < block_v:

@@ -938,21 +938,26 @@ def overflow_chance(survivors: int, block_v: int, vocab_size: int, m: int) -> fl
     return min(1.0, tail * triton.cdiv(vocab_size, block_v))
 
 
-def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int) -> int:
+def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int, batch: int) -> int:
     """m: how many of its largest scores each (row, ``block_v``-wide vocabulary tile) keeps
     for stage 2.
 
-    A row overflows (to an exact but slower path) only when one tile holds more than m of
-    the tokens it keeps. With a Python k up to 256 on every row (no tile-level patching
-    there: ``patching_pays``), m is the smallest that keeps ``overflow_chance`` <= 1e-5 for k
-    survivors, and no more than the table below: m = 3 at k = 20 (Qwen3's), 4 at k = 50, 5
-    at k = 256 on the 64-wide tiles of B <= 32, 6 on 128-wide ones, 8 on 256-wide ones (B >
-    128, D >= 4096). Each slot costs stage 1 a reduction over the tile: on an H200, D =
-    2048, k = 256, 5 slots instead of 6 took 2 us off B = 1 and B = 16 calls (171.3 -> 169.3
-    and 174.7 -> 172.7 us: truncation_levers_h200_20261126-0140.log). Otherwise (larger k,
-    per-row k, top-p or min-p alone) the table, with k counted as k * block_v / 128 (wider
-    tiles hold proportionally more): 4e-4 for m = 8 at k = 1024; a per-row k tensor gets
-    8, top-p or min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead)."""
+    A row overflows (to an exact but slower path: for k <= 256 the row's logits recomputed,
+    one more read of W) only when one tile holds more than m of the tokens it keeps, and
+    each slot costs stage 1 a reduction over the tile. With a Python k up to 256 on every
+    row, m is the smallest that lets at most one call in 1000 overflow (``batch`` times
+    ``overflow_chance`` for k survivors <= 1e-3), and no more than the table below (which
+    caps it at B = 256, 128-wide tiles: ~4e-6 a row, 1.1e-3 a call); at V =
+    151936: B = 1 k = 50 3, k = 256 4 (64-wide tiles); B = 16 k = 256 5; B = 64 (128-wide)
+    k = 50 4, k = 256 6; B = 256 on 256-wide tiles (D >= 4096) k = 256 8. On an H200, D =
+    2048, each slot fewer took 1.5-2.3 us off B = 1 and 16 calls (6 -> 5 at k = 256: 171.3 ->
+    169.3 us at B = 1, truncation_levers_h200_20261126-0140.log; then per call instead of
+    per row, B = 1 top-k 50 165.8 -> 164.0, top-k 256 168.4 -> 166.9, B = 16 top-k 50 169.0
+    -> 166.7: candidates_per_call_and_merge_groups_h200_20261126-0150.log). Otherwise
+    (larger k, per-row k, top-p or min-p alone) the table, with k counted as k * block_v /
+    128 (wider tiles hold proportionally more): a chance of 4e-4 a row for m = 8 at k =
+    1024 (such rows mostly take the tile-level patch); a per-row k tensor gets 8, top-p or
+    min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead)."""
     scale = max(1, block_v // 128)
     if params.top_k is not None:
         return 8
@@ -963,7 +968,7 @@ def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int) -
     if k > 256:
         return table
     for m in range(1, table):
-        if overflow_chance(k, block_v, vocab_size, m) <= 1e-5:
+        if batch * overflow_chance(k, block_v, vocab_size, m) <= 1e-3:
             return m
     return table
 
