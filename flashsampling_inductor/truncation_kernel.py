@@ -1072,8 +1072,8 @@ def _mode(tensor: torch.Tensor | None) -> int:
 def patching_pays(params: SamplingParams) -> bool:
     """Whether flagged rows may take the tile-level fallback (``patch_buffers``). Its pass
     over the patched rows launches on every call (2-3 us with no row flagged, H100): not
-    worth it where a row overflows with chance ~4e-6 (a Python k up to 256, which top-p and
-    min-p after it keep below: ``candidates_per_tile``), whose rare flagged row has its
+    worth it where a call overflows with chance <= 1e-3 (a Python k up to 256, which top-p
+    and min-p after it keep below: ``candidates_per_tile``), whose rare flagged row has its
     whole row recomputed instead (one read of W)."""
     return not (params.top_k is None and 0 < params.scalar_top_k <= 256)
 
