@@ -424,12 +424,13 @@ def default_config(
 def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
     """Whether a truncating call at B <= 32 takes 128-wide tiles instead of 64 (see the call
     site). Not when stage 2 merges its candidates per group of tiles (most calls): it then
-    sees 64 groups' 32 largest whatever the tile width, and 64-wide tiles cost stage 1 less
-    and overflow less. Otherwise for top-k on every row (k > 1024, m = 16 candidates per
-    tile: half as many on 128-wide tiles), not for top-p without top-k, whose nucleus may
-    hold hundreds of tokens (433 in the zipf-4 rows of benchmarks/fast_path_rate.py): spread
-    at random, such a row overflows to the exact path in ~4.5% of rows over 1187 tiles
-    against ~0.3% over 2374 (Poisson estimate of a tile holding more than 4)."""
+    sees the groups' largest (1024 or 2048) whatever the tile width, and 64-wide tiles cost
+    stage 1 less and overflow less. Otherwise for top-k on every row (k > 1024, m = 16
+    candidates per tile: half as many on 128-wide tiles), not for top-p without top-k, whose
+    nucleus may hold hundreds of tokens (433 in the zipf-4 rows of
+    benchmarks/fast_path_rate.py): spread at random, such a row overflows to the exact path
+    in ~4.5% of rows over 1187 tiles against ~0.3% over 2374 (Poisson estimate of a tile
+    holding more than 4)."""
     if not params.truncates or truncation_kernel.merge_keep(params, vocab_size):
         return False
     top_k_on_every_row = params.top_k is None and 0 < params.scalar_top_k < vocab_size
