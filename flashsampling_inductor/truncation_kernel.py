@@ -930,12 +930,9 @@ def overflow_chance(survivors: int, block_v: int, vocab_size: int, m: int) -> fl
     ``survivors`` tokens, spread at random (per tile Poisson with mean survivors * block_v /
     V, then over the row's tiles): the rate at which such a row takes the exact fallback."""
     mean = survivors * block_v / vocab_size
-    term, tail = math.exp(-mean), 0.0
-    for i in range(1, m + 40):
-        term *= mean / i
-        if i > m:
-            tail += term
-    return min(1.0, tail * triton.cdiv(vocab_size, block_v))
+    # (P(X <= m) term by term in log space: exp(-mean) alone underflows on small vocabularies)
+    head = sum(math.exp(i * math.log(mean) - mean - math.lgamma(i + 1)) for i in range(m + 1))
+    return min(1.0, max(0.0, 1.0 - head) * triton.cdiv(vocab_size, block_v))
 
 
 def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int, batch: int) -> int:

@@ -507,6 +507,15 @@ def test_candidates_per_tile_are_the_fewest_that_rarely_overflow(top_k, block_v,
         assert batch * truncation_kernel.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-3
 
 
+@pytest.mark.parametrize("vocab, block_v", [(16, 16), (200, 16), (1000, 64)])
+def test_small_vocabularies_keep_the_tables_candidates(vocab, block_v):
+    """Where most tiles hold several of the k survivors, no m below the table's rarely
+    overflows: the table's stays (the chance is computed without underflowing to 0)."""
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=50)
+    assert truncation_kernel.overflow_chance(50, block_v, vocab, 3) > 0.5
+    assert truncation_kernel.candidates_per_tile(params, block_v, vocab, 1) == 4
+
+
 @pytest.mark.parametrize("top_k", [1, 20, 50, 64, 65, 128, 256, 257, 600, 1024])
 def test_merge_groups_rarely_hold_their_keep_of_the_survivors(top_k):
     """A group overflows when it holds merge_keep of the row's k survivors (spread at random:
