@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor import fused_sample, truncation_kernel
 from flashsampling_inductor.params import SamplingParams
 from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
 
@@ -505,6 +505,30 @@ def test_candidates_per_tile_are_the_fewest_that_rarely_overflow(top_k, block_v,
     if top_k <= 256:
         assert batch * truncation_kernel.overflow_chance(top_k, block_v, vocab, m) <= 1e-3
         assert batch * truncation_kernel.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-3
+
+
+@pytest.mark.parametrize("top_k, m", [(1, 1), (2, 2), (20, 3)])
+def test_fewest_candidates_draw_the_reference_tokens(top_k, m, monkeypatch):
+    """At V = 151936 a one-row call keeps as few as 1-3 candidates a tile (the interpreter's
+    256-wide tiles): still the reference's tokens, ties at the k-th value and all."""
+    chosen = []
+    choose = truncation_kernel.candidates_per_tile
+    monkeypatch.setattr(
+        truncation_kernel, "candidates_per_tile", lambda *a: chosen.append(choose(*a)) or chosen[-1]
+    )
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(151936, 16, generator=gen) * 0.5).to(torch.bfloat16).to(DEVICE)
+    hidden = torch.randn(1, 16, generator=gen).to(torch.bfloat16).to(DEVICE)
+    params = SamplingParams(
+        None, 0.8, torch.tensor(123, device=DEVICE), 0, 8, torch.bfloat16, scalar_top_k=top_k
+    )
+    tokens = triton_fused_sample(hidden, weight, None, params, SampleConfig(16, 256, 64))
+    assert chosen == [m]
+    expected = fused_sample(
+        hidden, weight, temperature=0.8, top_k=top_k, seed=params.seed, num_samples=8,
+        logits_dtype=torch.bfloat16, impl="torch",
+    )  # fmt: skip
+    assert torch.equal(tokens, expected)
 
 
 @pytest.mark.parametrize("vocab, block_v", [(16, 16), (200, 16), (1000, 64)])
