@@ -3,7 +3,9 @@ and without FlashSampling. One GPU call (CUDA only).
 
 Models: Qwen3-1.7B and Llama-3.1-8B shapes with random bf16 weights (Qwen3ForCausalLM /
 LlamaForCausalLM of the real configs). Per model and batch size B, a 32-token prompt and 128
-new tokens, eos off, ``do_sample=True, temperature=0.7, top_k=0``:
+new tokens, eos off, ``do_sample=True, temperature=0.7, top_k=0`` (``--top-k 50`` for
+generate's default top-k, ``--top-p`` to add a nucleus: the HF configurations only; the
+gpt-fast step samples without them):
 
   hf_eager     generate (dynamic cache, nothing compiled)
   hf_stock     generate(cache_implementation="static"): transformers' auto-compile (its
@@ -36,6 +38,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout
 
 import gpt_fast_decoder as gf  # noqa: E402
 
@@ -90,8 +93,11 @@ def build(shape: str):
     return model
 
 
-def hf_call(model, config: str, prompt, new_tokens: int):
-    settings = dict(do_sample=True, temperature=TEMPERATURE, top_k=0, max_new_tokens=new_tokens)
+def hf_call(model, config: str, prompt, new_tokens: int, top_k: int = 0, top_p: float = 1.0):
+    settings = dict(
+        do_sample=True, temperature=TEMPERATURE, top_k=top_k, top_p=top_p,
+        max_new_tokens=new_tokens,
+    )  # fmt: skip
     if config == "hf_fused":
         fs_hf.enable(model)
     try:
@@ -128,6 +134,8 @@ def main() -> None:
     parser.add_argument("--eager-batches", default="1,8,32,64", help="batch sizes for hf_eager")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--top-k", type=int, default=0, help="generate's top_k (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="generate's top_p (1: off)")
     parser.add_argument("--budget-s", type=float, default=540.0)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
@@ -144,7 +152,9 @@ def main() -> None:
         f"transformers {transformers.__version__} -> {path}",
         flush=True,
     )
-    fields = ["shape", "batch", "config", "tpot_ms", "first_call_s", "repeats_ms"]
+    print(f"sampling: temperature {TEMPERATURE}, top_k {args.top_k}, top_p {args.top_p}")
+    fields = ["shape", "batch", "config", "top_k", "top_p", "tpot_ms", "first_call_s",
+              "repeats_ms"]  # fmt: skip
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
@@ -172,7 +182,7 @@ def run_shape(shape: str, batches, configs, args, deadline: float):
 
     def call(config, prompt):
         if config.startswith("hf_"):
-            return hf_call(model, config, prompt, args.new_tokens)
+            return hf_call(model, config, prompt, args.new_tokens, args.top_k, args.top_p)
         return gf.generate(decoder, steps[config], prompt, args.new_tokens)
 
     for batch in batches:
@@ -200,6 +210,8 @@ def run_shape(shape: str, batches, configs, args, deadline: float):
                 shape=shape,
                 batch=batch,
                 config=config,
+                top_k=args.top_k if config.startswith("hf_") else 0,
+                top_p=args.top_p if config.startswith("hf_") else 1.0,
                 tpot_ms=round(statistics.median(per_token), 3),
                 first_call_s=round(first[config], 2),
                 repeats_ms=" ".join(f"{t:.3f}" for t in per_token),
