@@ -33,6 +33,11 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
 
 Shapes are LM heads of real models: Qwen3-1.7B (2048, 151936), Qwen3-8B (4096, 151936),
 Llama-3-70B (8192, 128256); B runs over 1..256. The logits are N(0, s^2) with s =
+``--logit-std`` (default 1): a flat distribution, which plain sampling and top-k do not
+notice but top-p and min-p do (their kept sets, and FlashInfer's rejection rounds, depend on
+it): ``--logit-std 5`` gives rows of ~3.6 nats entropy with ~90 tokens in the 0.9 nucleus
+and ~5 min-p 0.1 survivors at V = 151936, the regime of an LM's next-token distribution.
+
 ``--fused-seed`` (default tensor): the fused providers' seed. ``tensor`` passes a fixed 0-d
 device seed, as the FlashInfer providers get theirs: the op's own cost, the like-for-like
 comparison. ``drawn`` leaves it to the op, which draws it on the device (``torch.randint`` in
@@ -40,11 +45,6 @@ the graph; a CUDA graph holding any torch RNG op also replays torch's generator 
 small launches before each replay: ~7 us of an H200 call at D = 2048,
 results/seed_cost_h200_*.log, which any sampler taking torch's randomness in a graph pays
 once per replay, transformers' compiled ``multinomial`` step included).
-
-``--logit-std`` (default 1): a flat distribution, which plain sampling and top-k do not
-notice but top-p and min-p do (their kept sets, and FlashInfer's rejection rounds, depend on
-it): ``--logit-std 5`` gives rows of ~3.6 nats entropy with ~90 tokens in the 0.9 nucleus
-and ~5 min-p 0.1 survivors at V = 151936, the regime of an LM's next-token distribution.
 
 How it times. ``triton.testing.do_bench`` medians (CUDA events around each call, warm-up
 first). do_bench zeroes a 256 MB buffer before every timed call, so each call starts with a
