@@ -1,7 +1,8 @@
 """Stage 1 of the fused sampler for Hopper, warp-specialized, in Gluon.
 
-``default_config`` uses it from 33 to 128 rows on sm_90 (``FLASHSAMPLING_WARP_SPECIALIZED=0``
-turns it off). Written for Triton 3.6's Gluon; it also compiles with 3.9's.
+``default_config`` uses it from 33 to 128 rows on sm_90, to 192 at some shapes
+(``FLASHSAMPLING_WARP_SPECIALIZED=0`` turns it off). Written for Triton 3.6's Gluon; it
+also compiles with 3.9's.
 
 Why a second kernel. In ``sampling_kernel._sample_stage1`` each program computes a tile's
 logits and then draws the tile's noise; while it draws noise it issues no loads, and a
@@ -47,6 +48,7 @@ from .sampling_device import (
     ordered_key,
     philox4x32,
     restore_low_bits,
+    rows_for_tma,
     tma_compatible,
 )
 
@@ -607,7 +609,9 @@ def launch_stage1(
     vocab_size = weight.shape[0]
     h_layout = _shared_layout(block_b, hidden.dtype)
     w_layout = _shared_layout(BLOCK_V, hidden.dtype)
-    h_desc = TensorDescriptor.from_tensor(hidden, [block_b, BLOCK_D], h_layout)
+    h_desc = TensorDescriptor.from_tensor(
+        rows_for_tma(hidden, block_b), [block_b, BLOCK_D], h_layout
+    )
     w_desc = TensorDescriptor.from_tensor(weight, [BLOCK_V, BLOCK_D], w_layout)
     num_tiles = triton.cdiv(batch, block_b) * triton.cdiv(vocab_size, BLOCK_V)
     launch(

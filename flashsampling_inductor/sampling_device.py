@@ -32,6 +32,7 @@ __all__ = [
     "pdl_launch",
     "philox4x32",
     "restore_low_bits",
+    "rows_for_tma",
     "round_logits",
     "softcap_logits",
     "row_seeds",
@@ -332,6 +333,19 @@ def _pdl_supported(device: torch.device) -> bool:
 @functools.cache
 def is_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def rows_for_tma(hidden: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """``hidden`` with zero rows appended up to a multiple of ``block_rows``, for a TMA
+    descriptor whose row boxes then never run past the tensor. The copy engine zero-fills a
+    box that does, but such loads made stage 1 far slower: H200, D = 2048, B = 144, 128-row
+    tiles, 444 us against 314 with the rows padded (and 332 at B = 256, whose boxes are all
+    inside). The pad is one small copy (B x D); the kernels still mask rows >= B.
+    """
+    extra = -hidden.shape[0] % block_rows
+    if extra == 0:
+        return hidden
+    return torch.nn.functional.pad(hidden, (0, 0, 0, extra))
 
 
 def tma_compatible(hidden: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -48,6 +48,7 @@ from .sampling_device import (
     pdl_launch,
     restore_low_bits,
     round_logits,
+    rows_for_tma,
     softcap_logits,
     tma_compatible,
 )
@@ -376,12 +377,18 @@ def default_config(
     if batch <= 32:
         # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
-    # From 33 to 128 rows on Hopper: the warp-specialized kernel, whose loader warp keeps
+    # From 33 rows on Hopper: the warp-specialized kernel, whose loader warp keeps
     # the copies going while a consumer warpgroup draws noise; 1-10% under the Triton
     # kernel's time on an H200 (benchmarks/results/warp_specialized_h200_20261121.txt).
     # 64-row tiles up to 128 rows too: 128-row ones are no faster there and spill with
     # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
-    hopper_rows = 64 if _WARP_SPECIALIZED and batch <= 128 and is_hopper(device) else 0
+    # From 129 to 192 rows too (three 64-row blocks, W read from HBM once and from L2 by the
+    # other blocks), where it beats the Triton kernel's two 128-row blocks: H200, B = 144-192,
+    # D = 2048 265-275 us against 317-334; at D >= 4096 only above 160 rows (at 144-160 the
+    # two are even plain and Gluon is 5-12% slower with top-k 50); above 192 the Triton
+    # kernel wins (large_batch_stage1_padded_h200_20261127-0755.log).
+    gluon_rows_max = 192 if hidden_size <= 2048 or batch > 160 else 128
+    hopper_rows = 64 if _WARP_SPECIALIZED and batch <= gluon_rows_max and is_hopper(device) else 0
     if batch <= 64 and truncates:
         # The Gluon kernel's top-m epilogue at every D on Hopper. H200, B = 64, whole calls,
         # seed given, Triton (64 x 64 x 128 tiles, the choice below without it) -> Gluon: D =
@@ -400,25 +407,22 @@ def default_config(
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
         )
-    if batch > 128 and hidden_size >= 4096:
-        # Long reductions: wider vocabulary tiles feed the MMAs better than a second program
-        # per SM overlaps the noise (1-5% on H100 and H200; b256_tiles_and_host_h200_*).
-        return SampleConfig(
-            128, 256, 64, swap_ab=False, num_warps=8, num_stages=3,
-            tma=True, programs_per_sm=1, epilogue_chunks=4,
-        )  # fmt: skip
-    if batch <= 128 and hopper_rows:
-        return SampleConfig(
-            128, 128, 64, swap_ab=False, num_warps=8, num_stages=3, maxnreg=128,
-            tma=True, programs_per_sm=2, epilogue_chunks=4, warp_specialized_rows=hopper_rows,
-        )  # fmt: skip
     # Compute-bound from here: the copy engine feeds the MMAs (TMA), a persistent grid of two
     # programs per SM (registers capped at 128) lets one program's noise overlap the other's
     # MMAs, and the noise is drawn in four vocabulary chunks so that it does not spill.
-    return SampleConfig(
+    triton_config = SampleConfig(
         128, 128, 64, swap_ab=False, num_warps=8, num_stages=3, maxnreg=128,
         tma=True, programs_per_sm=2, epilogue_chunks=4,
     )  # fmt: skip
+    if batch > 128 and hidden_size >= 4096:
+        # Long reductions: wider vocabulary tiles feed the MMAs better than a second program
+        # per SM overlaps the noise (1-5% on H100 and H200; b256_tiles_and_host_h200_*).
+        triton_config = SampleConfig(
+            128, 256, 64, swap_ab=False, num_warps=8, num_stages=3,
+            tma=True, programs_per_sm=1, epilogue_chunks=4,
+        )  # fmt: skip
+    # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
+    return dataclasses.replace(triton_config, warp_specialized_rows=hopper_rows)
 
 
 def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
@@ -527,7 +531,9 @@ def triton_fused_sample(
         stage1.update(plain_score=cand_score, plain_index=cand_index)
     hidden_desc = weight_desc = None
     if config.tma and tma_compatible(hidden, weight):
-        hidden_desc = TensorDescriptor.from_tensor(hidden, [config.block_b, config.block_d])
+        hidden_desc = TensorDescriptor.from_tensor(
+            rows_for_tma(hidden, config.block_b), [config.block_b, config.block_d]
+        )
         weight_desc = TensorDescriptor.from_tensor(weight, [config.block_v, config.block_d])
     num_tiles = triton.cdiv(batch, config.block_b) * num_v_tiles
     grid = num_tiles

@@ -57,6 +57,12 @@ GPU_PATHWISE_CASES = [
         GpuCase(256, 2048, logits_dtype=torch.bfloat16, bias=True), id="b256-d2048-logits-bf16"
     ),
     pytest.param(GpuCase(256, 2048, torch.float32), id="b256-d2048-fp32"),
+    # Batches that are not a multiple of the row tiles: the TMA rows are padded
+    # (sampling_device.rows_for_tma); 144 and 176 take the Gluon kernel on Hopper.
+    pytest.param(GpuCase(100, 2048, temperature="rows", bias=True), id="b100-d2048-rows"),
+    pytest.param(GpuCase(144, 2048, logits_dtype=torch.bfloat16), id="b144-d2048-logits-bf16"),
+    pytest.param(GpuCase(176, 4096, row_seeds=True), id="b176-d4096-row-seed"),
+    pytest.param(GpuCase(200, 4096, temperature="rows"), id="b200-d4096-rows"),
 ]
 
 
