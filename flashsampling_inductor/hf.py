@@ -55,8 +55,8 @@ _GENERATE_ARGUMENTS = (
     "negative_prompt_attention_mask",
 )
 _warned: set[str] = set()
-# Graphs one compiled decode step may hold: 2^3 on/off states of top-k, top-p and min-p, times
-# a few shape changes (see _mark_steps).
+# Graphs one compiled decode step may hold: shape changes (see _mark_steps); the knobs, always
+# tensors, never add one.
 _STEP_GRAPHS_LIMIT = 64
 
 
@@ -170,19 +170,20 @@ class _Sampling:
     min_p: float = 0.0  # 0.0: off
 
     def as_tensors(self, device: torch.device) -> dict:
-        """The knobs as 0-d device tensors, which the op applies to every row: new values reuse
-        the compiled step, and no knob has a batch dimension of its own for a new batch size
-        to change. A knob that is off is None, so a call without top-k or top-p takes the
-        op's plain path (a call that turns one on compiles once more)."""
+        """Every knob as a 0-d device tensor, which the op applies to every row, a knob that is
+        off at its "off" value (top-k 0, top-p 1.0, min-p 0.0, temperature 0 for greedy): new
+        values and a knob turned on or off reuse the compiled step (no knob is ever None, a
+        different graph), and no knob has a batch dimension of its own for a new batch size
+        to change."""
 
         def scalar(value, dtype):
             return torch.tensor(value, dtype=dtype, device=device)
 
         return dict(
             temperature=scalar(self.temperature, torch.float32),
-            top_k=scalar(self.top_k, torch.int64) if self.top_k else None,
-            top_p=scalar(self.top_p, torch.float32) if self.top_p < 1.0 else None,
-            min_p=scalar(self.min_p, torch.float32) if self.min_p > 0.0 else None,
+            top_k=scalar(self.top_k, torch.int64),
+            top_p=scalar(self.top_p, torch.float32),
+            min_p=scalar(self.min_p, torch.float32),
         )
 
 
@@ -379,11 +380,10 @@ def _compiled_step(model, generation_config):
 def _mark_steps(compiled, mode):
     """The compiled step as the loop calls it.
 
-    Each knob that is on or off (top-k, top-p, min-p: a tensor or None) is a graph of its own,
-    and so is each first sight of a new batch size or cache length before Dynamo makes that
-    dimension dynamic: a long-lived model meeting many settings can need more graphs than
-    Dynamo's default limit (8), past which a fullgraph compile fails. The bound is known
-    (2^3 knob states, a few shape changes), so the step's limit is raised to cover it.
+    Each first sight of a new batch size or cache length before Dynamo makes that dimension
+    dynamic is a graph of its own: a long-lived model can need more graphs than Dynamo's
+    default limit (8), past which a fullgraph compile fails, so the step's limit is raised.
+    The knobs (device tensors, "off" values included) never add a graph.
     Under CUDA graphs each decode step is a new iteration: the previous step's output (the
     tokens, already copied into input_ids) may be overwritten."""
     cuda_graphs = mode is not None and "reduce-overhead" in mode

@@ -224,6 +224,25 @@ def test_new_prompts_and_settings_reuse_the_compiled_step():
     assert counters["stats"]["unique_graphs"] == 0
 
 
+def test_turning_knobs_on_and_off_never_recompiles():
+    """Greedy, then plain sampling, top-p, min-p, top-k and greedy again: every knob reaches
+    the step as a tensor at its "off" value when off, so the step compiles once."""
+    model = hf.enable(_tiny("llama"))
+    prompt = torch.randint(0, VOCAB, (2, 5))
+    counters.clear()
+    for settings in (
+        dict(do_sample=False),
+        dict(do_sample=True, temperature=0.7, top_k=0),
+        dict(do_sample=True, top_k=0, top_p=0.9),
+        dict(do_sample=True, top_k=0, min_p=0.1),
+        dict(do_sample=True, temperature=0.6, top_k=20, top_p=0.95),
+        dict(do_sample=False),
+    ):
+        model.generate(prompt, max_new_tokens=3, pad_token_id=0, **settings)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert _rewrites() == 1
+
+
 @pytest.mark.parametrize(
     "settings, why",
     [
