@@ -196,7 +196,9 @@ def test_sampling_keeps_the_distribution(models, kind, caplog, temperature, top_
     torch.manual_seed(1)
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         out = model.generate(prompt.expand(rows, 4), generation_config=config, max_new_tokens=2)
-    assert _rewrites() >= 1 and not _our_warnings(caplog)
+    # Rewritten now, or the graph an earlier call compiled (and a test checked) reused.
+    assert _rewrites() >= 1 or counters["stats"]["unique_graphs"] == 0
+    assert not _our_warnings(caplog)
     for position, probs in ((4, first), (5, second)):
         observed = np.bincount(out[:, position].numpy(), minlength=VOCAB)
         kept = probs.numpy() > 0
@@ -225,22 +227,24 @@ def test_new_prompts_and_settings_reuse_the_compiled_step():
 
 
 def test_turning_knobs_on_and_off_never_recompiles():
-    """Greedy, then plain sampling, top-p, min-p, top-k and greedy again: every knob reaches
-    the step as a tensor at its "off" value when off, so the step compiles once."""
+    """Greedy, then plain sampling, top-p, min-p, Qwen3's settings and greedy again: every
+    knob reaches the step as a tensor, at its "off" value when off, so after the first call
+    (which compiles the step, or reuses the graph an earlier test compiled for this shape)
+    no call adds a graph."""
     model = hf.enable(_tiny("llama"))
     prompt = torch.randint(0, VOCAB, (2, 5))
-    counters.clear()
-    for settings in (
-        dict(do_sample=False),
-        dict(do_sample=True, temperature=0.7, top_k=0),
-        dict(do_sample=True, top_k=0, top_p=0.9),
-        dict(do_sample=True, top_k=0, min_p=0.1),
-        dict(do_sample=True, temperature=0.6, top_k=20, top_p=0.95),
-        dict(do_sample=False),
-    ):
+
+    def run(**settings):
         model.generate(prompt, max_new_tokens=3, pad_token_id=0, **settings)
-    assert counters["stats"]["unique_graphs"] == 1
-    assert _rewrites() == 1
+
+    run(do_sample=False)
+    graphs = counters["stats"]["unique_graphs"]
+    run(do_sample=True, temperature=0.7, top_k=0)
+    run(do_sample=True, top_k=0, top_p=0.9)
+    run(do_sample=True, top_k=0, min_p=0.1)
+    run(do_sample=True, temperature=0.6, top_k=20, top_p=0.95)
+    run(do_sample=False)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 @pytest.mark.parametrize(
