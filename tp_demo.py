@@ -20,6 +20,9 @@ for _name, _value in (
     ("NVSHMEM_DISABLE_NVLS", "1"),
 ):
     os.environ[_name] = _value  # never NVLink multicast
+# On a CPU-only machine the pass leaves sampling stock by default (the fused op's CPU path is
+# slower than stock Inductor's code); this demo asks for the rewrite there, to show it.
+os.environ.setdefault("FLASHSAMPLING_CPU", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -10,7 +10,9 @@ compiled graph at WARNING, with the reason the walk computed. Such a graph is ke
 Inductor's caches (``uuid()`` turns None once the pass has seen a miss, and the FX graph
 cache and AOTAutograd cache skip graphs whose custom pass cannot name itself), so every
 compilation of it runs the pass again and warns again: a compiled step that is served from
-the caches is one whose sampling sites were all rewritten.
+the caches is one whose sampling sites were all rewritten, or, off CUDA, left stock on
+purpose (the fused op runs its slower PyTorch reference there; ``FLASHSAMPLING_CPU=1``, part
+of the catalog's hash, rewrites them anyway). Those are said once per graph at INFO.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ class FlashSamplingPass(CustomGraphPass):
         missed = [
             site
             for node, site in sites
-            if not site.rewritten and site.sampling and _reads_a_matmul(node)
+            if not site.rewritten and not site.off_cuda and site.sampling and _reads_a_matmul(node)
         ]
+        if off_cuda := [site for _, site in sites if site.off_cuda]:
+            log.info("flashsampling: %s", off_cuda[0].reason)
         if missed:
             self.missed = True
             log.warning(

@@ -413,6 +413,23 @@ def _use_triton(impl: str, device: torch.device, params: SamplingParams) -> bool
     return impl == "triton" or (impl == "auto" and device.type == "cuda")
 
 
+# Off CUDA the op runs its PyTorch reference, which is slower than what stock Inductor makes
+# of the same program (2-20x on a 2-core CPU, benchmarks/bench_cpu.py): the pass leaves
+# sampling there as it is unless this variable is 1 (the tests set it, to exercise the pass).
+CPU_SWITCH = "FLASHSAMPLING_CPU"
+
+
+def why_not_fused_on(device: torch.device) -> str:
+    """ "" where the pass rewrites sampling on ``device`` (CUDA, or any device with
+    ``FLASHSAMPLING_CPU=1``), else why it does not."""
+    if device.type == "cuda" or os.environ.get(CPU_SWITCH) == "1":
+        return ""
+    return (
+        f"on {device.type} the fused op runs its PyTorch reference, slower than stock"
+        f" Inductor's code for the same program ({CPU_SWITCH}=1 rewrites it anyway)"
+    )
+
+
 def _fused_sample_impl(
     hidden: torch.Tensor,
     weight: torch.Tensor,

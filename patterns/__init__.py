@@ -17,8 +17,10 @@ and the one fused-op call). Adding an idiom means adding a module here and to a 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
+from ..op import CPU_SWITCH
 from . import (
     exact_top_k,
     exponential_race,
@@ -75,4 +77,5 @@ def source_hash() -> str:
         digest.update(path.read_bytes())
     # (a switch that changes what the catalog rewrites is part of it)
     digest.update(f"tp truncation on cuda: {tp_gather.TRUNCATION_ON_CUDA}".encode())
+    digest.update(f"rewrite off cuda: {os.environ.get(CPU_SWITCH) == '1'}".encode())
     return digest.hexdigest()

@@ -27,8 +27,9 @@ from torch._inductor.pattern_matcher import (
 from torch.fx import Node
 from torch.utils._pytree import tree_map
 
+from ..op import why_not_fused_on
 from ._lm_head import LMHead, row_op
-from ._walk import TP_GATHER_NOT_LIFTED, NoMatch, Walk
+from ._walk import TP_GATHER_NOT_LIFTED, NoMatch, Walk, val
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -77,6 +78,8 @@ class SamplingSite:
     rewritten: bool
     reason: str = ""  # why it was not rewritten
     sampling: bool = True  # a random draw (False: an argmax only the greedy idiom knows)
+    # Matched, but left stock on purpose: off CUDA the fused op is slower (op.why_not_fused_on).
+    off_cuda: bool = False
 
     def __str__(self) -> str:
         if self.rewritten:
@@ -102,10 +105,19 @@ def _record(terminal: Node, site: SamplingSite) -> None:
     if _sites is None:
         return
     first = _sites.get(terminal)
-    if first is None or site.rewritten:
+    if first is None or site.rewritten or site.off_cuda:
         _sites[terminal] = replace(site, sampling=site.sampling or (first or site).sampling)
     elif site.sampling and not first.sampling:
         _sites[terminal] = replace(first, sampling=True)
+
+
+def _device(head: LMHead) -> torch.device:
+    """Where the LM head runs (its operands' fake tensors; CUDA if neither has one, as a
+    graph the pass cannot place is one it has always rewritten)."""
+    for node in (head.hidden, head.weight):
+        if isinstance(value := val(node), torch.Tensor):
+            return value.device
+    return torch.device("cuda")
 
 
 def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], *, sampling=True):
@@ -145,6 +157,10 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
                 " report it", idiom, terminal.name, error,
             )  # fmt: skip
             _record(terminal, replace(site, reason=f"the pass's check failed: {error!r}"))
+            return
+        if why := why_not_fused_on(_device(found.lm_head)):
+            log.debug("flashsampling: %s at %s not rewritten: %s", idiom, terminal.name, why)
+            _record(terminal, replace(site, reason=why, off_cuda=True))
             return
         _rewrite(match, walk, found, tail_rows)
         _record(terminal, replace(site, rewritten=True))

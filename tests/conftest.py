@@ -14,6 +14,10 @@ if not torch.cuda.is_available():
 # A pattern check that raises (other than its NoMatch refusals) fails the test, where users
 # get a warning and the site left unfused (patterns/_rewrite.py).
 os.environ.setdefault("FLASHSAMPLING_STRICT", "1")
+# Off CUDA the pass leaves sampling stock by default (the fused op's CPU path is slower);
+# the suite runs on CPUs too, so it asks for the rewrite there (test_explain.py checks the
+# default). Subprocesses (TP ranks, compile checks) inherit it.
+os.environ.setdefault("FLASHSAMPLING_CPU", "1")
 
 import pytest  # noqa: E402
 

@@ -131,3 +131,25 @@ def test_a_check_that_breaks_leaves_the_site_to_stock_inductor(monkeypatch, capl
     torch._dynamo.reset()
     tokens = torch.compile(fused_step, backend="flashsampling")(h)
     assert tokens.shape == (3, 1) and bool(((tokens >= 0) & (tokens < 12)).all())
+
+
+def test_off_cuda_without_the_switch_the_graph_stays_stock(monkeypatch, caplog):
+    """On the CPU the fused op runs its PyTorch reference, slower than stock Inductor's code:
+    without FLASHSAMPLING_CPU=1 (which the suite sets) a CPU graph is left as stock Inductor
+    compiles it, explain() gives the reason, nothing is WARNED, and the graph is cached apart
+    from the rewritten one (the switch is part of the pass's uuid)."""
+    from flashsampling_inductor.graph_pass import FlashSamplingPass
+
+    h = torch.randn(3, 8)
+    fused_uuid = FlashSamplingPass().uuid()
+    monkeypatch.delenv("FLASHSAMPLING_CPU")
+    stock_uuid = FlashSamplingPass().uuid()
+    assert None not in (fused_uuid, stock_uuid) and fused_uuid != stock_uuid
+    caplog.set_level(logging.INFO, logger="flashsampling_inductor")
+    with torch.no_grad():
+        (site,) = explain(fused_step, h)
+    assert not site.rewritten and site.idiom == "multinomial"
+    assert "on cpu the fused op runs its PyTorch reference" in site.reason
+    assert "FLASHSAMPLING_CPU=1" in site.reason
+    assert _warnings(caplog) == []
+    assert any("FLASHSAMPLING_CPU=1" in record.getMessage() for record in caplog.records)
