@@ -23,7 +23,13 @@ TPOT = wall time of a call / new tokens (the eager 32-token prefill included, th
 every configuration); the CSV keeps every repeat. A deadline (--budget-s) stops starting
 new (model, B) blocks, so what ran is written even when the sweep does not fit.
 
+Needs a CUDA GPU (without one it says so and exits 0), transformers (``pip install -e
+".[hf]"``) and about 20 GB of GPU memory for the Llama-3.1-8B shape. Writes
+``bench_generate_<gpu>_<date>.csv`` into ``--out`` (shape, batch, config, top_k, top_p,
+tpot_ms, first_call_s, repeats_ms) and prints a line per (model, B, configuration).
+
     python benchmarks/bench_generate.py --out benchmarks/results
+    python benchmarks/bench_generate.py --shapes qwen3-1.7b --batches 1,8 --configs hf_fused
 """
 
 from __future__ import annotations
@@ -119,12 +125,22 @@ def timed(fn, *args) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", default="qwen3-1.7b,llama-3.1-8b")
-    parser.add_argument("--batches", default="1,8,32,64")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shapes",
+        default="qwen3-1.7b,llama-3.1-8b",
+        help=f"models, comma-separated, of {','.join(SHAPES)} (default: both)",
+    )
+    parser.add_argument(
+        "--batches", default="1,8,32,64", help="batch sizes for qwen3-1.7b (default 1,8,32,64)"
+    )
     parser.add_argument("--llama-batches", default="1,64", help="batch sizes for llama-3.1-8b")
     parser.add_argument(
-        "--configs", default="hf_eager,hf_stock,hf_fused,gf_stock,gf_fused,gf_logits"
+        "--configs",
+        default="hf_eager,hf_stock,hf_fused,gf_stock,gf_fused,gf_logits",
+        help="configurations for qwen3-1.7b, comma-separated (the list above; default all)",
     )
     parser.add_argument(
         "--llama-configs",
@@ -132,13 +148,25 @@ def main() -> None:
         help="configurations for llama-3.1-8b (eager left out to fit one GPU call)",
     )
     parser.add_argument("--eager-batches", default="1,8,32,64", help="batch sizes for hf_eager")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed calls per configuration (default 5)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per call (default 128)")
     parser.add_argument("--top-k", type=int, default=0, help="generate's top_k (0: off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="generate's top_p (1: off)")
-    parser.add_argument("--budget-s", type=float, default=540.0)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="seconds after which no new (model, B) block starts (default 540)",
+    )
+    parser.add_argument(
+        "--out", default="benchmarks/results", help="folder of the CSV (default benchmarks/results)"
+    )
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_generate.py times generate on a CUDA GPU; there is none here: nothing run")
+        return
 
     import transformers
 

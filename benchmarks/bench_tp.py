@@ -31,8 +31,11 @@ from Python) and "graph" (``--iters`` calls captured in one CUDA graph, the repl
 
     python -m torch.distributed.run --nproc_per_node=2 benchmarks/bench_tp.py --out-dir DIR
 
-Writes ``bench_tp_<gpu>_tp<P>_<date>.csv`` and a PNG, prints a markdown table last (rank 0).
-Always exports NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1.
+Needs two or more CUDA GPUs of one host, launched by ``torch.distributed.run`` (without
+CUDA it says so and exits 0); FlashInfer for the ``allgather_fi*`` providers (left out when
+it does not import). Writes ``bench_tp_<gpu>_tp<P>_<date>.csv`` and a PNG into ``--out-dir``,
+prints a markdown table last (rank 0). Always exports NCCL_NVLS_ENABLE=0
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1.
 """
 
 from __future__ import annotations
@@ -197,14 +200,31 @@ def time_step(step, mode: str, iters: int, repeats: int = 5) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="4096x151936,8192x128256")
-    parser.add_argument("--batches", default="1,16,64,256")
-    parser.add_argument("--providers", default=",".join(PROVIDERS))
-    parser.add_argument("--modes", default="events,graph")
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--out-dir", default="benchmarks/results")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shapes",
+        default="4096x151936,8192x128256",
+        help="DxV of the whole LM head, comma-separated (default 4096x151936,8192x128256)",
+    )
+    parser.add_argument(
+        "--batches", default="1,16,64,256", help="batch sizes (default 1,16,64,256)"
+    )
+    parser.add_argument(
+        "--providers",
+        default=",".join(PROVIDERS),
+        help="comma-separated, of the list above (default: all but the top-k 50 ones)",
+    )
+    parser.add_argument(
+        "--modes", default="events,graph", help="timing modes: events, graph or both"
+    )
+    parser.add_argument("--iters", type=int, default=20, help="calls per timed repeat")
+    parser.add_argument("--out-dir", default="benchmarks/results", help="folder of the CSV and PNG")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_tp.py times tensor-parallel sampling on CUDA GPUs; there is none here")
+        return 0
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))

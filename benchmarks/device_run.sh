@@ -17,6 +17,7 @@ start=$(date +%s)
 skip_check=0 skip_bench=0 total_s=540 check_timeout=200 bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
+        -h|--help) sed -n '2,/^set /p' "benchmarks/$(basename "$0")" | grep '^#' | cut -c3-; exit 0 ;;
         --skip-check) skip_check=1 ;;
         --skip-bench) skip_bench=1 ;;
         --quick) bench_args+=(--quick) ;;
@@ -27,6 +28,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+if ! python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "$(basename "$0") runs on a GPU machine; python3 here has no CUDA torch: nothing run"
+    exit 0
+fi
 export OUT=${OUT:-$PWD/benchmarks/results}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"

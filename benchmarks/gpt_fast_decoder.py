@@ -6,6 +6,9 @@ gpt-fast's own sampling (the exponential race ``argmax(probs / Exp(1))``, no hos
 bench_generate.py times the step under stock Inductor and ``backend="flashsampling"``, and a
 step that returns the logits without sampling (sampling's share of the step). The weights
 are the Hugging Face model's own tensors (no copy), so both loops run the same model.
+
+A module, not a measurement: ``python benchmarks/gpt_fast_decoder.py --help`` prints this and
+exits; bench_generate.py and profile_generate.py import it.
 """
 
 from __future__ import annotations
@@ -114,3 +117,12 @@ def generate(decoder: Decoder, step, prompt: torch.Tensor, new_tokens: int, temp
         drawn.append(token)
         input_pos += 1
     return torch.cat(drawn, dim=1)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
+    print(__doc__)

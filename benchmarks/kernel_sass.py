@@ -124,9 +124,13 @@ def describe(compiled) -> tuple[str, collections.Counter]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--hidden-size", type=int, default=2048)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--batch", type=int, default=256, help="rows, which pick default_config (default 256)"
+    )
+    parser.add_argument("--hidden-size", type=int, default=2048, help="D (default 2048)")
     parser.add_argument("--top", type=int, default=12, help="opcodes to list")
     args = parser.parse_args()
     config = sampling_kernel.default_config(args.batch, args.hidden_size, torch.device("cuda"))

@@ -17,6 +17,8 @@ reading trails the load by about a second (a 1 s loop read 500-560 W where 2 s l
 
     python benchmarks/power_draw.py              # D = 2048 and 4096, B = 64, 128, 256: ~2 min
     python benchmarks/power_draw.py --shapes 8192x128256 --batches 128
+
+Needs a CUDA GPU and ``nvidia-smi`` (without CUDA it says so and exits 0).
 """
 
 from __future__ import annotations
@@ -106,15 +108,28 @@ def summarize(samples: list[list[str]]) -> tuple[float, float, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=parse_shapes, default=((2048, 151936), (4096, 151936)))
-    parser.add_argument("--batches", type=parse_ints, default=(64, 128, 256))
-    parser.add_argument("--seconds", type=float, default=2.5)
-    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=((2048, 151936), (4096, 151936)),
+        help="DxV list (default 2048x151936,4096x151936)",
+    )
+    parser.add_argument(
+        "--batches", type=parse_ints, default=(64, 128, 256), help="B list (default 64,128,256)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=2.5, help="sustained-load loop per point (default 2.5)"
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=REPO / "benchmarks" / "results", help="folder of the CSV"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("no CUDA device: nothing to measure", flush=True)
-        return 2
+        print("power_draw.py measures a CUDA GPU; there is none here: nothing run", flush=True)
+        return 0
     import triton
 
     now = datetime.datetime.now(datetime.timezone.utc)

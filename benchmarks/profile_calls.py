@@ -7,7 +7,8 @@ cuBLAS matmul alone, so that the launch gaps between kernels show as the differe
                                        [--logits bf16|fp32]
 
 Logits have std 5 (~3.6 nats, as bench_sampling's --logit-std 5): no row leaves the fast
-path. Needs a GPU; prints one line per (shape, batch, mode).
+path. Needs a CUDA GPU (without one it says so and exits 0); prints one line per (shape,
+batch, mode), writes nothing.
 """
 
 from __future__ import annotations
@@ -79,15 +80,24 @@ def profile_point(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="2048x151936")
-    parser.add_argument("--batches", default="1,64")
-    parser.add_argument("--modes", default="plain,topk50,topk50_topp09,topp09,minp01")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default="2048x151936", help="DxV list (default 2048x151936)")
+    parser.add_argument("--batches", default="1,64", help="B list (default 1,64)")
+    parser.add_argument(
+        "--modes",
+        default="plain,topk50,topk50_topp09,topp09,minp01",
+        help="calls to profile (default: all of plain,topk50,topk50_topp09,topp09,minp01)",
+    )
     parser.add_argument(
         "--logits", choices=("bf16", "fp32"), default="bf16",
         help="the logits the calls sample: bf16 (what a bf16 LM head's rewrite passes) or fp32",
     )  # fmt: skip
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_calls.py profiles CUDA kernels; there is no CUDA GPU here: nothing run")
+        return
     logits_dtype = torch.bfloat16 if args.logits == "bf16" else None
     print(
         torch.cuda.get_device_name(),

@@ -5,7 +5,8 @@ replay under the torch profiler) and the host's Python time per call (cProfile),
         [--shape 4096x151936] [--batches 1,64,256] [--top-k 0]
 
 Prints, per batch size: the GPU kernels of one step with their durations, the host time per
-eager call (no synchronization inside the loop), and the top of cProfile's table.
+eager call (no synchronization inside the loop), and the top of cProfile's table. Needs two
+or more CUDA GPUs of one host (without CUDA it says so and exits 0); writes nothing.
 """
 
 from __future__ import annotations
@@ -104,11 +105,16 @@ def host_time(step, rank: int, calls: int = 200) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="4096x151936")
-    parser.add_argument("--batches", default="1,64,256")
-    parser.add_argument("--top-k", type=int, default=0)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shape", default="4096x151936", help="DxV of the whole LM head")
+    parser.add_argument("--batches", default="1,64,256", help="B list (default 1,64,256)")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k of the step (0: off)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_tp.py profiles CUDA GPUs; there is none here: nothing run")
+        return 0
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     device = torch.device("cuda", torch.cuda.current_device())

@@ -15,6 +15,7 @@ export OUT=${OUT:-$PWD/benchmarks/results} PYTHONUNBUFFERED=1
 tests_timeout=240 bench_timeout=300 bench_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
+        -h|--help) sed -n '2,/^set /p' "benchmarks/$(basename "$0")" | grep '^#' | cut -c3-; exit 0 ;;
         --tests-timeout) tests_timeout=$2; shift ;;
         --bench-timeout) bench_timeout=$2; shift ;;
         --) shift; bench_args+=("$@"); break ;;
@@ -22,6 +23,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+if ! python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "$(basename "$0") runs on a GPU machine; python3 here has no CUDA torch: nothing run"
+    exit 0
+fi
 mkdir -p "$OUT"
 failed=0
 if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c "import flashinfer" 2>/dev/null; then
