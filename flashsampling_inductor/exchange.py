@@ -155,6 +155,14 @@ _MESSAGE_WORDS = tl.constexpr(MESSAGE_WORDS)
 # Lanes (rows x samples) a call may exchange through symmetric memory; more go by collectives.
 SYMMETRIC_CAPACITY = 8192
 _CAPACITY = tl.constexpr(SYMMETRIC_CAPACITY)
+# One warp a program. The wait reads the peers' [P, MESSAGE_WORDS] words (32 or more) and
+# every thread must see the same words: with more threads than words, Triton's layout holds
+# each word in several threads, each loading it on its own; a word that lands between two
+# of those loads splits the program's decision, its threads leave the wait loop apart and
+# its reductions mix values from both sides (H200 x 4, B = 256: a rank's own message
+# "missing" at once, then wrong tokens or a hang). With one warp each word has one thread
+# (tests/test_tp.py checks the layout).
+EXCHANGE_NUM_WARPS = 1
 
 
 @triton.jit
@@ -408,7 +416,7 @@ class SymmetricExchange:
                 PER_ROW_SEED=seed.dim() == 1, WORLD=self.world,
                 WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)),
                 BLOCK_C=max(16, triton.next_power_of_2(num_candidates)),
-                SEND=send, RECEIVE=receive, SPIN=spin,
+                SEND=send, RECEIVE=receive, SPIN=spin, num_warps=EXCHANGE_NUM_WARPS,
             )  # fmt: skip
         return tokens
 

@@ -555,6 +555,9 @@ def test_symmetric_exchange_fails_a_missing_rank_and_shards_that_do_not_tile():
 
 
 _COMPILE_EXCHANGE = r"""
+import math
+import re
+
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -569,24 +572,39 @@ signature = {
     "batch": "i32", "num_samples": "i32", "vocab_size": "i32", "start": "i32", "stop": "i32",
     "timeout_ns": "i64",
 }
-constants = dict(PER_ROW_SEED=True, WORLD=4, WORLD_BLOCK=4, BLOCK_C=2048, SEND=True,
-                 RECEIVE=True, SPIN=True)
-signature.update({name: "constexpr" for name in constants})
-constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
-compiled = triton.compile(
-    ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-    options={"num_warps": 4},
-)
-ptx = compiled.asm["ptx"]
-# The wait reads the peers' words as volatile (system-scope) loads, with the GPU's timer.
-assert "ld.volatile.global.b64" in ptx and "%globaltimer" in ptx
+for world_block in (2, 4, 8):
+    constants = dict(PER_ROW_SEED=world_block == 4, WORLD=world_block, WORLD_BLOCK=world_block,
+                     BLOCK_C=2048, SEND=True, RECEIVE=True, SPIN=True)
+    types = dict(signature, **{name: "constexpr" for name in constants})
+    constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
+    compiled = triton.compile(
+        ASTSource(kernel, types, constexprs), target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": exchange.EXCHANGE_NUM_WARPS},
+    )
+    ptx = compiled.asm["ptx"]
+    # The wait reads the peers' words as volatile (system-scope) loads, with the GPU's timer.
+    assert "ld.volatile.global.b64" in ptx and "%globaltimer" in ptx
+    # ... each word by one thread: the loads' layout covers no more than their shape.
+    ttgir = compiled.asm["ttgir"]
+    layouts = dict(re.findall(r"^(#\w+) = #ttg\.blocked<\{(.*)\}>", ttgir, re.M))
+    waits = re.findall(r"isVolatile = true\} : tensor<([\dx]+)x!tt\.ptr<i64>, (#\w+)>", ttgir)
+    assert waits, "no volatile load found"
+    for shape, name in waits:
+        fields = dict(re.findall(r"(\w+) = \[([\d, ]+)\]", layouts[name]))
+        per = [list(map(int, fields[k].split(","))) for k in
+               ("sizePerThread", "threadsPerWarp", "warpsPerCTA")]
+        cover = [math.prod(sizes) for sizes in zip(*per)]
+        dims = list(map(int, shape.split("x")))
+        assert all(c <= d for c, d in zip(cover, dims)), (world_block, dims, layouts[name])
 print("compiled")
 """
 
 
 def test_exchange_kernel_compiles_for_hopper():
     """The exchange's whole kernel (the wait loop, its timer and volatile loads, which the
-    interpreter never runs) compiles for sm_90a without a GPU."""
+    interpreter never runs) compiles for sm_90a without a GPU, and its wait reads each word
+    of the peers' messages in one thread (no thread of a program decides on a copy of a word
+    that another thread read at another time)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.run(

@@ -113,6 +113,65 @@ def test_symmetric_exchange_tokens_equal_on_ranks_and_tp1():
             assert torch.equal(other["tokens"][key], tokens), key
 
 
+def _benchmark_shapes_worker(rank, world, dims, batches, seeds):
+    """The benchmark's shapes (D = 4096 / 8192, B = 256 / 512, V = 151936, bf16) through the
+    symmetric exchange, 3 calls each; shards of ceil(V / P / 64) * 64 rows (vLLM's padded
+    cut: the last one short, at P = 3 and 4)."""
+    device = torch.device("cuda", rank)
+    shard = -(-VOCAB // world // 64) * 64
+    start = min(rank * shard, VOCAB)
+    stop = min(start + shard, VOCAB)
+    out = {}
+    for dim in dims:
+        generator = torch.Generator(device=device).manual_seed(dim)  # the same on every rank
+        weight = torch.randn(VOCAB, dim, device=device, generator=generator) * (3.0 / dim**0.5)
+        weight = weight.to(torch.bfloat16)
+        weight_shard = weight[start:stop].contiguous()
+        for batch in batches:
+            hidden = torch.randn(batch, dim, device=device, generator=generator)
+            hidden = hidden.to(torch.bfloat16)
+            for seed in seeds:
+                draws = [
+                    tp_fused_sample(hidden, weight_shard, vocab_start=start, vocab_size=VOCAB,
+                                    seed=seed)
+                    for _ in range(3)
+                ]  # fmt: skip
+                torch.cuda.synchronize()
+                out[dim, batch, seed] = torch.stack(draws).cpu()
+                if seed is not None and rank == 0:
+                    expected = fused_sample(hidden, weight, seed=seed, impl="torch")
+                    for tokens in draws:
+                        assert_pathwise_equal(tokens, expected, hidden, weight, seed=seed)
+        del weight, weight_shard
+        torch.cuda.empty_cache()
+    group = torch.distributed.group.WORLD.group_name
+    from flashsampling_inductor.exchange import use_symmetric_memory
+
+    out["symmetric"] = use_symmetric_memory(group, device)
+    return out
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("world", [4, 3])
+def test_symmetric_exchange_at_the_benchmarks_shapes(world):
+    """B = 256 and 512 at D = 4096 and 8192, seed=None and explicit, on 4 ranks and on 3
+    (uneven shards): every call completes, the ranks agree, explicit seeds draw TP = 1's
+    tokens. (The exchange's wait once read each message word in several threads of a
+    program, which then decided apart: B = 256 at these shapes failed or hung on 4 H200s.)"""
+    if world_size() < world:
+        pytest.skip(f"needs {world} GPUs")
+    per_rank = run_ranks(
+        world, _benchmark_shapes_worker, (4096, 8192), (256, 512), (None, 11), backend="nccl",
+        timeout_s=300,
+    )  # fmt: skip
+    assert all(r.pop("symmetric") for r in per_rank), "the symmetric-memory path was not taken"
+    for key, draws in per_rank[0].items():
+        for other in per_rank[1:]:
+            assert torch.equal(other[key], draws), key
+        if key[2] is None:  # a fresh seed per call
+            assert not torch.equal(draws[0], draws[1]), key
+
+
 def _skewed_worker(rank, world, steps):
     """One rank is delayed at random (host sleeps and device spins) for ``steps`` steps."""
     device = torch.device("cuda", rank)
