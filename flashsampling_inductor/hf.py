@@ -54,28 +54,38 @@ _GENERATE_ARGUMENTS = (
     "negative_prompt_ids",
     "negative_prompt_attention_mask",
 )
-_warned: set[str] = set()
+_warned: set[tuple[str, str]] = set()
 # Graphs one compiled decode step may hold: shape changes (see _mark_steps); the knobs, always
 # tensors, never add one.
 _STEP_GRAPHS_LIMIT = 64
 
 
 def enable(model):
-    """Make plain ``model.generate(...)`` calls on this model run fused.
+    """Make plain ``model.generate(...)`` calls and transformers' continuous batching
+    (``model.generate_batch(...)``, ``model.init_continuous_batching()`` and the context
+    manager built on it) on this model run fused.
 
-    Greedy and sampling calls get ``custom_generate=fused_generate`` and, unless the call
-    chooses a cache, ``cache_implementation="static"`` (the fused step is compiled for a
-    static cache, as transformers' own compiled decoding is); other modes run transformers'
-    own ``generate`` and say why once. Returns the model. ``disable(model)`` undoes it.
+    Greedy and sampling ``generate`` calls get ``custom_generate=fused_generate`` and, unless
+    the call chooses a cache, ``cache_implementation="static"`` (the fused step is compiled
+    for a static cache, as transformers' own compiled decoding is); other modes run
+    transformers' own ``generate`` and say why once. Continuous batching managers made after
+    ``enable`` run a fused step (``_fuse_continuous_batching``). Returns the model.
+    ``disable(model)`` undoes it for calls and managers made afterwards.
     """
     if "generate" not in vars(model):
         model.generate = functools.partial(_generate, model, type(model).generate)
+    init = getattr(type(model), "init_continuous_batching", None)
+    if init is not None and "init_continuous_batching" not in vars(model):
+        model.init_continuous_batching = functools.partial(_init_continuous_batching, model, init)
     return model
 
 
 def disable(model):
-    """Undo ``enable``: ``model.generate`` is transformers' own again. Returns the model."""
+    """Undo ``enable``: ``model.generate`` and ``model.init_continuous_batching`` are
+    transformers' own again (a manager kept on the model, ``persistent_manager=True``, stays
+    as it was made). Returns the model."""
     vars(model).pop("generate", None)
+    vars(model).pop("init_continuous_batching", None)
     return model
 
 
@@ -432,6 +442,190 @@ class _StepOutput(dict):
     __getattr__ = dict.__getitem__
 
 
+# ---------------------------------------------------------------------------------------------
+# Continuous batching (generate_batch, ContinuousBatchingManager)
+
+# transformers' continuous-batching warpers, by class name, and the knob each one sets. Each
+# reads its per-request value from one row of the step's ``logits_processor_args``.
+_PER_REQUEST_WARPERS = {
+    "ContinuousBatchingTemperatureLogitsWarper": "temperature",
+    "ContinuousBatchingTopKLogitsWarper": "top_k",
+    "ContinuousBatchingTopPLogitsWarper": "top_p",
+}
+_KNOB_ORDER = ("temperature", "top_k", "top_p", "min_p")  # transformers' and the op's order
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowKnobs:
+    """Where each knob of a continuous-batching step comes from: ``rows``, the knobs that
+    are per request, each with the row of the step's ``logits_processor_args`` that holds
+    its values (fp32 bits for temperature and top-p, int32 for top-k); ``values``, the knobs
+    one warper of the manager's generation config sets for every request. A knob in neither
+    is off; ``greedy``: the manager does not sample."""
+
+    rows: tuple[tuple[str, int], ...] = ()
+    values: tuple[tuple[str, float], ...] = ()
+    greedy: bool = False
+
+    def tensors(self, processor_args, rows: int) -> dict:
+        """The op's knobs for a step of ``rows`` logits rows (padding rows hold the defaults
+        transformers fills in)."""
+        if self.greedy:
+            return dict(temperature=0.0)
+        knobs = {name: int(v) if name == "top_k" else v for name, v in self.values}
+        for name, row in self.rows:
+            per_request = processor_args[row, :rows]
+            dtype = torch.int64 if name == "top_k" else None
+            knobs[name] = per_request.to(dtype) if dtype else per_request.view(torch.float32)
+        return knobs
+
+
+def _row_knobs(logit_processor, do_sample: bool) -> _RowKnobs | str:
+    """-> where a continuous-batching manager's knobs come from, or why the op cannot draw
+    what its logits processors ask for."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    processors = list(logit_processor.logits_processor)
+    if not do_sample:
+        if processors:
+            return f"the logits processors {[type(p).__name__ for p in processors]} are not fused"
+        return _RowKnobs(greedy=True)
+    plain = {
+        TemperatureLogitsWarper: "temperature",
+        TopKLogitsWarper: "top_k",
+        TopPLogitsWarper: "top_p",
+        MinPLogitsWarper: "min_p",
+    }
+    rows, values, last = [], [], -1
+    names = [type(p).__name__ for p in processors]
+    for processor in processors:
+        kind = type(processor)
+        if kind.__name__ in _PER_REQUEST_WARPERS:
+            knob = _PER_REQUEST_WARPERS[kind.__name__]
+            rows.append((knob, len(rows)))
+        elif kind in plain:
+            knob = plain[kind]
+            values.append((knob, float(getattr(processor, knob))))
+        else:
+            return f"the logits processor {kind.__name__} is not fused"
+        if _KNOB_ORDER.index(knob) <= last:
+            return f"the logits processors {names} come in an order the op does not draw"
+        last = _KNOB_ORDER.index(knob)
+        if getattr(processor, "filter_value", -float("inf")) != -float("inf"):
+            return f"{kind.__name__} with filter_value={processor.filter_value} is not fused"
+        keep = getattr(processor, "min_tokens_to_keep", 1)
+        if knob in ("top_p", "min_p") and keep != 1:
+            return f"{kind.__name__} with min_tokens_to_keep={keep} is not fused"
+    return _RowKnobs(rows=tuple(rows), values=tuple(values))
+
+
+def _init_continuous_batching(model, init, *args, **kwargs):
+    """``model.init_continuous_batching`` after ``enable``: transformers' manager, fused."""
+    manager = init(model, *args, **kwargs)
+    if not getattr(manager, "_flashsampling_seen", False):
+        manager._flashsampling_seen = True
+        _fuse_continuous_batching(manager)
+    return manager
+
+
+def _fuse_continuous_batching(manager) -> None:
+    """Make a continuous-batching manager run a fused step, or say once why it cannot.
+
+    transformers' step (``ModelRunner._forward_process_and_sample``: forward, per-request
+    warpers, softmax, ``torch.multinomial``) becomes the forward and one ``sample_logits``
+    call with each knob a per-request [B] tensor (``_RowKnobs``: no setting of any request
+    is a graph of its own), compiled with ``backend="flashsampling"``, whose pass fuses the
+    LM head and ``sample_logits``. Each path (prefill "varlen", decode) keeps the compile
+    config transformers resolved for it, its backend swapped; a path that transformers would
+    run eagerly is compiled as transformers' ``default_compile_level=1`` compiles it. The
+    manager's batch processor is made lazily (in ``warmup`` or the generation thread): its
+    model runner is fused as it is made.
+    """
+    config = manager.continuous_batching_config
+    why_not = _version_problem()
+    if not why_not and config.return_logprobs:
+        why_not = "return_logprobs is set (the fused op returns no logprobs)"
+    if not why_not and getattr(manager.distributed_helper, "tp_size", 1) > 1:
+        why_not = "tensor parallelism is not fused"
+    knobs = why_not or _row_knobs(manager.logit_processor, manager.generation_config.do_sample)
+    if isinstance(knobs, str):
+        _warn_once(knobs, "continuous batching runs transformers' own step")
+        return
+    from transformers import CompileConfig
+
+    default = CompileConfig(mode="default", fullgraph=False, dynamic=True)
+    config.varlen_compile_config = _with_our_backend(config.varlen_compile_config or default)
+    if config.max_blocks_per_request > 0:  # the decode fast path exists
+        config.decode_compile_config = _with_our_backend(config.decode_compile_config or default)
+    create = manager._create_batch_processor
+
+    def create_fused():
+        processor = create()
+        _fuse_model_runner(processor.model_runner, knobs)
+        return processor
+
+    manager._create_batch_processor = create_fused
+
+
+def _with_our_backend(config):
+    config = copy.deepcopy(config)
+    config.backend = "flashsampling"
+    return config
+
+
+def _fuse_model_runner(runner, knobs: _RowKnobs) -> None:
+    """Give a ModelRunner the fused step, compiled with its paths' (fused) compile configs."""
+    if getattr(runner, "_flashsampling_knobs", None) is not None:
+        return  # a batch processor made before and reset
+    runner._flashsampling_knobs = knobs
+    runner._forward_process_and_sample = functools.partial(
+        _batching_step, runner.inputs_and_outputs, knobs
+    )
+    for path in ("varlen", "decode"):
+        config = getattr(runner.cb_config, f"{path}_compile_config")
+        if config is not None:
+            step = functools.partial(_compiled_batching_step(config), runner.inputs_and_outputs)
+            setattr(runner, f"_compiled_{path}", functools.partial(step, knobs))
+
+
+def _batching_step(io, knobs, model, batch_data, carry_over_ids, prev_output_ids, output_ids):
+    """transformers' ``_forward_process_and_sample`` with the warpers, the softmax and the
+    draw one ``sample_logits`` call (the inputs and outputs object and the knobs are
+    arguments, not closure cells: every manager of a model shares one compiled step)."""
+    io.carry_over_tokens(batch_data["input_ids"], carry_over_ids, prev_output_ids)
+    logits = model(**batch_data).logits  # [1, rows, V]
+    if "logits_to_keep" not in batch_data:
+        logits = logits[:, batch_data["logits_indices"], :]
+    rows = logits.shape[1]
+    settings = knobs.tensors(batch_data.get("logits_processor_args"), rows)
+    tokens = sample_logits(logits[0], **settings).squeeze(1)
+    output_ids[0, :rows].copy_(tokens)
+
+
+def _compiled_batching_step(config):
+    """The step compiled with ``config`` (its backend already ours), as transformers runs its
+    own: graph breaks at the paged attention, which transformers keeps out of the graphs. The
+    LM head and ``sample_logits`` must still land in one graph for the pass to fuse them:
+    Dynamo's nested graph breaks resume tracing inside the model's forward after a break, so
+    its last graph runs from the last attention to the draw."""
+    compiled = torch.compile(_batching_step, **config.to_dict())
+    settings = dict(recompile_limit=_STEP_GRAPHS_LIMIT)
+    if hasattr(torch._dynamo.config, "nested_graph_breaks"):  # torch >= 2.9
+        settings["nested_graph_breaks"] = True
+    patch = torch._dynamo.config.patch(**settings)
+
+    def step(*args):
+        with patch:
+            return compiled(*args)
+
+    return step
+
+
 def _cache_key() -> str:
     """The name generate keeps the cache under in its model kwargs, forwards and outputs:
     ``past_key_values`` up to transformers 5.23, ``cache`` from 5.24."""
@@ -456,7 +650,7 @@ def _version_problem() -> str:
     return f"transformers {version} is not supported (the fused loop follows 5.x from {oldest})"
 
 
-def _warn_once(why_not: str) -> None:
-    if why_not not in _warned:
-        _warned.add(why_not)
-        log.warning("flashsampling: generate runs transformers' own loop: %s", why_not)
+def _warn_once(why_not: str, what: str = "generate runs transformers' own loop") -> None:
+    if (what, why_not) not in _warned:
+        _warned.add((what, why_not))
+        log.warning("flashsampling: %s: %s", what, why_not)

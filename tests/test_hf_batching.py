@@ -1,0 +1,200 @@
+"""transformers' continuous batching (``generate_batch``, the manager) after
+``flashsampling_inductor.hf.enable(model)``: the step is rewritten with no warning, the drawn
+tokens follow the engine's own per-request warpers with several settings in one batch, greedy
+rows (temperature 0) and a greedy manager give stock ``generate_batch``'s tokens, new
+settings never recompile, and what cannot be fused runs transformers' own step with one
+warning. A tiny random Llama on the CPU (skipped without transformers 5.17+)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch._dynamo.utils import counters
+
+transformers = pytest.importorskip("transformers", minversion="5.17")
+from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E402
+from transformers.generation.continuous_batching import (  # noqa: E402
+    cb_logits_processors as cb_warpers,
+)
+from transformers.generation.logits_process import (  # noqa: E402
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from flashsampling_inductor import hf  # noqa: E402
+
+VOCAB = 48
+PROMPT = [3, 14, 15, 9]
+# The manager's generation config: its warpers are the per-request ones each request sets.
+SAMPLING = dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9)
+# Three kinds of request in one batch: plain top-k, Qwen3-like settings, greedy.
+GROUPS = (
+    dict(temperature=0.7, top_k=5, top_p=1.0),
+    dict(temperature=0.6, top_k=20, top_p=0.9),
+    dict(temperature=0.0),
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _run_the_pass():
+    """A cached graph is the rewritten one, but the pass (and its counters) would not run."""
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    hf._warned.clear()
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # logits with a spread of a few units: every cell of a test is busy
+        model.lm_head.weight.mul_(8)
+    return hf.enable(model)
+
+
+def _generation_config(**settings) -> GenerationConfig:
+    return GenerationConfig(
+        **{"eos_token_id": -1, "pad_token_id": 0, "max_new_tokens": 2, **settings}
+    )
+
+
+def _batching_config(**settings) -> ContinuousBatchingConfig:
+    return ContinuousBatchingConfig(
+        page_size=16,
+        num_blocks=512,
+        max_batch_tokens=1024,
+        per_request_processors=True,
+        allow_block_sharing=False,
+        seed=0,
+        **settings,
+    )
+
+
+def _serve(model, requests, generation_config, **batching) -> list[list[int]]:
+    """Each (prompt, settings) request through one manager -> its new tokens, in order."""
+    with model.continuous_batching_context_manager(
+        generation_config=generation_config,
+        continuous_batching_config=_batching_config(**batching),
+        timeout=10,
+    ) as manager:
+        ids = [manager.add_request(prompt, **settings) for prompt, settings in requests]
+        done = {}
+        while len(done) < len(ids):
+            result = manager.get_result(timeout=1)  # the first step compiles: minutes
+            if result is None:
+                assert manager.is_running(), "the generation thread stopped"
+            elif result.is_finished():
+                done[result.request_id] = result.generated_tokens
+    return [done[request_id] for request_id in ids]
+
+
+def _stock(model, *args, **kwargs):
+    hf.disable(model)
+    try:
+        return _serve(model, *args, **kwargs)
+    finally:
+        hf.enable(model)
+
+
+def _our_warnings(caplog) -> str:
+    return "".join(r.getMessage() for r in caplog.records if r.name == "flashsampling_inductor")
+
+
+def _rewrites() -> int:
+    return sum(counters["flashsampling"].values())
+
+
+def _engine_probs(logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor:
+    """The engine's own per-request warpers on [N, V] logits -> float64 probabilities."""
+    rows = logits.shape[0]
+    scores = logits.float() / temperature
+    top_k_warper = cb_warpers.ContinuousBatchingTopKLogitsWarper(TopKLogitsWarper(top_k))
+    scores = top_k_warper(scores, torch.full((rows,), top_k, dtype=torch.int32))
+    top_p_warper = cb_warpers.ContinuousBatchingTopPLogitsWarper(TopPLogitsWarper(0.5))
+    scores = top_p_warper(scores, torch.full((rows,), top_p).view(torch.int32))
+    return torch.softmax(scores.double(), dim=-1)
+
+
+@torch.no_grad()
+def _token_probs(model, settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> the distributions [V] of the first and second new token after PROMPT (the second's
+    summed over the first)."""
+    prompt = torch.tensor([PROMPT])
+    first = _engine_probs(model(prompt).logits[:, -1], **settings)[0]
+    both = torch.cat([prompt.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
+    return first, first @ _engine_probs(model(both).logits[:, -1], **settings)
+
+
+def test_requests_with_mixed_settings_are_drawn_fused(model, caplog):
+    """One batch of plain top-k, Qwen3-like and greedy requests: the step is rewritten with no
+    warning, each sampled group's first and second tokens pass a chi-square against the
+    engine's warpers, and the greedy rows are stock greedy generate_batch's tokens. Then new
+    settings on the same manager shape never recompile."""
+    per_group = 800
+    requests = [(PROMPT, settings) for settings in GROUPS[:2] for _ in range(per_group)]
+    greedy_prompts = [PROMPT, [1, 2], [7, 7, 7, 30, 2], [40]]
+    requests += [(prompt, GROUPS[2]) for prompt in greedy_prompts]
+    counters.clear()
+    with caplog.at_level("WARNING", logger="flashsampling_inductor"):
+        tokens = _serve(model, requests, _generation_config(**SAMPLING))
+    assert _rewrites() >= 1, "the step was not rewritten"
+    assert not _our_warnings(caplog)
+    drawn = np.array(tokens[: 2 * per_group])
+    for group, settings in enumerate(GROUPS[:2]):
+        rows = drawn[group * per_group : (group + 1) * per_group]
+        for position, probs in enumerate(_token_probs(model, settings)):
+            observed = np.bincount(rows[:, position], minlength=VOCAB)
+            kept = probs.numpy() > 0
+            assert observed[~kept].sum() == 0, f"{settings}: a truncated token was drawn"
+            expected = probs.numpy()[kept] * per_group
+            pvalue = stats.chisquare(observed[kept], expected).pvalue
+            assert pvalue > 1e-4, f"{settings}, token {position}"
+    greedy = _stock(model, [(p, {}) for p in greedy_prompts], _generation_config(do_sample=False))
+    assert tokens[2 * per_group :] == greedy
+
+    # The same batch shapes with every request's settings changed: no new graph.
+    graphs = counters["stats"]["unique_graphs"]
+    changed = (dict(temperature=1.3, top_k=3, top_p=0.5), dict(temperature=0.0), GROUPS[1])
+    requests = [(prompt, changed[i % 3]) for i, (prompt, _) in enumerate(requests)]
+    _serve(model, requests, _generation_config(**SAMPLING))
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_greedy_manager_equals_stock(model, caplog):
+    prompts = [[5, 6, 7], [1], [9, 8, 7, 6, 5, 4], [30, 31]]
+    config = _generation_config(do_sample=False, max_new_tokens=4)
+    expected = _stock(model, [(p, {}) for p in prompts], config)
+    counters.clear()
+    with caplog.at_level("WARNING", logger="flashsampling_inductor"):
+        got = _serve(model, [(p, {}) for p in prompts], config)
+    assert _rewrites() >= 1 and not _our_warnings(caplog)
+    assert got == expected
+
+
+def test_what_is_not_fused_runs_transformers_step(model, caplog):
+    """Logprobs are not fused yet: transformers' own step, its own tokens, one warning."""
+    requests = [([1, 2, 3], {}), ([4, 5], {})]
+    config = _generation_config(**SAMPLING)
+    expected = _stock(model, requests, config, return_logprobs=True)
+    counters.clear()
+    with caplog.at_level("WARNING", logger="flashsampling_inductor"):
+        for _ in range(2):
+            got = _serve(model, requests, config, return_logprobs=True)
+    assert not counters["flashsampling"]
+    assert _our_warnings(caplog).count("return_logprobs") == 1
+    assert got == expected
