@@ -9,19 +9,23 @@ the first one whose check refused it, and the reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from .backend import flashsampling_backend
 
-__all__ = ["Explanation", "explain"]
+__all__ = ["Explanation", "explain", "recording"]
 
 
 class Explanation(list):
     """A list of ``patterns.SamplingSite`` (op, node, idiom, rewritten, reason), printed one
-    line per site."""
+    line per site. ``cache_hits``: graphs that ``recording`` saw loaded from Inductor's caches
+    (the pass did not run on them, so they add no site)."""
+
+    cache_hits: int = 0
 
     def __str__(self) -> str:
         if not self:
@@ -56,3 +60,29 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Explanation:
     finally:
         SITES.reset(token)
     return sites
+
+
+@contextmanager
+def recording() -> Iterator[Explanation]:
+    """Collect the sampling sites of every graph compiled with the FlashSampling backend inside
+    the block (``torch.compile`` compiles on a function's first call), with the caches left
+    as they are: a graph loaded from them counts in ``cache_hits`` instead. A graph the pass
+    left a sampling op unfused in is never cached, so a hit is one whose sampling was fused,
+    or left stock on purpose off CUDA (``op.why_not_fused_on``)."""
+    from torch._dynamo.utils import counters
+
+    from .graph_pass import SITES
+
+    def hits() -> int:
+        return (
+            counters["inductor"]["fxgraph_cache_hit"]
+            + counters["aot_autograd"]["autograd_cache_hit"]
+        )
+
+    sites, before = Explanation(), hits()
+    token = SITES.set(sites)
+    try:
+        yield sites
+    finally:
+        SITES.reset(token)
+        sites.cache_hits = hits() - before

@@ -16,7 +16,9 @@ transformers runs it, eagerly, and its token is drawn by ``sample_logits`` from 
     out = model.generate(ids, do_sample=True, max_new_tokens=128)  # fused
     flashsampling_inductor.hf.disable(model)
 
-or, per call, ``model.generate(ids, ..., custom_generate=fused_generate)``.
+or, per call, ``model.generate(ids, ..., custom_generate=fused_generate)``. The first
+``generate`` says at INFO that its decode step is fused (or at WARNING why not), and
+``is_fused(model)`` tells the same.
 
 It fuses greedy search and sampling with a temperature, top-k, top-p and min-p (generate's
 defaults and a model's generation_config included). Anything else (other logits processors
@@ -34,9 +36,10 @@ import logging
 
 import torch
 
-from .op import sample_logits
+from .explain import Explanation, recording
+from .op import sample_logits, why_not_fused_on
 
-__all__ = ["disable", "enable", "fused_generate"]
+__all__ = ["Fusion", "disable", "enable", "fused_generate", "is_fused"]
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -94,13 +97,13 @@ def _generate(model, generate, inputs=None, generation_config=None, **kwargs):
     if kwargs.get("custom_generate") is not None:
         return generate(model, inputs, generation_config, **kwargs)
     if why_not := _version_problem():
-        _warn_once(why_not)
+        _warn_once(why_not, model=model)
         return generate(model, inputs, generation_config, **kwargs)
     settings = {key: value for key, value in kwargs.items() if key not in _GENERATE_ARGUMENTS}
     config, _ = model._prepare_generation_config(copy.deepcopy(generation_config), **settings)
     mode = config.get_generation_mode(kwargs.get("assistant_model"))
     if mode.name not in _FUSED_MODES:
-        _warn_once(f"{mode.name.lower()} is not fused")
+        _warn_once(f"{mode.name.lower()} is not fused", model=model)
         return generate(model, inputs, generation_config, **kwargs)
     if config.cache_implementation is None and kwargs.get(_cache_key()) is None:
         kwargs["cache_implementation"] = "static"
@@ -146,7 +149,7 @@ def fused_generate(
     )
     mode = generation_config.get_generation_mode()
     if mode.name.startswith("BEAM"):
-        _warn_once(f"{mode.name.lower()} is not fused")
+        _warn_once(f"{mode.name.lower()} is not fused", model=model)
         return GenerationMixin._beam_search(model, input_ids, **loop_args, **model_kwargs)
     if mode.name not in _FUSED_MODES:
         raise ValueError(
@@ -160,7 +163,7 @@ def fused_generate(
         else _unfusable_setup(model, generation_config, synced_gpus, model_kwargs)
     )
     if why_not:
-        _warn_once(why_not)
+        _warn_once(why_not, model=model)
         return GenerationMixin._sample(
             model, input_ids, **loop_args, streamer=streamer, **model_kwargs
         )
@@ -303,7 +306,7 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     has_eos_stopping_criteria = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=device)
     knobs = sampling.as_tensors(model.device)
-    step = _compiled_step(model, generation_config)
+    step = _reporting_first_call(model, _compiled_step(model, generation_config))
     cache_key = _cache_key()
     cache = kw[cache_key]
 
@@ -650,7 +653,74 @@ def _version_problem() -> str:
     return f"transformers {version} is not supported (the fused loop follows 5.x from {oldest})"
 
 
-def _warn_once(why_not: str, what: str = "generate runs transformers' own loop") -> None:
+def _warn_once(
+    why_not: str, what: str = "generate runs transformers' own loop", model=None
+) -> None:
+    if model is not None:  # what is_fused(model) says
+        model._flashsampling_fusion = Fusion(False, f"{what}: {why_not}")
     if (what, why_not) not in _warned:
         _warned.add((what, why_not))
         log.warning("flashsampling: %s: %s", what, why_not)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """Whether ``generate`` ran its decode step fused (true as a bool), and if not, why."""
+
+    fused: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.fused
+
+    def __str__(self) -> str:
+        if self.fused:
+            return "the decode step is fused: its LM head and sampling are one call"
+        return f"the decode step is not fused: {self.reason}"
+
+
+def is_fused(model) -> Fusion:
+    """Whether the last ``generate`` on ``model`` ran its decode step fused, and if not, why
+    (what the first ``generate`` after ``enable`` logs, at INFO or WARNING)."""
+    if "generate" not in vars(model):
+        return Fusion(False, "flashsampling_inductor.hf.enable(model) was not called")
+    fusion = vars(model).get("_flashsampling_fusion")
+    return Fusion(False, "generate has not run yet") if fusion is None else fusion
+
+
+def _reporting_first_call(model, step):
+    """``step``, whose first call in this ``generate`` records whether the graph it runs is
+    fused: the pass's sites when it compiles, else (a graph loaded from Inductor's caches,
+    which hold no graph with an unfused sampling op) the device's rule. Said when it changes."""
+    first = True
+
+    def watched(*args, **kwargs):
+        nonlocal first
+        if not first:
+            return step(*args, **kwargs)
+        first = False
+        with recording() as sites:
+            tokens = step(*args, **kwargs)
+        fusion = _fusion(sites, model.device)
+        if fusion is None:  # a step compiled by an earlier generate: what was found then
+            fusion = vars(model).get("_flashsampling_step_fusion")
+        previous = vars(model).get("_flashsampling_fusion")
+        model._flashsampling_step_fusion = model._flashsampling_fusion = fusion
+        if fusion is not None and fusion != previous:
+            log.log(logging.INFO if fusion else logging.WARNING, "flashsampling: %s", fusion)
+        return tokens
+
+    return watched
+
+
+def _fusion(sites: Explanation, device: torch.device) -> Fusion | None:
+    """-> what the sites (or cache hits) of a first call say; None: nothing was compiled."""
+    if sites:
+        missed = [site for site in sites if site.sampling and not site.rewritten]
+        if missed or not any(site.rewritten for site in sites):
+            return Fusion(False, missed[0].reason if missed else "no sampling op was rewritten")
+        return Fusion(True)
+    if sites.cache_hits:
+        why_not = why_not_fused_on(device)
+        return Fusion(not why_not, why_not)
+    return None

@@ -42,12 +42,12 @@ def _fresh_warnings():
     hf._warned.clear()
 
 
-def _tiny(kind: str):
+def _tiny(kind: str, layers: int = 2):
     dims = dict(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
@@ -269,10 +269,54 @@ def test_what_is_not_fused_runs_generates_own_loop(model, caplog, settings, why)
     assert not counters["flashsampling"]
     warned = _our_warnings(caplog)
     assert warned.count("generate runs transformers' own loop") == 1 and why in warned
+    assert not hf.is_fused(model) and why in hf.is_fused(model).reason
     if isinstance(got, torch.Tensor):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
     else:
         torch.testing.assert_close(got.sequences, expected.sequences, rtol=0, atol=0)
+
+
+def test_the_first_generate_says_whether_the_step_is_fused(caplog, monkeypatch):
+    """Once at INFO that the decode step is fused, also for a step loaded from Inductor's
+    caches (a new process: the pass does not run), else at WARNING why not (here: the CPU
+    without FLASHSAMPLING_CPU=1, compiled and then cached); ``is_fused`` tells the same."""
+    from torch._inductor.utils import fresh_cache
+
+    def fresh_model():
+        torch._dynamo.reset()  # as in a new process
+        return hf.enable(_tiny("llama", layers=1))  # (one layer: four compiles, kept short)
+
+    def generate(model):
+        prompt = torch.randint(0, VOCAB, (2, 5))
+        model.generate(prompt, do_sample=False, max_new_tokens=2, pad_token_id=0)
+
+    assert "enable(model) was not called" in hf.is_fused(_tiny("llama")).reason
+    with (
+        fresh_cache(),
+        torch._inductor.config.patch(fx_graph_cache=True),
+        torch._functorch.config.patch(enable_autograd_cache=True),
+        caplog.at_level("INFO", logger="flashsampling_inductor"),
+    ):
+        for cached in (False, True):
+            model = fresh_model()
+            assert "generate has not run yet" in hf.is_fused(model).reason
+            caplog.clear()
+            counters.clear()
+            generate(model)
+            generate(model)  # (said once)
+            assert bool(counters["inductor"]["fxgraph_cache_hit"]) == cached
+            assert _our_warnings(caplog).count("the decode step is fused") == 1
+            assert hf.is_fused(model) and str(hf.is_fused(model)).startswith("the decode step")
+        monkeypatch.delenv("FLASHSAMPLING_CPU")
+        for cached in (False, True):
+            model = fresh_model()
+            caplog.clear()
+            counters.clear()
+            generate(model)
+            assert bool(counters["inductor"]["fxgraph_cache_hit"]) == cached
+            warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert len(warnings) == 1 and "not fused: on cpu" in warnings[0]
+            assert not hf.is_fused(model) and "FLASHSAMPLING_CPU=1" in hf.is_fused(model).reason
 
 
 def test_beam_search_runs_generates_own(model, caplog):
