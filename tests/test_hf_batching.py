@@ -7,6 +7,8 @@ warning. A tiny random Llama on the CPU (skipped without transformers 5.17+)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -74,8 +76,10 @@ def _generation_config(**settings) -> GenerationConfig:
 
 
 def _batching_config(**settings) -> ContinuousBatchingConfig:
+    # page_size in newer transformers (5.24), block_size in 5.17
+    fields = {field.name for field in dataclasses.fields(ContinuousBatchingConfig)}
     return ContinuousBatchingConfig(
-        page_size=16,
+        **{"page_size" if "page_size" in fields else "block_size": 16},
         num_blocks=512,
         max_batch_tokens=1024,
         per_request_processors=True,
