@@ -44,7 +44,8 @@ def fused_sample(
     generator: torch.Generator | None = None,
     logits_dtype: torch.dtype | None = None,
     impl: str = "auto",
-) -> torch.Tensor:
+    return_logprobs: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample token ids from ``softmax((hidden @ weight.T + bias) / temperature)``, optionally
     soft-capped first and truncated by top-k, then top-p, then min-p (the order of
     transformers' warpers).
@@ -96,19 +97,29 @@ def fused_sample(
             distribution, and greedy rows keep its ties.
         impl: "triton" (the fused kernel; CPU tensors only under ``TRITON_INTERPRET=1``),
             "torch" (the reference) or "auto" (triton on CUDA, torch elsewhere).
+        return_logprobs: None, "raw" or "processed": also return each drawn token's
+            log-probability, computed in the same pass (per-tile log-sum-exp; no [B, V]
+            tensor). "raw": ``log_softmax(logits)[token]`` of the logits after the bias and
+            ``logits_dtype``, before soft-cap and temperature (vLLM's default). "processed":
+            under the distribution sampled, ``log_softmax(scores / T)`` over the tokens
+            top-k / top-p / min-p keep (scores soft-capped); 0.0 on greedy rows (T = 0:
+            the argmax is drawn with probability 1).
 
     Returns:
         [B, num_samples] int64 token ids in [0, V). A NaN score counts as -inf; a row whose
-        scores are all -inf or NaN returns token 0, as ``torch.argmax`` would.
+        scores are all -inf or NaN returns token 0, as ``torch.argmax`` would. With
+        ``return_logprobs``, the tuple (token ids, [B, num_samples] fp32 log-probabilities);
+        a row with nothing finite has NaN ones, as ``log_softmax`` gives.
     """
     _check_tensors(hidden, weight, bias)
     if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
+    _check_logprobs(return_logprobs)
     knobs = _normalize_call(
         hidden, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
     )
     if knobs is None:
-        return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
+        return _empty_result(hidden, num_samples, return_logprobs)
     temperature, seed, top_k, top_p, min_p, softcap = knobs
     args = (
         hidden, weight, bias, *temperature, *seed, num_samples, logits_dtype, impl,
@@ -119,8 +130,12 @@ def fused_sample(
         # The dispatcher's custom-op layers cost more host time per call than both kernel
         # launches together (benchmarks/results/stagger_and_host_h200_20261121.txt); plain
         # eager tensors need none of them, so they go straight to the implementation.
-        return _fused_sample_impl(*args)
-    return torch.ops.flashsampling.fused_sample(*args)
+        if return_logprobs is None:
+            return _fused_sample_impl(*args)
+        return _fused_sample_logprobs_impl(*args, return_logprobs)
+    if return_logprobs is None:
+        return torch.ops.flashsampling.fused_sample(*args)
+    return torch.ops.flashsampling.fused_sample_logprobs(*args, return_logprobs)
 
 
 def sample_logits(
@@ -135,7 +150,8 @@ def sample_logits(
     seed: int | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     impl: str = "auto",
-) -> torch.Tensor:
+    return_logprobs: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample token ids from logits that are already materialized, as ``fused_sample`` does.
 
     Draws exactly the tokens ``fused_sample`` draws on the same seed when ``logits`` equals
@@ -146,12 +162,13 @@ def sample_logits(
     Args:
         logits: [B, V] bf16/fp16/fp32, scored in fp32; NaN counts as -inf and -inf entries
             are never drawn.
-        temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator: as in
-            ``fused_sample``.
+        temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator,
+            return_logprobs: as in ``fused_sample`` ("raw": of ``logits`` as given).
         impl: "triton", "torch" or "auto", as in ``fused_sample``.
 
     Returns:
-        [B, num_samples] int64 token ids in [0, V).
+        [B, num_samples] int64 token ids in [0, V); with ``return_logprobs`` the tuple
+        (token ids, [B, num_samples] fp32 log-probabilities).
     """
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
@@ -161,16 +178,38 @@ def sample_logits(
         raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
     if logits.shape[1] == 0:
         raise ValueError("logits has V = 0 columns: there is no token to sample")
+    _check_logprobs(return_logprobs)
     knobs = _normalize_call(
         logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
     )
     if knobs is None:
-        return torch.empty((0, num_samples), dtype=torch.int64, device=logits.device)
+        return _empty_result(logits, num_samples, return_logprobs)
     temperature, seed, top_k, top_p, min_p, softcap = knobs
     args = (logits, *temperature, *seed, num_samples, *top_k, *top_p, impl, *min_p, softcap)
     if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0], min_p[0]):
-        return _sample_logits_impl(*args)
-    return torch.ops.flashsampling.sample_logits(*args)
+        if return_logprobs is None:
+            return _sample_logits_impl(*args)
+        return _sample_logits_logprobs_impl(*args, return_logprobs)
+    if return_logprobs is None:
+        return torch.ops.flashsampling.sample_logits(*args)
+    return torch.ops.flashsampling.sample_logits_logprobs(*args, return_logprobs)
+
+
+LOGPROB_MODES = ("raw", "processed")
+
+
+def _check_logprobs(return_logprobs) -> None:
+    if return_logprobs is not None and return_logprobs not in LOGPROB_MODES:
+        raise ValueError(
+            f"return_logprobs must be None, 'raw' or 'processed', got {return_logprobs!r}"
+        )
+
+
+def _empty_result(rows: torch.Tensor, num_samples: int, return_logprobs: str | None):
+    tokens = torch.empty((0, num_samples), dtype=torch.int64, device=rows.device)
+    if return_logprobs is None:
+        return tokens
+    return tokens, torch.empty((0, num_samples), dtype=torch.float32, device=rows.device)
 
 
 def _normalize_call(
@@ -456,10 +495,55 @@ def _fused_sample_impl(
     seeds. top_k int64 (0 or >= V: off), top_p fp32 (1.0: off), min_p fp32 (0.0: off),
     softcap a float (0.0: off).
     """
+    return _fused_sample_run(
+        hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
+        logits_dtype, impl, top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
+        softcap, None,
+    )  # fmt: skip
+
+
+def _fused_sample_logprobs_impl(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: torch.Tensor | None,
+    scalar_temperature: float,
+    seed: torch.Tensor | None,
+    scalar_seed: int,
+    num_samples: int,
+    logits_dtype: torch.dtype | None,
+    impl: str,
+    top_k: torch.Tensor | None = None,
+    scalar_top_k: int = 0,
+    top_p: torch.Tensor | None = None,
+    scalar_top_p: float = 1.0,
+    min_p: torch.Tensor | None = None,
+    scalar_min_p: float = 0.0,
+    softcap: float = 0.0,
+    logprobs: str = "raw",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The custom op behind ``fused_sample(return_logprobs=...)``: ``_fused_sample_impl``'s
+    arguments and ``logprobs`` ("raw" or "processed", checked again: a graph may hold any
+    string); returns (tokens, log-probabilities)."""
+    _check_logprobs(logprobs)
+    return _fused_sample_run(
+        hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
+        logits_dtype, impl, top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
+        softcap, logprobs,
+    )  # fmt: skip
+
+
+def _fused_sample_run(
+    hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
+    logits_dtype, impl, top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
+    softcap, logprobs,
+):  # fmt: skip
+    """Both fused custom ops' implementation: tokens, or (tokens, logprobs) with
+    ``logprobs``."""
     params = SamplingParams(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
         top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
-        _schema_softcap(softcap),
+        _schema_softcap(softcap), logprobs,
     )  # fmt: skip
     if _use_triton(impl, hidden.device, params):
         from .sampling_kernel import triton_fused_sample
@@ -485,10 +569,45 @@ def _sample_logits_impl(
     softcap: float = 0.0,
 ) -> torch.Tensor:
     """The custom op behind ``sample_logits``; arguments as in ``_fused_sample_impl``."""
+    return _sample_logits_run(
+        logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
+        scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, None,
+    )  # fmt: skip
+
+
+def _sample_logits_logprobs_impl(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    scalar_temperature: float,
+    seed: torch.Tensor | None,
+    scalar_seed: int,
+    num_samples: int,
+    top_k: torch.Tensor | None = None,
+    scalar_top_k: int = 0,
+    top_p: torch.Tensor | None = None,
+    scalar_top_p: float = 1.0,
+    impl: str = "auto",
+    min_p: torch.Tensor | None = None,
+    scalar_min_p: float = 0.0,
+    softcap: float = 0.0,
+    logprobs: str = "raw",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The custom op behind ``sample_logits(return_logprobs=...)``: (tokens, logprobs)."""
+    _check_logprobs(logprobs)
+    return _sample_logits_run(
+        logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
+        scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
+    )  # fmt: skip
+
+
+def _sample_logits_run(
+    logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
+    scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
+):  # fmt: skip
     params = SamplingParams(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, None,
         top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
-        _schema_softcap(softcap),
+        _schema_softcap(softcap), logprobs,
     )  # fmt: skip
     # The reference on every device for now: the logits are already written, so sorting
     # them costs a pass over [B, V] that a dedicated kernel would save.
@@ -503,6 +622,14 @@ _sample_logits_op = torch.library.custom_op(
 )
 
 
+_fused_sample_logprobs_op = torch.library.custom_op(
+    "flashsampling::fused_sample_logprobs", _fused_sample_logprobs_impl, mutates_args=()
+)
+_sample_logits_logprobs_op = torch.library.custom_op(
+    "flashsampling::sample_logits_logprobs", _sample_logits_logprobs_impl, mutates_args=()
+)
+
+
 @_fused_sample_op.register_fake
 def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
@@ -511,3 +638,15 @@ def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, 
 @_sample_logits_op.register_fake
 def _(logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
     return logits.new_empty((logits.shape[0], num_samples), dtype=torch.int64)
+
+
+@_fused_sample_logprobs_op.register_fake
+def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
+    shape = (hidden.shape[0], num_samples)
+    return hidden.new_empty(shape, dtype=torch.int64), hidden.new_empty(shape, dtype=torch.float32)
+
+
+@_sample_logits_logprobs_op.register_fake
+def _(logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
+    shape = (logits.shape[0], num_samples)
+    return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.float32)

@@ -23,7 +23,9 @@ class SamplingParams:
     temperature: fp32 (0 = greedy); seed: int64 ([B]: per-row seeds, the row index is left
     out of the noise counter); top_k: int64 (0 or >= V = off); top_p: fp32 (1.0 = off);
     min_p: fp32 (0.0 = off). softcap: a model constant, never a tensor (0.0 = off): the
-    scores are ``tanh(l / softcap) * softcap`` before anything else.
+    scores are ``tanh(l / softcap) * softcap`` before anything else. logprobs: None, or which
+    log-probability of each drawn token the call also returns, "raw" (``log_softmax`` of the
+    logits) or "processed" (of the distribution sampled: soft-capped, tempered, truncated).
     """
 
     temperature: torch.Tensor | None
@@ -39,6 +41,7 @@ class SamplingParams:
     min_p: torch.Tensor | None = None
     scalar_min_p: float = 0.0
     softcap: float = 0.0
+    logprobs: str | None = None
 
     @property
     def truncates(self) -> bool:

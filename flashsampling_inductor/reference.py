@@ -40,6 +40,7 @@ __all__ = [
     "reference_logits",
     "reference_sample_logits",
     "softcap_logits",
+    "token_logprobs",
     "truncation_keep",
     "truncation_threshold",
 ]
@@ -238,24 +239,52 @@ def softcap_logits(logits: torch.Tensor, softcap: float) -> torch.Tensor:
     return torch.tanh(logits / softcap) * softcap
 
 
-def reference_sample_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def reference_sample_logits(
+    logits: torch.Tensor, params: SamplingParams
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample [B, num_samples] token ids from materialized logits [B, V] (any float dtype,
     scored in fp32): the soft-cap (``softcap_logits``), truncation (``truncation_keep``),
     then Gumbel-max with the noise of the module docstring. Scores are ``logits + T * gumbel``
     up to a per-row constant, the same argmax as ``logits / T + gumbel`` for T > 0 and plain
     argmax for T = 0; NaN counts as -inf, and a row with nothing finite returns token 0 as
-    ``torch.argmax`` does.
+    ``torch.argmax`` does. With ``params.logprobs`` also each token's log-probability
+    [B, num_samples] fp32 (``token_logprobs``).
     """
     batch = logits.shape[0]
-    logits = softcap_logits(logits.float(), params.softcap)
-    logits = logits.masked_fill(logits.isnan(), float("-inf"))
+    raw = logits.float()
+    scores = softcap_logits(raw, params.softcap)
+    scores = scores.masked_fill(scores.isnan(), float("-inf"))
     rows = params.rows(batch, logits.device)
     if params.truncates:
-        keep = truncation_keep(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p)
-        logits = logits.masked_fill(~keep, float("-inf"))
-    return gumbel_argmax(
-        logits, rows.temperature, rows.seed, params.per_row_seed, params.num_samples
+        keep = truncation_keep(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    tokens = gumbel_argmax(
+        scores, rows.temperature, rows.seed, params.per_row_seed, params.num_samples
     )[1]
+    if params.logprobs is None:
+        return tokens
+    drawn_from = raw if params.logprobs == "raw" else scores
+    return tokens, token_logprobs(drawn_from, tokens, rows.temperature, params.logprobs)
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: torch.Tensor, mode: str
+) -> torch.Tensor:
+    """[B, num_samples] fp32: the log-probability of each token ``tokens`` [B, num_samples]
+    (int64) under the row's distribution. "raw": ``log_softmax(logits)`` of the raw fp32
+    logits [B, V], the temperature ignored (vLLM's default). "processed": ``log_softmax(
+    logits / T)`` of the scores actually sampled (soft-capped, truncated ones -inf), and 0.0
+    (the log of probability 1) on greedy rows (T = 0), whose argmax is drawn for certain.
+    NaN counts as -inf; a row with nothing finite gives NaN, as ``log_softmax`` does."""
+    logits = logits.masked_fill(logits.isnan(), float("-inf"))
+    if mode == "raw":
+        return torch.log_softmax(logits, dim=-1).gather(1, tokens)
+    if mode != "processed":
+        raise ValueError(f"logprobs must be 'raw' or 'processed', got {mode!r}")
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    logprobs = torch.log_softmax(scaled, dim=-1).gather(1, tokens)
+    return torch.where(greedy[:, None], 0.0, logprobs)
 
 
 def gumbel_argmax(
@@ -305,9 +334,10 @@ def reference_logits(
 
 def reference_fused_sample(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: SamplingParams
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample [B, num_samples] token ids from softmax((hidden @ weight.T + bias) / temperature)
-    after top-k / top-p; ``params`` as validated and normalised by ``op.fused_sample``."""
+    after top-k / top-p (and with ``params.logprobs`` their log-probabilities); ``params`` as
+    validated and normalised by ``op.fused_sample``."""
     return reference_sample_logits(
         reference_logits(hidden, weight, bias, params.logits_dtype), params
     )

@@ -24,6 +24,7 @@ __all__ = [
     "LN2",
     "await_previous_kernel",
     "bits_to_log2_gumbel",
+    "drawn_logprob",
     "gumbel_tile",
     "is_hopper",
     "key_value",
@@ -34,8 +35,11 @@ __all__ = [
     "restore_low_bits",
     "rows_for_tma",
     "round_logits",
+    "row_log_mass",
+    "row_mass",
     "softcap_logits",
     "row_seeds",
+    "tile_mass",
     "tma_compatible",
     "token_gumbel",
 ]
@@ -295,6 +299,68 @@ def token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH: tl.constex
     word = index % 4
     bits = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
     return bits_to_log2_gumbel(bits, FAST_MATH)
+
+
+@triton.jit
+def tile_mass(values, inv_temperature):
+    """Per row of a tile's fp32 ``values`` [ROWS, COLS] (NaN and columns past V already
+    -inf): its maximum and the sum of ``exp2((v - max) * inv_temperature)`` ([ROWS] each;
+    ``inv_temperature`` [ROWS] is log2(e) / T), the maximum (even +inf) weighing 1 and -inf
+    nothing: the softmax(v / T) mass relative to the tile's maximum, which a later stage
+    rescales to the row's (``row_mass``)."""
+    tile_max = tl.max(values, axis=1)
+    weights = tl.exp2((values - tile_max[:, None]) * inv_temperature[:, None])
+    weights = tl.where(values == tile_max[:, None], 1.0, weights)
+    weights = tl.where(values > float("-inf"), weights, 0.0)
+    return tile_max, tl.sum(weights, axis=1)
+
+
+@triton.jit
+def row_mass(mass_ptr, num_tiles, top_value, inv_temperature, BLOCK: tl.constexpr):
+    """The softmax(v / T) mass of a whole row relative to ``top_value`` (its maximum), from
+    its per-tile (max, sum) partials (``tile_mass``) at ``mass_ptr`` [num_tiles, 2]."""
+    total = tl.zeros((), tl.float32)
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, num_tiles, BLOCK):
+        mask = start + offs < num_tiles
+        partial = mass_ptr + (start + offs) * 2
+        tile_max = tl.load(partial, mask=mask, other=float("-inf"))
+        tile_sum = tl.load(partial + 1, mask=mask, other=0.0)
+        scale = tl.exp2((tile_max - top_value) * inv_temperature)
+        scale = tl.where(tile_max == top_value, 1.0, scale)
+        total += tl.sum(tl.where(tile_max > float("-inf"), tile_sum * scale, 0.0))
+    return total
+
+
+@triton.jit
+def row_log_mass(mass_ptr, num_tiles, inv_temperature, BLOCK: tl.constexpr):
+    """(the row's maximum, its mass relative to it) from per-tile partials (``row_mass``):
+    the row's natural log-sum-exp of v / T is ``max / T + log(mass)``."""
+    top_value = tl.full((), float("-inf"), tl.float32)
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, num_tiles, BLOCK):
+        mask = start + offs < num_tiles
+        tile_max = tl.load(mass_ptr + (start + offs) * 2, mask=mask, other=float("-inf"))
+        top_value = tl.maximum(top_value, tl.max(tile_max))
+    return top_value, row_mass(mass_ptr, num_tiles, top_value, inv_temperature, BLOCK)
+
+
+@triton.jit
+def drawn_logprob(value, log_mass_ptr, num_tiles, temperature, LOGPROBS: tl.constexpr,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """The log-probability of a drawn token whose logit (LOGPROBS 1, "raw") or score (2,
+    "processed") is ``value``, over the row whose per-tile partials stage 1 wrote at
+    ``log_mass_ptr``: ``(value - max) / T - log(mass)`` with T = 1 for raw; 0.0 for a
+    processed greedy row (T = 0: the argmax is drawn with probability 1)."""
+    if LOGPROBS == 1:
+        scale = tl.full((), 1.0, tl.float32)
+    else:
+        scale = 1.0 / tl.where(temperature > 0, temperature, 1.0)
+    top_value, mass = row_log_mass(log_mass_ptr, num_tiles, scale * INV_LN2, BLOCK)
+    logprob = (value - top_value) * scale - tl.log(mass)
+    if LOGPROBS == 2:
+        logprob = tl.where(temperature > 0, logprob, 0.0)
+    return logprob
 
 
 @triton.jit

@@ -39,17 +39,21 @@ from . import truncation_kernel
 from .launch import launch
 from .params import SamplingParams
 from .sampling_device import (
+    INV_LN2,
     KEY_PAD,
     LN2,
     await_previous_kernel,
+    drawn_logprob,
     gumbel_tile,
     is_hopper,
+    knob_per_row,
     ordered_key,
     pdl_launch,
     restore_low_bits,
     round_logits,
     rows_for_tma,
     softcap_logits,
+    tile_mass,
     tma_compatible,
 )
 
@@ -66,21 +70,26 @@ def _split_columns(x, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _better(s0, i0, s1, i1):
-    """Per row, the better of two (score, index) candidates; ties go to the first, which
-    holds the lower indices."""
+def _better(s0, i0, v0, s1, i1, v1):
+    """Per row, the better of two (score, index, value) candidates; ties go to the first,
+    which holds the lower indices."""
     take_second = s1 > s0
-    return tl.where(take_second, s1, s0), tl.where(take_second, i1, i0)
+    return (
+        tl.where(take_second, s1, s0),
+        tl.where(take_second, i1, i0),
+        tl.where(take_second, v1, v0),
+    )
 
 
 @triton.jit
 def _best_of_chunk(
-    logits, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+    logits, values, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
     GREEDY: tl.constexpr, EVEN_V: tl.constexpr, FAST_MATH: tl.constexpr,
-    BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
+    WITH_VALUE: tl.constexpr, BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
 ):  # fmt: skip
     """Per row, the best perturbed score of logits [BLOCK_B, CHUNK_V] (vocab indices
-    chunk_start + 0..CHUNK_V-1) and its global index."""
+    chunk_start + 0..CHUNK_V-1), its global index and (WITH_VALUE) the entry of ``values``
+    (the same shape) in its column, which logprobs read; without it, the score again."""
     if GREEDY:
         scores = logits
     else:
@@ -95,27 +104,45 @@ def _best_of_chunk(
         keep = keep & ((chunk_start + tl.arange(0, CHUNK_V)) < V)[None, :]
     scores = tl.where(keep, scores, float("-inf"))
     score, arg = tl.max(scores, axis=1, return_indices=True, return_indices_tie_break_left=True)
-    return score, chunk_start + arg
+    if WITH_VALUE:
+        columns = tl.arange(0, CHUNK_V)[None, :]
+        value = tl.max(tl.where(columns == arg[:, None], values, float("-inf")), axis=1)
+    else:
+        value = score
+    return score, chunk_start + arg, value
 
 
 @triton.jit
 def _best_of_two_chunks(
-    logits, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+    logits, values, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
     GREEDY: tl.constexpr, EVEN_V: tl.constexpr, FAST_MATH: tl.constexpr,
-    BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
+    WITH_VALUE: tl.constexpr, BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
 ):  # fmt: skip
     """``_best_of_chunk`` over the two halves of logits, one after the other."""
     lo, hi = _split_columns(logits, BLOCK_B, CHUNK_V)
+    if WITH_VALUE:
+        values_lo, values_hi = _split_columns(values, BLOCK_B, CHUNK_V)
+    else:
+        values_lo, values_hi = lo, hi
     half: tl.constexpr = CHUNK_V // 2
-    s0, i0 = _best_of_chunk(
-        lo, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
-        GREEDY, EVEN_V, FAST_MATH, BLOCK_B, half,
+    s0, i0, v0 = _best_of_chunk(
+        lo, values_lo, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+        GREEDY, EVEN_V, FAST_MATH, WITH_VALUE, BLOCK_B, half,
     )  # fmt: skip
-    s1, i1 = _best_of_chunk(
-        hi, chunk_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
-        GREEDY, EVEN_V, FAST_MATH, BLOCK_B, half,
+    s1, i1, v1 = _best_of_chunk(
+        hi, values_hi, chunk_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
+        GREEDY, EVEN_V, FAST_MATH, WITH_VALUE, BLOCK_B, half,
     )  # fmt: skip
-    return _better(s0, i0, s1, i1)
+    return _better(s0, i0, v0, s1, i1, v1)
+
+
+@triton.jit
+def _tile_values(logits, v_mask, EVEN_V: tl.constexpr):
+    """The tile's logits with NaN and the columns past V at -inf (what a mass sums)."""
+    values = tl.where(logits == logits, logits, float("-inf"))
+    if not EVEN_V:
+        values = tl.where(v_mask[None, :], values, float("-inf"))
+    return values
 
 
 @triton.jit(
@@ -124,6 +151,7 @@ def _best_of_two_chunks(
 def _sample_stage1(
     hidden_ptr, weight_ptr, hidden_desc, weight_desc, bias_ptr, temperature_ptr, seed_ptr,
     cand_score_ptr, cand_index_ptr, top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+    cand_value_ptr, log_mass_ptr,
     B, V, D,
     stride_hb, stride_hd, stride_wv, stride_wd,
     scalar_temperature, seed_lo, seed_hi, num_samples, vocab_offset, softcap,
@@ -143,12 +171,16 @@ def _sample_stage1(
     TOP_M: tl.constexpr = 0,  # > 0: keep the tile's TOP_M largest scores (truncation)
     ROW_MASS: tl.constexpr = False,  # with TOP_M: per-tile (max, sum of exp2) for top-p
     KEY_LOW_BITS: tl.constexpr = 0,  # with TOP_M: key bits the sign fixes (key_low_bits)
+    LOGPROBS: tl.constexpr = 0,  # 1 "raw", 2 "processed": the log-probability partials
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
     perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
     scores as ordered keys with their indices and the largest key left out (truncation,
-    truncation_kernel.py). Each program takes tiles pid, pid + num_programs,
-    ...: one tile per program on a full grid, several on a persistent one."""
+    truncation_kernel.py). With LOGPROBS also per row the tile's (max, sum of exp2) of the
+    logits a log-probability is taken over (``tile_mass``: the raw logits at T = 1, or the
+    scores at the row's temperature) and, with PLAIN, each candidate's logit there. Each
+    program takes tiles pid, pid + num_programs, ...: one tile per program on a full grid,
+    several on a persistent one."""
     num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         # Batch tiles vary fastest, so the programs that share a weight tile run together and
@@ -209,6 +241,7 @@ def _sample_stage1(
         if HAS_BIAS:
             logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
         logits = round_logits(logits, LOGITS_DTYPE)
+        raw_logits = logits  # (what "raw" log-probabilities are of)
         if HAS_SOFTCAP:
             logits = softcap_logits(logits, softcap, INTERPRETER)
 
@@ -281,58 +314,86 @@ def _sample_stage1(
             if ROW_MASS:
                 # softmax(l / T) mass of the tile relative to its maximum (the reference's
                 # weights); stage 2 rescales the partials to the row maximum.
-                values = tl.where(logits == logits, logits, float("-inf"))
-                if not EVEN_V:
-                    values = tl.where(v_mask[None, :], values, float("-inf"))
-                tile_max = tl.max(values, axis=1)
                 inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
-                weights = tl.exp2((values - tile_max[:, None]) * inv_temperature[:, None])
-                weights = tl.where(values == tile_max[:, None], 1.0, weights)
-                weights = tl.where(values > float("-inf"), weights, 0.0)
+                tile_max, tile_sum = tile_mass(
+                    _tile_values(logits, v_mask, EVEN_V), inv_temperature
+                )
                 tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
-                tl.store(mass_ptr + tile_slot * 2 + 1, tl.sum(weights, axis=1), mask=b_mask)
+                tl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=b_mask)
+        logprob_values = logits
+        if LOGPROBS > 0:
+            if LOGPROBS == 1:
+                logprob_values = raw_logits
+                logprob_inv_temperature = tl.full((BLOCK_B,), INV_LN2, tl.float32)
+            else:
+                positive = noise_scale > 0
+                logprob_inv_temperature = tl.where(
+                    positive, 1.0 / tl.where(positive, noise_scale, 1.0), 0.0
+                )
+            # Stage 2 rescales these to the row's maximum: its log-sum-exp, never [B, V].
+            tile_max, tile_sum = tile_mass(
+                _tile_values(logprob_values, v_mask, EVEN_V), logprob_inv_temperature
+            )
+            mass_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
+            tl.store(log_mass_ptr + mass_slot * 2, tile_max, mask=b_mask)
+            tl.store(log_mass_ptr + mass_slot * 2 + 1, tile_sum, mask=b_mask)
         if PLAIN:
             for sample_index in range(num_samples):
                 # The epilogue in vocabulary chunks keeps fewer noise values live at once (a
                 # whole 128 x 256 tile of them spills registers); the tile's best is the best
                 # chunk's best.
                 if EPILOGUE_CHUNKS == 1:
-                    tile_score, tile_index = _best_of_chunk(
-                        logits, noise_start, noise_stop, noise_scale, row_counter, sample_index,
-                        k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+                    tile_score, tile_index, tile_value = _best_of_chunk(
+                        logits, logprob_values, noise_start, noise_stop, noise_scale,
+                        row_counter, sample_index, k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                        BLOCK_B, BLOCK_V,
                     )  # fmt: skip
                 elif EPILOGUE_CHUNKS == 2:
-                    tile_score, tile_index = _best_of_two_chunks(
-                        logits, noise_start, noise_stop, noise_scale, row_counter, sample_index,
-                        k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, BLOCK_V,
+                    tile_score, tile_index, tile_value = _best_of_two_chunks(
+                        logits, logprob_values, noise_start, noise_stop, noise_scale,
+                        row_counter, sample_index, k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                        BLOCK_B, BLOCK_V,
                     )  # fmt: skip
                 else:
                     lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
+                    if LOGPROBS > 0:
+                        values_lo, values_hi = _split_columns(logprob_values, BLOCK_B, BLOCK_V)
+                    else:
+                        values_lo, values_hi = lo, hi
                     half: tl.constexpr = BLOCK_V // 2
-                    s0, i0 = _best_of_two_chunks(
-                        lo, noise_start, noise_stop, noise_scale, row_counter, sample_index, k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                    s0, i0, v0 = _best_of_two_chunks(
+                        lo, values_lo, noise_start, noise_stop, noise_scale, row_counter,
+                        sample_index, k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                        BLOCK_B, half,
                     )  # fmt: skip
-                    s1, i1 = _best_of_two_chunks(
-                        hi, noise_start + half, noise_stop, noise_scale, row_counter, sample_index,
-                        k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, BLOCK_B, half,
+                    s1, i1, v1 = _best_of_two_chunks(
+                        hi, values_hi, noise_start + half, noise_stop, noise_scale, row_counter,
+                        sample_index, k0, k1,
+                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                        BLOCK_B, half,
                     )  # fmt: skip
-                    tile_score, tile_index = _better(s0, i0, s1, i1)
+                    tile_score, tile_index, tile_value = _better(s0, i0, v0, s1, i1, v1)
                 out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
                 tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
                 tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
+                if LOGPROBS > 0:
+                    tl.store(cand_value_ptr + out, tile_value, mask=b_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["scalar_temperature"])
 def _sample_stage2(
     cand_score_ptr, cand_index_ptr, out_ptr, out_score_ptr, num_candidates,
+    cand_value_ptr, log_mass_ptr, logprob_ptr, temperature_ptr, scalar_temperature,
+    num_samples,
     HAS_SCORE: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
+    LOGPROBS: tl.constexpr = 0, TEMPERATURE_MODE: tl.constexpr = 0,
 ):  # fmt: skip
     """One program per (row, sample): the argmax over its candidates, ties to the lowest;
-    with HAS_SCORE also the winning score (a tensor-parallel shard's candidate)."""
+    with HAS_SCORE also the winning score (a tensor-parallel shard's candidate), with
+    LOGPROBS its log-probability (``drawn_logprob``)."""
     await_previous_kernel(PDL)
     pid = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_C)
@@ -343,6 +404,18 @@ def _sample_stage2(
     tl.store(out_ptr + pid, index.to(tl.int64))
     if HAS_SCORE:
         tl.store(out_score_ptr + pid, best)
+    if LOGPROBS > 0:
+        # (one candidate per tile and sample, and one mass partial per tile)
+        row = pid // num_samples
+        value = tl.load(cand_value_ptr + pid * num_candidates + winner)
+        temperature = knob_per_row(
+            temperature_ptr, row, scalar_temperature, TEMPERATURE_MODE, tl.float32
+        )
+        logprob = drawn_logprob(
+            value, log_mass_ptr + row * num_candidates * 2, num_candidates, temperature,
+            LOGPROBS, BLOCK_C,
+        )  # fmt: skip
+        tl.store(logprob_ptr + pid, logprob)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,6 +530,8 @@ def _num_sms(device: torch.device) -> int:
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+# The kernels' LOGPROBS: what ``SamplingParams.logprobs`` asks for.
+LOGPROB_CODES = {None: 0, "raw": 1, "processed": 2}
 
 
 def triton_fused_sample(
@@ -477,18 +552,28 @@ def triton_fused_sample(
     receives each winner's perturbed score; the returned indices are then global. With
     ``tile_candidates`` (no truncation) stage 2 is left to the caller: the call returns
     stage 1's per-tile candidates, scores [B, num_samples, T] fp32 and global indices
-    (int32), which the symmetric exchange reduces in its own kernel.
+    (int32), which the symmetric exchange reduces in its own kernel. With
+    ``params.logprobs`` (not on a shard) the call returns (tokens, log-probabilities
+    [B, num_samples] fp32).
     """
     if vocab_offset % 4:
         raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
+    logprobs_code = LOGPROB_CODES[params.logprobs]
+    if logprobs_code and (vocab_offset or out_score is not None or tile_candidates):
+        raise ValueError("log-probabilities on a tensor-parallel shard are not supported")
+    if logprobs_code and params.truncates:
+        raise NotImplementedError("log-probabilities of truncating calls: impl='torch' for now")
     temperature, scalar_temperature = params.temperature, params.scalar_temperature
     seed, scalar_seed = params.seed, params.scalar_seed
     num_samples, logits_dtype = params.num_samples, params.logits_dtype
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     out = torch.empty((batch, num_samples), dtype=torch.int64, device=hidden.device)
+    logprobs = None
+    if logprobs_code:
+        logprobs = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
     if batch == 0:
-        return out
+        return out if logprobs is None else (out, logprobs)
     if config is None:
         config = default_config(batch, hidden_size, hidden.device, params.truncates)
         if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
@@ -509,8 +594,8 @@ def triton_fused_sample(
     truncates = params.truncates
     if truncates and (vocab_offset or out_score is not None):
         raise ValueError("top-k / top-p on a tensor-parallel shard is not supported")
-    # The Gluon kernel has no soft-cap: those calls take this kernel.
-    if config.warp_specialized_rows and not params.softcap:
+    # The Gluon kernel has no soft-cap and no log-probabilities: those calls take this kernel.
+    if config.warp_specialized_rows and not params.softcap and not logprobs_code:
         from . import hopper_kernel
 
         if hopper_kernel.supported(hidden, weight):
@@ -525,10 +610,16 @@ def triton_fused_sample(
     stage1, plain, top_m, row_mass, key_low_bits = _truncation_buffers(
         params, batch, vocab_size, num_v_tiles, config.block_v, hidden.device
     )
-    cand_score = cand_index = None
+    cand_score = cand_index = cand_value = log_mass = None
     if plain:
         cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
         stage1.update(plain_score=cand_score, plain_index=cand_index)
+    if logprobs_code:
+        log_mass = torch.empty((batch, num_v_tiles, 2), device=hidden.device)
+        stage1.update(log_mass=log_mass)
+        if plain:
+            cand_value = torch.empty_like(cand_score)
+            stage1.update(plain_value=cand_value)
     hidden_desc = weight_desc = None
     if config.tma and tma_compatible(hidden, weight):
         hidden_desc = TensorDescriptor.from_tensor(
@@ -551,7 +642,7 @@ def triton_fused_sample(
             _sample_stage1, (grid,),
             hidden, weight, hidden_desc, weight_desc, bias, temperature, seed,
             cand_score, cand_index, stage1.get("top_m_key"), stage1.get("top_m_index"),
-            stage1.get("hidden_key"), stage1.get("mass"),
+            stage1.get("hidden_key"), stage1.get("mass"), cand_value, log_mass,
             batch, vocab_size, hidden_size,
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
             scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, vocab_offset,
@@ -570,19 +661,23 @@ def triton_fused_sample(
             INTERPRETER=interpreter,
             BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
             PLAIN=plain, TOP_M=top_m, ROW_MASS=row_mass, KEY_LOW_BITS=key_low_bits,
+            LOGPROBS=logprobs_code,
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )  # fmt: skip
         if tile_candidates and not truncates:
             return cand_score, cand_index
         if not truncates:
-            _launch_stage2(cand_score, cand_index, out, out_score)
-            return out
-        _finish_truncation(
-            hidden, weight, bias, params, stage1, config.block_v, temperature_mode, out,
-            dot_precision,
-        )  # fmt: skip
-    return out
+            _launch_stage2(
+                cand_score, cand_index, out, out_score, params, temperature_mode, cand_value,
+                log_mass, logprobs,
+            )  # fmt: skip
+        else:
+            _finish_truncation(
+                hidden, weight, bias, params, stage1, config.block_v, temperature_mode, out,
+                dot_precision, logprobs,
+            )  # fmt: skip
+    return out if logprobs is None else (out, logprobs)
 
 
 def _truncation_buffers(
@@ -623,7 +718,8 @@ def _truncation_buffers(
 
 
 def _finish_truncation(
-    hidden, weight, bias, params, stage1, block_v, temperature_mode, out, dot_precision
+    hidden, weight, bias, params, stage1, block_v, temperature_mode, out, dot_precision,
+    logprobs=None,
 ):  # fmt: skip
     """Stage 2 of a truncating call over stage 1's candidates (``stage1``, on ``block_v``-wide
     tiles), then the exact fallback's kernels, which return at once for rows stage 2 did not
@@ -661,8 +757,21 @@ def _launch_stage2(
     cand_index: torch.Tensor,
     out: torch.Tensor,
     out_score: torch.Tensor | None = None,
+    params: SamplingParams | None = None,
+    temperature_mode: int = 0,
+    cand_value: torch.Tensor | None = None,
+    log_mass: torch.Tensor | None = None,
+    logprobs: torch.Tensor | None = None,
 ) -> None:
+    """The plain stage 2; with ``logprobs`` (and stage 1's ``cand_value`` and ``log_mass``,
+    ``params`` for the temperature) also the drawn tokens' log-probabilities."""
     batch, num_samples, num_v_tiles = cand_score.shape
+    # (without logprobs the temperature is not read: one compiled kernel for every mode)
+    logprobs_code = mode = 0
+    temperature, scalar_temperature = None, 0.0
+    if logprobs is not None:
+        logprobs_code, mode = LOGPROB_CODES[params.logprobs], temperature_mode
+        temperature, scalar_temperature = params.temperature, params.scalar_temperature
     launch(
         _sample_stage2,
         (batch * num_samples,),
@@ -671,9 +780,17 @@ def _launch_stage2(
         out,
         out_score,
         num_v_tiles,
+        cand_value,
+        log_mass,
+        logprobs,
+        temperature,
+        scalar_temperature,
+        num_samples,
         HAS_SCORE=out_score is not None,
         BLOCK_C=max(16, triton.next_power_of_2(num_v_tiles)),
         **pdl_launch(out.device),
+        LOGPROBS=logprobs_code,
+        TEMPERATURE_MODE=mode,
     )
 
 

@@ -58,6 +58,7 @@ from .sampling_device import (
     pdl_launch,
     restore_low_bits,
     round_logits,
+    row_mass,
     row_seeds,
     softcap_logits,
     token_gumbel,
@@ -158,23 +159,6 @@ def _mass_above(key_ptr, index_ptr, n, bound, top_value, inv_temperature, surviv
         weights = _weights(keys, top_value, inv_temperature, survivor_bound)
         mass += tl.sum(tl.where(keys > bound, weights, 0.0))
     return mass
-
-
-@triton.jit
-def _row_mass(mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK: tl.constexpr):
-    """The softmax(l / T) mass of the whole row relative to its maximum, from stage 1's
-    per-tile (max, sum) partials."""
-    total = tl.zeros((), tl.float32)
-    offs = tl.arange(0, BLOCK)
-    for start in range(0, num_tiles, BLOCK):
-        mask = start + offs < num_tiles
-        partial = mass_ptr + (row64 * num_tiles + start + offs) * 2
-        tile_max = tl.load(partial, mask=mask, other=float("-inf"))
-        tile_sum = tl.load(partial + 1, mask=mask, other=0.0)
-        scale = tl.exp2((tile_max - top_value) * inv_temperature)
-        scale = tl.where(tile_max == top_value, 1.0, scale)
-        total += tl.sum(tl.where(tile_max > float("-inf"), tile_sum * scale, 0.0))
-    return total
 
 
 @triton.jit
@@ -591,9 +575,10 @@ def _truncated_stage2(
             if HAS_MASS:
                 if not COMPLETE:
                     if not k_on:
-                        total = _row_mass(
-                            mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK
-                        )
+                        total = row_mass(
+                            mass_ptr + row64 * num_tiles * 2, num_tiles, top_value,
+                            inv_temperature, BLOCK,
+                        )  # fmt: skip
             if total > 0:
                 if BLOCK > COMPACT:
                     # The nucleus is usually a few dozen tokens: when the heaviest candidates
@@ -625,9 +610,10 @@ def _truncated_stage2(
             if HAS_MASS:
                 if not COMPLETE:
                     if not k_on:
-                        total = _row_mass(
-                            mass_ptr, row64, num_tiles, top_value, inv_temperature, BLOCK
-                        )
+                        total = row_mass(
+                            mass_ptr + row64 * num_tiles * 2, num_tiles, top_value,
+                            inv_temperature, BLOCK,
+                        )  # fmt: skip
             if COMPLETE:
                 if packed:
                     if not k_on:
