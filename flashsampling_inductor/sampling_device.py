@@ -22,6 +22,7 @@ __all__ = [
     "KEY_MINUS_INF",
     "KEY_PAD",
     "LN2",
+    "LOGPROB_CODES",
     "await_previous_kernel",
     "bits_to_log2_gumbel",
     "drawn_logprob",
@@ -61,6 +62,9 @@ ATANH_LOG2_4 = tl.constexpr(2.0 * 1.4426950408889634 / 9)
 ATANH_LOG2_5 = tl.constexpr(2.0 * 1.4426950408889634 / 11)
 ATANH_LOG2_6 = tl.constexpr(2.0 * 1.4426950408889634 / 13)
 LN2 = tl.constexpr(0.6931471805599453)
+# The kernels' LOGPROBS constexpr for ``SamplingParams.logprobs`` (0: none, the kernels as
+# they compile without log-probabilities).
+LOGPROB_CODES = {None: 0, "raw": 1, "processed": 2}
 
 
 @triton.jit

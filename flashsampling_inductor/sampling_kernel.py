@@ -42,6 +42,7 @@ from .sampling_device import (
     INV_LN2,
     KEY_PAD,
     LN2,
+    LOGPROB_CODES,
     await_previous_kernel,
     drawn_logprob,
     gumbel_tile,
@@ -530,8 +531,6 @@ def _num_sms(device: torch.device) -> int:
 
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-# The kernels' LOGPROBS: what ``SamplingParams.logprobs`` asks for.
-LOGPROB_CODES = {None: 0, "raw": 1, "processed": 2}
 
 
 def triton_fused_sample(
@@ -561,8 +560,6 @@ def triton_fused_sample(
     logprobs_code = LOGPROB_CODES[params.logprobs]
     if logprobs_code and (vocab_offset or out_score is not None or tile_candidates):
         raise ValueError("log-probabilities on a tensor-parallel shard are not supported")
-    if logprobs_code and params.truncates:
-        raise NotImplementedError("log-probabilities of truncating calls: impl='torch' for now")
     temperature, scalar_temperature = params.temperature, params.scalar_temperature
     seed, scalar_seed = params.seed, params.scalar_seed
     num_samples, logits_dtype = params.num_samples, params.logits_dtype
@@ -723,7 +720,7 @@ def _finish_truncation(
 ):  # fmt: skip
     """Stage 2 of a truncating call over stage 1's candidates (``stage1``, on ``block_v``-wide
     tiles), then the exact fallback's kernels, which return at once for rows stage 2 did not
-    flag (truncation_kernel.py)."""
+    flag (truncation_kernel.py); with ``logprobs`` also the drawn tokens'."""
     batch, vocab_size = hidden.shape[0], weight.shape[0]
     interpreter = hidden.device.type == "cpu"
     logits_dtype = params.logits_dtype
@@ -735,12 +732,28 @@ def _finish_truncation(
         patch = truncation_kernel.patch_buffers(stage1, block_v)
     truncation_kernel.launch_stage2(
         stage1, params, vocab_size, temperature_mode, out, overflow, floor,
-        patch=patch, fast_math=not interpreter,
+        patch=patch, fast_math=not interpreter, logprobs=logprobs,
     )  # fmt: skip
     truncation_kernel.launch_fallback(
         hidden, weight, bias, params, temperature_mode, out, overflow,
-        tl_logits_dtype, dot_precision, not interpreter, floor, stage1, patch,
+        tl_logits_dtype, dot_precision, not interpreter, floor, stage1, patch, logprobs,
     )  # fmt: skip
+    if logprobs is not None and truncation_kernel.raw_logit_later(params):
+        logprobs += _token_logits(hidden, weight, bias, out, logits_dtype)
+
+
+def _token_logits(hidden, weight, bias, tokens, logits_dtype) -> torch.Tensor:
+    """[B, S] fp32: the raw logits of ``tokens`` [B, S], recomputed as stage 1 forms them
+    (fp32 dot, bias, rounding; one weight row per token, no [B, V]), for "raw"
+    log-probabilities of truncating soft-capped calls, whose candidates hold only the
+    soft-capped scores. The dot sums D in another order than stage 1's MMA: an fp32
+    rounding apart."""
+    logits = torch.einsum("bd,bsd->bs", hidden.float(), weight[tokens].float())
+    if bias is not None:
+        logits = logits + bias[tokens].float()
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
+    return logits
 
 
 def _candidates(

@@ -51,7 +51,9 @@ from .sampling_device import (
     KEY_MINUS_INF,
     KEY_PAD,
     LN2,
+    LOGPROB_CODES,
     await_previous_kernel,
+    drawn_logprob,
     key_value,
     knob_per_row,
     ordered_key,
@@ -76,6 +78,7 @@ __all__ = [
     "min_p_may_be_off",
     "overflow_chance",
     "p_may_be_off",
+    "raw_logit_later",
 ]
 
 _INT32_MAX = tl.constexpr(2147483647)
@@ -288,14 +291,19 @@ def _pack(keys, index, select, count, pack, key_ptr, index_ptr, COMPACT: tl.cons
 
 @triton.jit
 def _gumbel_winner(keys, index, keep_bound, noise_scale, row_counter, sample_index, k0, k1,
-                   FAST_MATH: tl.constexpr):  # fmt: skip
-    """The best perturbed score among the kept candidates and its index (ties to the
-    lowest): the noise of reference.gumbel_noise, for these candidates only."""
+                   FAST_MATH: tl.constexpr, WITH_VALUE: tl.constexpr = False):  # fmt: skip
+    """The best perturbed score among the kept candidates, its index (ties to the lowest)
+    and, WITH_VALUE, its score (else the perturbed one again): the noise of
+    reference.gumbel_noise, for these candidates only."""
     noise = token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH)
     kept = (keys >= keep_bound) & (keys > KEY_PAD)
     scores = tl.where(kept, key_value(keys) + noise_scale * noise, float("-inf"))
     best = tl.max(scores)
-    return best, tl.min(tl.where(scores == best, index, _INT32_MAX))
+    winner = tl.min(tl.where(scores == best, index, _INT32_MAX))
+    value = best
+    if WITH_VALUE:
+        value = tl.max(tl.where(kept & (index == winner), key_value(keys), float("-inf")))
+    return best, winner, value
 
 
 @triton.jit
@@ -400,7 +408,8 @@ def _truncated_stage2(
     temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
     floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
     tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-    num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, V,
+    log_mass_ptr, plain_value_ptr, logprob_ptr,
+    num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, num_mass_tiles, V,
     scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
     num_samples,
     TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
@@ -417,6 +426,11 @@ def _truncated_stage2(
     PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
     KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
     PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
+    # 1 "raw", 2 "processed": each drawn token's log-probability too (``drawn_logprob``
+    # over stage 1's per-tile partials at log_mass_ptr; processed truncated rows over the
+    # kept candidates, which hold every kept token where the row is drawn here).
+    LOGPROBS: tl.constexpr = 0,
+    RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates."""
     await_previous_kernel(PDL)
@@ -466,11 +480,20 @@ def _truncated_stage2(
         top_index = tl.where(better, chunk_index, top_index)
     top_value = key_value(top_key)
 
+    row_log_mass_ptr = log_mass_ptr
+    if LOGPROBS > 0:
+        row_log_mass_ptr += row64 * num_mass_tiles * 2
     if temperature == 0:
         # Greedy: truncation never removes the argmax.
         winner = tl.where(top_key > KEY_MINUS_INF, top_index, 0).to(tl.int64)
         for sample_index in range(num_samples):
             tl.store(out_ptr + row64 * num_samples + sample_index, winner)
+            if LOGPROBS > 0:
+                logprob = _logprob_of(
+                    top_value, row_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
+                    RAW_LOGIT_LATER, BLOCK,
+                )  # fmt: skip
+                tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
         return
     if HAS_PLAIN:
         if not (k_on | p_on | min_p_on):
@@ -480,6 +503,7 @@ def _truncated_stage2(
                 base = (row64 * num_samples + sample_index) * num_plain_tiles
                 best = tl.full((), float("-inf"), tl.float32)
                 best_index = tl.zeros((), tl.int32)
+                best_value = tl.zeros((), tl.float32)
                 for start in range(0, num_plain_tiles, BLOCK):
                     mask = start + offs < num_plain_tiles
                     scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
@@ -490,7 +514,16 @@ def _truncated_stage2(
                     take = (chunk_best > best) | (start == 0)
                     best = tl.where(take, chunk_best, best)
                     best_index = tl.where(take, index, best_index)
+                    if LOGPROBS > 0:
+                        value = tl.load(plain_value_ptr + base + start + arg)
+                        best_value = tl.where(take, value, best_value)
                 tl.store(out_ptr + row64 * num_samples + sample_index, best_index.to(tl.int64))
+                if LOGPROBS > 0:
+                    logprob = _logprob_of(
+                        best_value, row_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
+                        RAW_LOGIT_LATER, BLOCK,
+                    )  # fmt: skip
+                    tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
             return
 
     # The fallback over V tokens read in chunks: every kept token (and, with top-k, every
@@ -693,14 +726,20 @@ def _truncated_stage2(
     k0, k1, row_counter = row_seeds(seed_ptr, row, seed_lo, seed_hi, SEED_MODE)
     noise_scale = temperature * LN2
     for sample_index in range(num_samples):
+        # (kept_mass: the kept tokens' softmax(l / T) mass relative to the row's maximum,
+        # for processed log-probabilities; the candidates drawn from hold every kept token)
+        kept_mass = tl.zeros((), tl.float32)
         if compact:
-            best, best_index = _gumbel_winner(
+            best, best_index, best_value = _gumbel_winner(
                 small_keys, small_index, keep_bound, noise_scale, row_counter, sample_index,
-                k0, k1, FAST_MATH,
+                k0, k1, FAST_MATH, LOGPROBS > 0,
             )  # fmt: skip
+            if LOGPROBS == 2:
+                kept_mass = tl.sum(_weights(small_keys, top_value, inv_temperature, keep_bound))
         else:
             best = tl.full((), float("-inf"), tl.float32)
             best_index = tl.full((), _INT32_MAX, tl.int32)
+            best_value = tl.zeros((), tl.float32)
             for start in range(0, num_candidates, BLOCK):
                 if SINGLE:
                     keys, index = row_keys, row_index
@@ -708,15 +747,39 @@ def _truncated_stage2(
                     keys, index = _chunk_keys(
                         key_ptr, index_ptr, start, num_candidates, packed, COMPLETE, BLOCK
                     )
-                chunk_best, chunk_index = _gumbel_winner(
+                chunk_best, chunk_index, chunk_value = _gumbel_winner(
                     keys, index, keep_bound, noise_scale, row_counter, sample_index, k0, k1,
-                    FAST_MATH,
+                    FAST_MATH, LOGPROBS > 0,
                 )  # fmt: skip
                 better = (chunk_best > best) | ((chunk_best == best) & (chunk_index < best_index))
                 best = tl.where(better, chunk_best, best)
                 best_index = tl.where(better, chunk_index, best_index)
+                if LOGPROBS > 0:
+                    best_value = tl.where(better, chunk_value, best_value)
+                if LOGPROBS == 2:
+                    kept_mass += tl.sum(_weights(keys, top_value, inv_temperature, keep_bound))
         winner = tl.where(best > float("-inf"), best_index, 0).to(tl.int64)
         tl.store(out_ptr + row64 * num_samples + sample_index, winner)
+        if LOGPROBS > 0:
+            if LOGPROBS == 2:
+                logprob = (best_value - top_value) * (inv_temperature * LN2) - tl.log(kept_mass)
+            else:
+                logprob = _logprob_of(
+                    best_value, row_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
+                    RAW_LOGIT_LATER, BLOCK,
+                )  # fmt: skip
+            tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
+
+
+@triton.jit
+def _logprob_of(value, log_mass_ptr, num_mass_tiles, temperature, LOGPROBS: tl.constexpr,
+                RAW_LOGIT_LATER: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """``drawn_logprob`` of a token whose score (a key's value) is ``value``; where that is
+    not its raw logit (RAW_LOGIT_LATER: a soft-capped score), without it: the launcher adds
+    the token's raw logit after the call."""
+    if RAW_LOGIT_LATER:
+        value = 0.0
+    return drawn_logprob(value, log_mass_ptr, num_mass_tiles, temperature, LOGPROBS, BLOCK)
 
 
 @triton.jit
@@ -1106,6 +1169,7 @@ def launch_stage2(
     patched: bool = False,
     patch: dict[str, torch.Tensor | int] | None = None,
     fast_math: bool = True,
+    logprobs: torch.Tensor | None = None,
 ) -> None:
     """Stage 2 of a truncating call over stage 1's candidates (``stage1``: top_m_key,
     top_m_index [B, tiles * m], hidden_key [B, tiles], mass [B, tiles, 2] or None, plain
@@ -1115,7 +1179,11 @@ def launch_stage2(
     flagged OVERFLOW_PATCH. ``floor`` [B] int32: where stage 2 flags a row, a key that every
     token the row keeps is at or above, which the fallback uses to search few tokens
     instead of V. ``patch`` (``patch_buffers``): where the first pass lists a flagged row's
-    hiding tiles, when few, for the tile-level fallback."""
+    hiding tiles, when few, for the tile-level fallback. ``logprobs`` [B, S] fp32: where
+    ``params.logprobs`` asks for them, the drawn tokens' log-probabilities, from stage 1's
+    partials (``stage1["log_mass"]`` [B, tiles, 2]) and plain candidates' logits
+    (``plain_value``); with "raw" on soft-capped scores, less each token's raw logit
+    (``raw_logit_later``), which the caller adds."""
     batch = out.shape[0]
     num_plain_tiles = num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
     if stage1.get("plain_score") is not None:  # (the Gluon kernel's are per half tile)
@@ -1149,6 +1217,8 @@ def launch_stage2(
     )
     dummy = keys
     patch = patch if patch_tiles else {}
+    log_mass = stage1.get("log_mass")
+    logprobs_code = LOGPROB_CODES[params.logprobs] if logprobs is not None else 0
     launch(
         _truncated_stage2, (batch,),
         keys, stage1.get("top_m_index", compact_index), stage1.get("hidden_key", dummy),
@@ -1157,8 +1227,10 @@ def launch_stage2(
         overflow, floor, compact_key, compact_index, compact_value,
         tile_hidden if patch_tiles else None, patch.get("tiles"), patch.get("count"),
         patch.get("keys"), patch.get("index"),
+        log_mass, stage1.get("plain_value"), logprobs,
         num_candidates, num_tiles, num_plain_tiles,
-        tile_hidden.shape[1] if patch_tiles else 0, vocab_size,
+        tile_hidden.shape[1] if patch_tiles else 0,
+        log_mass.shape[1] if logprobs_code else 0, vocab_size,
         params.scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32,
         params.scalar_top_k, params.scalar_top_p, params.scalar_min_p, params.num_samples,
         TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
@@ -1169,8 +1241,17 @@ def launch_stage2(
         COMPLETE=complete, SINGLE=lanes <= block, FAST_MATH=fast_math, BLOCK=block,
         COMPACT=compact_slots, PACK=pack_slots, PATCHED=patched, PATCH_TILES=patch_tiles,
         PATCH_V=patch_width, KEY_LOW_BITS=0 if complete else key_low_bits(params),
-        **pdl_launch(out.device), num_warps=16 if block >= 8192 else 8,
+        **pdl_launch(out.device), LOGPROBS=logprobs_code,
+        RAW_LOGIT_LATER=raw_logit_later(params) if logprobs_code else False,
+        num_warps=16 if block >= 8192 else 8,
     )  # fmt: skip
+
+
+def raw_logit_later(params: SamplingParams) -> bool:
+    """Whether stage 2 leaves the drawn tokens' raw logits out of "raw" log-probabilities
+    (for the caller to add): its candidates are soft-capped scores, from which the raw
+    logit would come back only through an ill-conditioned atanh."""
+    return params.logprobs == "raw" and params.softcap > 0
 
 
 def launch_fallback(
@@ -1187,10 +1268,12 @@ def launch_fallback(
     floor: torch.Tensor,
     stage1: dict[str, torch.Tensor | None] | None = None,
     patch: dict[str, torch.Tensor | int] | None = None,
+    logprobs: torch.Tensor | None = None,
 ) -> None:
-    """The exact paths of the rows stage 2 flagged. Rows flagged OVERFLOW_PATCH: the few
-    tiles that may hide a kept token recomputed, then stage 2 over stage 1's candidates
-    (``stage1``) with those tiles' tokens in place of theirs (``patch``). Rows flagged
+    """The exact paths of the rows stage 2 flagged (``logprobs`` as in ``launch_stage2``).
+    Rows flagged OVERFLOW_PATCH: the few tiles that may hide a kept token recomputed, then
+    stage 2 over stage 1's candidates (``stage1``) with those tiles' tokens in place of
+    theirs (``patch``). Rows flagged
     OVERFLOW_FULL: their logits into a [B, V] scratch, then stage 2 over all V tokens. Every
     kernel always launches (no host sync) and returns at once for rows without its flag.
     ``logits_dtype`` is the Triton dtype (or None); ``dot_precision`` stage 1's, so the
@@ -1228,9 +1311,10 @@ def launch_fallback(
     if patch is not None:
         launch_stage2(
             stage1, params, vocab_size, temperature_mode, out, overflow, floor,
-            patched=True, patch=patch, fast_math=fast_math,
+            patched=True, patch=patch, fast_math=fast_math, logprobs=logprobs,
         )  # fmt: skip
+    log_mass = None if stage1 is None else stage1.get("log_mass")
     launch_stage2(
-        {"top_m_key": scratch}, params, vocab_size, temperature_mode, out, overflow, floor,
-        complete=True, fast_math=fast_math,
+        {"top_m_key": scratch, "log_mass": log_mass}, params, vocab_size, temperature_mode,
+        out, overflow, floor, complete=True, fast_math=fast_math, logprobs=logprobs,
     )  # fmt: skip

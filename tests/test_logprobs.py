@@ -15,13 +15,15 @@ import dataclasses
 import pytest
 import torch
 
-from flashsampling_inductor import fused_sample, sample_logits
+from flashsampling_inductor import fused_sample, sample_logits, truncation_kernel
 from flashsampling_inductor.params import SamplingParams
 from flashsampling_inductor.reference import reference_logits, softcap_logits, truncation_keep
 
 from .sampling_oracle import make_exact_problem, make_problem
 
 IMPLS = ["torch", "triton"]
+FULL = truncation_kernel.OVERFLOW_FULL.value
+PATCH = truncation_kernel.OVERFLOW_PATCH.value
 # fp32 log-probabilities against float64: relative 1e-5, and an absolute floor for values
 # near 0 (the log of a mass near 1 is good to a few fp32 ulps of 1).
 RTOL, ATOL = 1e-5, 2e-6
@@ -114,27 +116,33 @@ def _row_temperature(temperature, batch: int) -> torch.Tensor:
 
 
 CASES = [
-    pytest.param(Case(), id="fp32"),
     pytest.param(Case(exact=False, temperature=0.7), id="fp32-random-t0.7"),
     pytest.param(Case(temperature="rows", num_samples=2, bias=True), id="rows-greedy-ns2-bias"),
     pytest.param(Case(dtype=torch.bfloat16, logits_dtype=torch.bfloat16), id="bf16-logits"),
     pytest.param(Case(temperature=0.0), id="greedy"),
     pytest.param(Case(softcap=2.0, temperature=0.8, bias=True), id="softcap-bias"),
 ]
-TRUNCATION_CASES = [
-    pytest.param(Case(top_k=20, temperature=0.9), id="top-k"),
-    pytest.param(Case(top_p=0.8), id="top-p"),
-    pytest.param(Case(min_p=0.1, temperature=1.3), id="min-p"),
-    pytest.param(Case(top_k=50, top_p=0.9, min_p=0.05, bias=True), id="k-p-min-p-bias"),
-    pytest.param(
-        Case(top_k="rows", top_p="rows", min_p="rows", temperature="rows", num_samples=2),
-        id="per-row-knobs",
+TRUNCATION_CASES = {
+    "top-p": Case(top_p=0.8),
+    "min-p": Case(min_p=0.1, temperature=1.3),
+    "k-p-min-p-bias": Case(top_k=50, top_p=0.9, min_p=0.05, bias=True),
+    "per-row-knobs": Case(
+        top_k="rows", top_p="rows", min_p="rows", temperature="rows", num_samples=2
     ),
-    pytest.param(Case(top_k=10, softcap=3.0, temperature=0.7), id="top-k-softcap"),
-]
+    "top-k-softcap": Case(top_k=10, softcap=3.0, temperature=0.7),
+}
+# The kernel's (slow under the interpreter) in one mode each: "processed" where the kept
+# set's mass is the point, "raw" where the row's.
+KERNEL_TRUNCATION_MODES = {
+    "top-p": "processed",
+    "min-p": "raw",
+    "k-p-min-p-bias": "processed",
+    "per-row-knobs": "processed",
+    "top-k-softcap": "processed",
+}
 
 
-def _check(case: Case, impl: str, mode: str) -> None:
+def _check(case: Case, impl: str, mode: str, same_tokens: bool = True) -> None:
     hidden, weight, bias = _problem(case)
     knobs = _knobs(case)
     tokens, logprobs = fused_sample(
@@ -143,11 +151,12 @@ def _check(case: Case, impl: str, mode: str) -> None:
         return_logprobs=mode, **knobs,
     )  # fmt: skip
     assert logprobs.dtype == torch.float32 and logprobs.shape == tokens.shape
-    plain = fused_sample(
-        hidden, weight, bias=bias, num_samples=case.num_samples, seed=7,
-        logits_dtype=case.logits_dtype, softcap=case.softcap, impl=impl, **knobs,
-    )  # fmt: skip
-    assert torch.equal(plain, tokens)  # asking for logprobs changes no token
+    if same_tokens:  # asking for logprobs changes no token
+        plain = fused_sample(
+            hidden, weight, bias=bias, num_samples=case.num_samples, seed=7,
+            logits_dtype=case.logits_dtype, softcap=case.softcap, impl=impl, **knobs,
+        )  # fmt: skip
+        assert torch.equal(plain, tokens)
     logits = reference_logits(hidden, weight, bias, case.logits_dtype)
     temperature = _row_temperature(knobs["temperature"], case.batch)
     expected = expected_logprobs(
@@ -166,10 +175,14 @@ def test_logprobs_match_float64(case, impl, mode):
 
 
 @pytest.mark.parametrize("mode", ["raw", "processed"])
-@pytest.mark.parametrize("impl", ["torch"])
-@pytest.mark.parametrize("case", TRUNCATION_CASES)
-def test_truncated_logprobs_match_float64(case, impl, mode):
-    _check(case, impl, mode)
+@pytest.mark.parametrize("name", TRUNCATION_CASES)
+def test_truncated_reference_logprobs_match_float64(name, mode):
+    _check(TRUNCATION_CASES[name], "torch", mode)
+
+
+@pytest.mark.parametrize("name", TRUNCATION_CASES)
+def test_truncated_kernel_logprobs_match_float64(name):
+    _check(TRUNCATION_CASES[name], "triton", KERNEL_TRUNCATION_MODES[name], same_tokens=False)
 
 
 @pytest.mark.parametrize("mode, chunks", [("processed", 1), ("raw", 4)])
@@ -250,3 +263,57 @@ def test_arguments():
         torch.ops.flashsampling.fused_sample_logprobs(
             hidden, weight, None, None, 1.0, None, 1, 1, None, "torch", logprobs="other"
         )
+
+
+def test_truncation_paths(overflowed):
+    """Per-row k, p and T on 16-wide tiles, two samples, a masked bias, "processed" (the
+    survivors' mass): a row with its top 20 in the first tiles draws from those tiles
+    recomputed (OVERFLOW_PATCH), a flat top-p 0.9 row from the whole recomputed row
+    (OVERFLOW_FULL) and an ordinary row from the candidates: float64's log-probabilities.
+    hidden = the logits, weight = I: the kernel's logits are exact."""
+    from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
+
+    vocab_size = 400
+    logits = torch.linspace(-2, 2, 3 * vocab_size).reshape(3, vocab_size)
+    logits[0, :40] = 5.0 + torch.arange(40) / 64
+    logits[1] = torch.arange(vocab_size) % 7 / 8
+    logits[2] = -(torch.arange(vocab_size) % 10).float() + torch.arange(vocab_size) / 1024
+    bias = torch.zeros(vocab_size)
+    bias[7::11] = float("-inf")
+    temperature = torch.tensor([1.0, 1.0, 0.7])
+    top_k, top_p = torch.tensor([20, 0, 20]), torch.tensor([1.0, 0.9, 1.0])
+    params = SamplingParams(
+        temperature, 1.0, None, 9, 2, None, top_k, 0, top_p, 1.0, logprobs="processed"
+    )
+    tokens, logprobs = triton_fused_sample(
+        logits, torch.eye(vocab_size), bias, params, SampleConfig(16, 16, 64)
+    )
+    (flags,) = overflowed
+    assert flags.tolist() == [PATCH, FULL, 0]
+    expected = expected_logprobs(
+        logits + bias, tokens, "processed", temperature, top_k=top_k, top_p=top_p
+    )
+    torch.testing.assert_close(logprobs.double(), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_merged_and_chunked_stage2_with_softcap(monkeypatch, overflowed):
+    """Top-k 20 with per-row top-p after a soft-cap, "raw": stage 2 over groups of merged
+    tiles, reading its candidates (and the fallback its tokens) in chunks of 64, as at
+    V = 151936; the drawn tokens' raw logits are recomputed (the candidates are capped)."""
+    from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
+
+    monkeypatch.setattr(truncation_kernel, "STAGE2_LANES", 64)
+    monkeypatch.setattr(truncation_kernel, "MERGE_GROUPS", 4)
+    monkeypatch.setattr(truncation_kernel, "MERGE_KEEP", 8)
+    cpu = torch.device("cpu")
+    hidden, weight = make_exact_problem(4, 400, 64, seed=5, device=cpu)
+    temperature = torch.tensor([0.7, 1.3, 0.0, 1.0])
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.5])
+    params = SamplingParams(
+        temperature, 1.0, None, 9, 2, None, None, 20, top_p, 1.0, softcap=2.0, logprobs="raw"
+    )
+    tokens, logprobs = triton_fused_sample(hidden, weight, None, params, SampleConfig(16, 16, 64))
+    (flags,) = overflowed
+    assert bool(flags.any()) and not bool(flags.all()), flags
+    expected = expected_logprobs(reference_logits(hidden, weight, None), tokens, "raw", temperature)
+    torch.testing.assert_close(logprobs.double(), expected, rtol=RTOL, atol=ATOL)
