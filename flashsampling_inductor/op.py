@@ -6,7 +6,10 @@ knob: temperature, seed, top_k, top_p, min_p), then calls its custom op
 the flat schema arguments into one ``SamplingParams`` and picks the Triton kernel or the
 pure-PyTorch reference (``_use_triton``). Plain eager calls, which nothing traces, run the
 implementation directly to save host time. The compiler pass (``graph_pass.py``) emits calls
-of the same custom ops, so eager calls and compiled graphs share one implementation.
+of the same custom ops, so eager calls and compiled graphs share one implementation. Calls
+with ``return_logprobs`` go through the variants ``fused_sample_logprobs`` /
+``sample_logits_logprobs`` (one more argument, two outputs), so the plain ops' schemas, and
+every graph that holds them, stay as they were.
 """
 
 from __future__ import annotations
