@@ -42,6 +42,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -151,7 +152,12 @@ def make_managers(model, args, configs):
             )
         finally:
             fs_hf.disable(model)
-        manager.warmup()
+        try:
+            manager.warmup()
+        except Exception:  # a failing configuration keeps the others
+            print(f"{config}: warmup failed:", flush=True)
+            traceback.print_exc()
+            continue
         manager.start()
         managers[config] = (manager, time.perf_counter() - start)
         print(f"{config}: manager made and warmed up in {managers[config][1]:.1f} s", flush=True)
@@ -167,6 +173,7 @@ def run_shape(shape: str, args, deadline: float):
     configs = args.configs.split(",")
     counters.clear()
     managers = make_managers(model, args, configs)
+    made = [manager for manager, _ in managers.values()]  # stopped at the end, failed or not
     try:
         for concurrency in (int(b) for b in args.concurrency.split(",")):
             if time.perf_counter() > deadline:
@@ -176,10 +183,17 @@ def run_shape(shape: str, args, deadline: float):
             load = workload(count, concurrency, args, model.config.vocab_size, concurrency)
             first, runs = {}, {config: [] for config in configs}
             for repeat in range(args.repeats + 1):
-                for config in configs:
+                for config in [c for c in configs if c in managers]:
                     manager, setup = managers[config]
                     tag = f"{config}-{concurrency}-{repeat}"
-                    run = serve(manager, config, load, concurrency, tag)
+                    try:
+                        run = serve(manager, config, load, concurrency, tag)
+                    except Exception:  # one failing configuration keeps the others
+                        print(f"{shape} B={concurrency} {config} failed:", flush=True)
+                        traceback.print_exc()
+                        del managers[config]
+                        first.pop(config, None)
+                        continue
                     if repeat == 0:
                         first[config] = run["wall"] + setup
                         managers[config] = (manager, 0.0)
@@ -192,7 +206,7 @@ def run_shape(shape: str, args, deadline: float):
                         flush=True,
                     )
             print(f"rewrites so far: {dict(counters['flashsampling'])}", flush=True)
-            for config in configs:
+            for config in [c for c in configs if c in first and runs[c]]:
                 tpots = [t for run in runs[config] for t in run["tpots"]]
                 rates = [run["tokens"] / run["wall"] for run in runs[config]]
                 yield dict(
@@ -204,10 +218,10 @@ def run_shape(shape: str, args, deadline: float):
                     first_call_s=round(first[config], 2),
                 )
     finally:
-        for manager, _ in managers.values():
+        for manager in made:
             manager.stop(block=True, timeout=30)
             manager.destroy()
-        del model, managers
+        del model, managers, made
         torch._dynamo.reset()
         torch.cuda.empty_cache()
 
