@@ -6,7 +6,9 @@ This script times both, per sampling idiom, so the default can be checked on a n
 a new machine: each idiom is an LM head (``hidden @ weight.T``) and the sampling after it as
 public code writes it, compiled once with ``backend="inductor"`` and once with
 ``backend="flashsampling"`` under ``FLASHSAMPLING_CPU=1`` (the switch that makes the pass
-rewrite on the CPU), and timed as the median of wall-clock calls after warm-up.
+rewrite on the CPU), and timed as the median of wall-clock calls after warm-up
+(``--cpu-time --threads 1``: of the CPU time the process spent per call, on one thread so
+that no idle thread spins, which other processes on a shared machine disturb far less).
 
 Needs only a CPU (CUDA tensors are never used). Prints one line per idiom and shape, with
 the fused/stock ratio (above 1: the rewrite is slower); writes nothing.
@@ -68,14 +70,14 @@ def top_p_multinomial(hidden, weight):
 IDIOMS = (multinomial, exponential_race, greedy, top_k_multinomial, top_p_multinomial)
 
 
-def median_ms(fn, *args, repeats: int) -> float:
+def median_ms(fn, *args, repeats: int, clock=time.perf_counter) -> float:
     for _ in range(3):
         fn(*args)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn(*args)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return 1e3 * sorted(times)[len(times) // 2]
 
 
@@ -93,10 +95,20 @@ def main() -> None:
         " Llama-2-sized vocabulary with a small hidden size)",
     )
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per measurement")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the process's CPU time per call instead of the wall clock",
+    )
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: its own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     os.environ["FLASHSAMPLING_CPU"] = "1"
     torch._inductor.config.fx_graph_cache = False
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    kind = "CPU time" if args.cpu_time else "wall clock"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {kind}")
     for shape in args.shapes:
         batch, vocab, dim = (int(part) for part in shape.split("x"))
         torch.manual_seed(0)
@@ -108,8 +120,8 @@ def main() -> None:
             fused = torch.compile(idiom, backend="flashsampling")
             fused(hidden, weight)
             rewrites = sum(counters["flashsampling"].values())
-            stock_ms = median_ms(stock, hidden, weight, repeats=args.repeats)
-            fused_ms = median_ms(fused, hidden, weight, repeats=args.repeats)
+            stock_ms = median_ms(stock, hidden, weight, repeats=args.repeats, clock=clock)
+            fused_ms = median_ms(fused, hidden, weight, repeats=args.repeats, clock=clock)
             print(
                 f"{shape:>12} {idiom.__name__:<18} stock {stock_ms:8.3f} ms  fused {fused_ms:8.3f}"
                 f" ms  fused/stock {fused_ms / stock_ms:5.2f}x  (rewrites: {rewrites})"
