@@ -456,7 +456,7 @@ def _use_triton(impl: str, device: torch.device, params: SamplingParams) -> bool
 
 
 # Off CUDA the op runs its PyTorch reference, which is slower than what stock Inductor makes
-# of the same program (2-20x on a 2-core CPU, benchmarks/bench_cpu.py): the pass leaves
+# of the same program (1.1-15x, benchmarks/results/bench_cpu_*.log): the pass leaves
 # sampling there as it is unless this variable is 1 (the tests set it, to exercise the pass).
 CPU_SWITCH = "FLASHSAMPLING_CPU"
 
