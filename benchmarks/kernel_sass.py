@@ -6,7 +6,7 @@ No GPU needed: Triton ships ptxas, nvdisasm and cuobjdump. For ``default_config(
 an H100/H200 it prints, sampling at T = 1 and greedy (the same kernel with the noise off),
 the registers and spill stack per thread, the shared memory and the SASS instructions per
 thread by opcode. Sampling minus greedy is the noise's cost per tile: the number to lower
-while the noise is bound by instruction issue (README, Performance).
+while the noise is bound by instruction issue (docs/performance.md).
 
 The counts come from the Triton installed here. Triton 3.9 (this repository's CPU set-up)
 does not software-pipeline the pointer-load path of the small-batch configs the way the GPU

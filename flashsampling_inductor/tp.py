@@ -7,8 +7,8 @@ for that token over the whole vocabulary), exchanges these few candidates with i
 (``exchange.py``: symmetric memory on CUDA, an all-gather of the candidates elsewhere) and
 keeps the best, ties to the lowest global index. Every rank returns the same tokens, and
 they are the tokens ``fused_sample`` draws over the full vocabulary with the same seed,
-whatever the number of ranks and however the vocabulary is cut (up to the near-ties the
-README documents). The [B, V] logits are never gathered.
+whatever the number of ranks and however the vocabulary is cut (up to the near-ties
+docs/exactness.md documents). The [B, V] logits are never gathered.
 """
 
 from __future__ import annotations

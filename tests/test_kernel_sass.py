@@ -1,5 +1,5 @@
 """benchmarks/kernel_sass.py compiles stage 1 for Hopper without a GPU: the noise's SASS cost
-stays where the README says (it is what bounds large batches)."""
+stays where docs/performance.md says (it is what bounds large batches)."""
 
 import os
 import re
