@@ -14,6 +14,7 @@ docs/exactness.md documents). The [B, V] logits are never gathered.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -54,10 +55,6 @@ from .reference import (
 )
 
 __all__ = ["tp_fused_sample"]
-
-# Consecutive seeds of the shared stream are this far apart (the 64-bit golden ratio), so
-# the Philox keys of nearby steps differ in many bits.
-_SEED_STRIDE = 0x9E3779B97F4A7C15 - 2**64
 
 
 def tp_fused_sample(
@@ -101,12 +98,14 @@ def tp_fused_sample(
             (``_truncated_shard_candidates``); top-p over the whole row would need every
             token's mass. These calls materialize each shard's [B, V_r] logits.
         seed: int, 0-d or [B] int64 tensor, the same on every rank: the tokens are then
-            those ``fused_sample`` draws with that seed. None: each call takes the next seed
-            of a stream all ranks share without communicating: a device counter, the same
-            on every rank, offsets a base seed that group rank 0 draws from its default
-            generator at the group's first call and broadcasts once
-            (``torch.manual_seed`` on rank 0 before that call fixes the stream). No host
-            sync, and a CUDA graph that captured the call draws fresh tokens per replay.
+            those ``fused_sample`` draws with that seed. None: each rank draws the seed as
+            ``fused_sample`` does (62 random bits from the default generator, on the device;
+            Inductor's RNG under torch.compile), so under the same ``torch.manual_seed`` on
+            every rank the tokens are TP = 1's. Group rank 0's wins: at the group's first
+            call every rank's default generator takes rank 0's state (a warning where one
+            changes) and that call takes rank 0's seed, so ranks seeded apart agree and draw
+            what rank 0 alone would. No host sync after the group's first call, and a CUDA
+            graph that captured the call draws fresh tokens per replay.
 
     Returns:
         [B, num_samples] int64 global token ids in [0, vocab_size), equal on every rank.
@@ -142,6 +141,8 @@ def tp_fused_sample(
     seed_tensor, scalar_seed = _normalize_seed(seed, hidden)
     if hidden.shape[0] == 0:
         return torch.empty((0, num_samples), dtype=torch.int64, device=hidden.device)
+    if seed is None:
+        seed_tensor = _draw_seed(hidden.device)  # (traced: Inductor's RNG, as fused_sample's)
     args = (
         hidden,
         weight_shard,
@@ -202,7 +203,8 @@ def _tp_fused_sample_impl(
 ) -> torch.Tensor:
     """The custom op behind ``tp_fused_sample``; arguments are already validated.
 
-    ``shared_seed``: draw the seed from the group's shared stream (``seed`` is then None).
+    ``shared_seed``: ``seed`` is this rank's fresh draw (drawn here when None); group rank
+    0's is taken (``_agreed_seed``).
     A negative ``vocab_start``, -W (what the compiler pass emits, so that one graph serves
     every rank): the vocabulary is cut in blocks of W rows in group-rank order, this rank's
     block starts at group rank x W and holds its ``weight_shard`` rows (fewer than W on a
@@ -215,7 +217,7 @@ def _tp_fused_sample_impl(
         if bias_shard is not None and not local_bias:
             bias_shard = bias_shard[vocab_start:]
     if shared_seed:
-        seed = _seed_stream(group_name, device).next()
+        seed = _agreed_seed(_draw_seed(device) if seed is None else seed, group_name, device)
     if seed is None:
         seed = torch.full((), scalar_seed, dtype=torch.int64, device=device)
     stop = min(vocab_start + weight_shard.shape[0], vocab_size)
@@ -426,25 +428,55 @@ def _truncated_shard_candidates(
     )
 
 
-class _SeedStream:
-    """Seeds equal on every rank without per-step communication: ``base + n * stride`` at
-    the group's n-th call, with ``base`` broadcast from group rank 0 once."""
+def _draw_seed(device: torch.device) -> torch.Tensor:
+    """The seed ``fused_sample`` draws for ``seed=None``: 62 random bits on the device."""
+    return torch.randint(0, 2**62, (), dtype=torch.int64, device=device)
 
-    def __init__(self, group_name: str, device: torch.device) -> None:
-        group = resolve_group(group_name)
-        self.base = torch.randint(0, 2**62, (), dtype=torch.int64, device=device)
-        dist.broadcast(self.base, src=dist.get_global_rank(group, 0), group=group)
-        self.calls = torch.zeros((), dtype=torch.int64, device=device)
 
-    def next(self) -> torch.Tensor:
-        seed = torch.add(self.base, self.calls, alpha=_SEED_STRIDE)  # (one kernel, wraps)
-        self.calls.add_(1)
+def _agreed_seed(seed: torch.Tensor, group_name: str, device: torch.device) -> torch.Tensor:
+    """This rank's fresh ``seed`` (0-d int64) -> group rank 0's, the same on every rank.
+
+    Ranks seeded alike draw alike (SPMD programs consume their generators alike): the seed
+    is theirs, with no communication. At the group's first call (per device) the ranks'
+    default generators are made rank 0's (``_align_generators``, once) and that call takes
+    rank 0's seed through one all-gather, since it was drawn before; from then on every rank
+    draws rank 0's seeds itself. A rank whose generator drifts later (a rank-dependent random
+    op) fails the call: the seed travels in the exchange's header."""
+    if (group_name, device) in _ALIGNED:
         return seed
+    _align_generators(group_name, device)
+    world = dist.get_world_size(resolve_group(group_name))
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(seed.reshape(1), world, group_name)
+    return torch.ops._c10d_functional.wait_tensor(gathered)[0]
 
 
-@functools.cache
-def _seed_stream(group_name: str, device: torch.device) -> _SeedStream:
-    return _SeedStream(group_name, device)
+_ALIGNED: set[tuple[str, torch.device]] = set()
+
+
+def _align_generators(group_name: str, device: torch.device) -> None:
+    """Once per group and device: every rank's default generator of the device's type takes
+    group rank 0's state (one broadcast and one host sync). CUDA's default generators are
+    seeded at random per process unless ``torch.manual_seed`` ran, so unseeded ranks differ;
+    a rank whose state changes is warned."""
+    if device.type == "cuda":
+        generator = torch.cuda.default_generators[device.index or 0]
+    else:
+        generator = torch.default_generator
+    group = resolve_group(group_name)
+    mine = generator.get_state()
+    state = mine.to(device, copy=True)
+    dist.broadcast(state, src=dist.get_global_rank(group, 0), group=group)
+    state = state.cpu()
+    if not torch.equal(state, mine):
+        generator.set_state(state)
+        warnings.warn(
+            f"flashsampling: tensor-parallel sampling with seed=None (group {group_name}): this "
+            f"rank's default {device.type} generator differed from group rank 0's at the "
+            "group's first call and now takes rank 0's state, so that every rank draws rank "
+            "0's seeds (seed every rank alike, torch.manual_seed, to keep your own)",
+            stacklevel=2,
+        )
+    _ALIGNED.add((group_name, device))
 
 
 @torch.library.custom_op("flashsampling::tp_gathered_weight", mutates_args=())

@@ -23,8 +23,9 @@ result is replaced by ``mm(hidden, gathered.T)``, where ``gathered`` is a stand-
 which is what the gather of the logits computes, written as an LM head). The idioms then
 match the chain as usual and make a ``fused_sample`` call on the stand-in, which is *lowered*
 to ``tp_fused_sample`` on the local shard; the gather is erased. A lifted gather that no idiom
-consumed is put back as it was. The seed of a lowered call is the group's shared stream
-(``tp.py``), since an in-graph draw would differ between ranks.
+consumed is put back as it was. A lowered call keeps the graph's draw of its seed (Inductor's
+RNG, as at TP = 1: the same tokens under the same ``torch.manual_seed``) and takes group rank
+0's draw where ranks were seeded apart (``tp._agreed_seed``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,17 @@ import torch.nn.functional as F
 from torch.fx import Graph, Node
 
 from ._truncation import MASKING_OPS
-from ._walk import RESHAPES, TP_GATHER_NOT_LIFTED, aten, is_call, prims, same, slice_args, val
+from ._walk import (
+    RESHAPES,
+    TP_GATHER_NOT_LIFTED,
+    aten,
+    is_call,
+    last_dim,
+    prims,
+    same,
+    slice_args,
+    val,
+)
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -190,7 +201,7 @@ class AllGatherMatch:
                 torch.ops.flashsampling.tp_fused_sample.default,
                 (
                     hidden, self.weight_shard, bias, temperature, scalar_temperature,
-                    None if shared_seed else seed, scalar_seed, num_samples, logits_dtype,
+                    seed, scalar_seed, num_samples, logits_dtype,
                     impl, -self.shard_width, self.vocab_size, self.group_name, shared_seed,
                     *extra,
                 ),
@@ -200,8 +211,6 @@ class AllGatherMatch:
         lowered.meta.update({k: call.meta[k] for k in ("val", "stack_trace") if k in call.meta})
         call.replace_all_uses_with(lowered)
         graph.erase_node(call)
-        if shared_seed:
-            _erase_unused([seed])
 
 
 def _bias_is_private(gathered_bias: Node, call: Node) -> bool:
@@ -330,6 +339,7 @@ def _match_gather(collective: Node) -> AllGatherMatch | None:
     if node is None:
         return None
     vocab_size = group_size * shard
+    _slice_before_select(node, len(lead) + 1)
     after = _only_user(node)
     if is_call(after, aten.slice.Tensor):
         # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
@@ -373,11 +383,11 @@ def _relayout(
         if cat is not None:
             chain += [step, *pieces, cat]
         return cat
-    if len(lead) > 1:
-        return None  # (the views below re-lay [P * B, S] rows only)
-    if is_call(step, *RESHAPES) and same(batch, 1) and _shape_is(step, full):
+    if is_call(step, *RESHAPES) and all(same(n, 1) for n in lead) and _shape_is(step, full):
         chain.append(step)
-        return step  # B == 1: the gathered rows are the logits row
+        return step  # one row ([1, V / P] or [1, 1, V / P]): the gathered rows are its logits
+    if len(lead) > 1:
+        return None  # (the view below re-lays [P * B, S] rows only)
     if is_call(step, *RESHAPES) and _shape_is(step, [group_size, batch, shard]):
         permute = _only_user(step)
         if not is_call(permute, aten.permute.default) or list(permute.args[1]) != [1, 0, 2]:
@@ -391,6 +401,35 @@ def _relayout(
             chain.append(node)
             return node
     return None
+
+
+def _slice_before_select(logits: Node, ndim: int) -> None:
+    """``logits[:, -1][:, :V]`` (a position picked from [B, T, V] logits, then the slice to
+    the real vocabulary, as an HF model's last hidden state [B, 1, D] gives) rewritten as
+    ``logits[..., :V][:, -1]``: the same values, with the slice right after the gather,
+    where ``_match_gather`` reads the real vocabulary size. Left as is otherwise."""
+    select = _only_user(logits)
+    if not is_call(select, aten.select.int) or ndim < 3:
+        return
+    dim = select.args[1] % ndim
+    cut = _only_user(select)
+    if dim == ndim - 1 or not is_call(cut, aten.slice.Tensor) or cut.kwargs:
+        return
+    cut_dim, start, end, step = slice_args(cut)
+    if not (last_dim(cut_dim, ndim - 1) and start in (0, None) and step == 1):
+        return
+    if not isinstance(end, int) or end <= 0:
+        return
+    graph = logits.graph
+    with graph.inserting_after(logits):
+        sliced = graph.call_function(aten.slice.Tensor, (logits, ndim - 1, 0, end))
+        sliced.meta["val"] = val(logits)[..., :end]
+    with graph.inserting_after(sliced):
+        picked = graph.call_function(aten.select.int, (sliced, dim, select.args[2]))
+        picked.meta["val"] = val(sliced).select(dim, select.args[2])
+    cut.replace_all_uses_with(picked)
+    graph.erase_node(cut)
+    graph.erase_node(select)
 
 
 def _chunks_cat(splits: list[Node], chain: list[Node], group_size: int, batch, full) -> Node | None:

@@ -311,7 +311,7 @@ def _disagreeing_worker(rank, world_size):
     return errors
 
 
-def test_shared_seed_stream_needs_no_seeding_alike():
+def test_seed_none_needs_no_seeding_alike():
     per_rank = run_ranks(2, _shared_seed_worker)
     for step in range(3):
         assert torch.equal(per_rank[0][step], per_rank[1][step])

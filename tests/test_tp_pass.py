@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from flashsampling_inductor import fused_sample
 from flashsampling_inductor.patterns import tp_gather
-from flashsampling_inductor.tp import _SEED_STRIDE, _seed_stream
 
 from .graph_capture import TestCase, graph_after_pass
 from .sampling_oracle import assert_pathwise_equal, make_problem
@@ -145,6 +144,22 @@ def _bias_functional(hidden, weight_shard, bias_shard):  # a sharded head with a
     return torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1)
 
 
+def _recorded_seeds() -> list[int]:
+    """From now on in this rank, the seed each TP call takes (group rank 0's draw), in
+    order: what TP = 1 draws with is then known."""
+    from flashsampling_inductor import tp
+
+    seeds, agreed = [], tp._agreed_seed
+
+    def record(seed, group_name, device):
+        seed = agreed(seed, group_name, device)
+        seeds.append(int(seed))
+        return seed
+
+    tp._agreed_seed = record
+    return seeds
+
+
 def _bias_worker(rank, world):
     """The bias step's graph after the pass, its tokens over 3 calls and their seeds."""
     hidden, _, padded, shard = _problem(world)
@@ -157,8 +172,7 @@ def _bias_worker(rank, world):
     graph, rewrites = graph_after_pass(_bias_functional, *args)
     torch._dynamo.reset()
     step = torch.compile(_bias_functional, backend="flashsampling", fullgraph=True)
-    stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
-    seeds = [int(stream.base + (stream.calls + i) * _SEED_STRIDE) for i in range(3)]
+    seeds = _recorded_seeds()
     return graph, rewrites, [step(*args) for _ in range(3)], seeds
 
 
@@ -202,6 +216,25 @@ def _single_row_functional(hidden, weight_shard):
     return torch.multinomial(torch.softmax(logits[:, :VOCAB] / 0.7, dim=-1), 1)
 
 
+def _last_position(hidden, weight_shard):
+    """An HF model's decode step: its last hidden state [B, 1, D], the sharded head's [B, 1,
+    V / P] logits gathered on the last dim, the last position, then the slice to V."""
+    import torch.distributed._functional_collectives as funcol
+
+    logits = funcol.all_gather_tensor(F.linear(hidden[:, None], weight_shard), -1, dist.group.WORLD)
+    return torch.multinomial(torch.softmax(logits[:, -1, :VOCAB] / 0.7, dim=-1), 1)
+
+
+def _last_position_one_row(hidden, weight_shard):
+    """The same at B = 1 (gather_dim=2: torch's own B = 1 view of gather_dim=-1 is broken):
+    the gathered [P, 1, V / P] rows are one view of the [1, 1, V] logits."""
+    import torch.distributed._functional_collectives as funcol
+
+    states = hidden[:1, None]
+    logits = funcol.all_gather_tensor(F.linear(states, weight_shard), 2, dist.group.WORLD)
+    return torch.multinomial(torch.softmax(logits[:, -1, :VOCAB] / 0.7, dim=-1), 1)
+
+
 STEPS = {
     "functional": _functional,
     "single_row": _single_row_functional,
@@ -220,6 +253,8 @@ STEPS = {
     "three_d": _three_d_functional,
     "three_d_unsliced": _three_d_unsliced,
     "logits_returned": _logits_returned,
+    "last_position": _last_position,
+    "last_position_one_row": _last_position_one_row,
 }
 
 
@@ -238,7 +273,8 @@ def _explain_worker(rank, world, name):
 
 
 TOKEN_STEPS = ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d", "softcap",
-               "top_k", "hf_top_k_top_p", "min_p", "temperature_before", "softcap_before")  # fmt: skip
+               "top_k", "hf_top_k_top_p", "min_p", "temperature_before", "softcap_before",
+               "last_position")  # fmt: skip
 # What TP = 1 draws for the steps that are not plain sampling at T = 0.7.
 TP1_KNOBS = {
     "softcap": dict(softcap=30.0),
@@ -273,10 +309,9 @@ def _tokens_worker(rank, world):
     for name in TOKEN_STEPS:
         torch._dynamo.reset()
         step = torch.compile(STEPS[name], backend="flashsampling", fullgraph=True)
-        stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
-        seeds = [stream.base + (stream.calls + i) * _SEED_STRIDE for i in range(3)]
+        seeds = _recorded_seeds()
         out[name] = [step(hidden, weight_shard) for _ in range(3)]
-        out[name, "seeds"] = [int(s) for s in seeds]
+        out[name, "seeds"] = seeds
     return out
 
 
@@ -296,8 +331,9 @@ class TestTpPass(TestCase):
 graph():
     %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
     %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
+    %randint_low : [num_users=1] = call_function[target=torch.ops.aten.randint.low](args = (0, 4611686018427387904, []), kwargs = {device: cpu, pin_memory: False})
     %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg0_1, [-1, 16]), kwargs = {})
-    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.7, None, 0, 1, None, auto, -19, 38, 0, True), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg1_1, None, None, 0.7, %randint_low, 0, 1, None, auto, -19, 38, 0, True), kwargs = {})
     return (tp_fused_sample_default,)""",
         )
 
@@ -310,8 +346,9 @@ graph():
 graph():
     %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
     %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
+    %randint_low : [num_users=1] = call_function[target=torch.ops.aten.randint.low](args = (0, 4611686018427387904, []), kwargs = {device: cpu, pin_memory: False})
     %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%arg1_1, [-1, 16]), kwargs = {})
-    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg0_1, None, None, 0.7, None, 0, 1, None, auto, -13, 37, 0, True), kwargs = {})
+    %tp_fused_sample_default : [num_users=1] = call_function[target=torch.ops.flashsampling.tp_fused_sample.default](args = (%view_default, %arg0_1, None, None, 0.7, %randint_low, 0, 1, None, auto, -13, 37, 0, True), kwargs = {})
     return (tp_fused_sample_default,)""",
         )
 
@@ -357,8 +394,11 @@ graph():
         commutes with it: the TP call takes them; noise that spans the vocabulary does
         not, and that gather is left alone."""
         for name, knobs in (
-            ("temperature_before", "None, 0.7, None, 0, 1, None, auto, -19, 37, 0, True)"),
-            ("softcap_before", "None, 0.7, None, 0, 1, None, auto, -19, 37, 0, True, 30.0)"),
+            ("temperature_before", "None, 0.7, %randint_low, 0, 1, None, auto, -19, 37, 0, True)"),
+            (
+                "softcap_before",
+                "None, 0.7, %randint_low, 0, 1, None, auto, -19, 37, 0, True, 30.0)",
+            ),
         ):
             graph, rewrites = self.graph(name)
             self.assertEqual(rewrites, {"multinomial": 1, "tp_all_gather": 1}, name)
@@ -411,6 +451,14 @@ graph():
         assert "gathered across tensor-parallel ranks" in site.reason, site
         assert "(aten.sort.default): a sort of the whole row (top-p without" in site.reason, site
 
+    def test_an_hf_last_position_then_the_slice_is_rewritten(self):
+        """[B, 1, D] hidden states: the position picked before the slice to V (rewritten
+        as the slice first), and at B = 1 the one view of the gathered rows."""
+        for name, world in (("last_position", 3), ("last_position_one_row", 2)):
+            graph, rewrites = self.graph(name, world)
+            self.assertEqual(rewrites.get("tp_all_gather"), 1, (name, world, graph))
+            self.assertNotIn("all_gather_into_tensor", graph)
+
     def test_a_three_d_gather_without_a_slice_is_rewritten(self):
         _, rewrites = self.graph("three_d_unsliced")
         assert rewrites == {"greedy": 1, "tp_all_gather": 1}, rewrites
@@ -442,6 +490,50 @@ def test_compiled_tp_steps_draw_the_tokens_of_tp1(world):
                 continue
             expected = fused_sample(hidden, weight, temperature=0.7, seed=seed, impl="torch")
             assert_pathwise_equal(tokens, expected, hidden, weight, temperature=0.7, seed=seed)
+
+
+def _tp1_step(hidden, weight):
+    return torch.multinomial(torch.softmax(hidden @ weight.T / 0.7, dim=-1), 1)
+
+
+def _manual_seed_worker(rank, world, apart):
+    """Steps under torch.manual_seed: compiled (the pass lowers the TP step) and eager
+    (tp_fused_sample with seed=None), TP = P on the shard, then TP = 1 on the whole head
+    under rank 0's seed. ``apart``: each rank seeds its generator apart."""
+    from flashsampling_inductor import tp_fused_sample
+
+    hidden, weight, padded, shard = _problem(world)
+    weight_shard = padded[rank * shard : (rank + 1) * shard]
+    torch._dynamo.reset()
+    tp_step = torch.compile(_sliced_functional, backend="flashsampling", fullgraph=True)
+    tp1_step = torch.compile(_tp1_step, backend="flashsampling", fullgraph=True)
+    torch.manual_seed(1234 + rank * apart)
+    compiled = [tp_step(hidden, weight_shard) for _ in range(3)]
+    eager = [
+        tp_fused_sample(hidden, weight_shard, vocab_start=rank * shard, vocab_size=VOCAB,
+                        temperature=0.7)
+        for _ in range(3)
+    ]  # fmt: skip
+    torch.manual_seed(1234)
+    compiled_tp1 = [tp1_step(hidden, weight) for _ in range(3)]
+    eager_tp1 = [fused_sample(hidden, weight, temperature=0.7) for _ in range(3)]
+    return compiled, eager, compiled_tp1, eager_tp1
+
+
+@pytest.mark.parametrize("world, apart", [(2, False), (3, True)])
+def test_seed_none_draws_the_tokens_of_tp1_under_the_same_manual_seed(world, apart):
+    """seed=None: TP = P draws TP = 1's tokens under the same torch.manual_seed (compiled:
+    the graph keeps its in-graph draw of the seed, Inductor's RNG as at TP = 1; eager: the
+    default generator's draw, as fused_sample), and ranks seeded apart agree on rank 0's."""
+    per_rank = run_ranks(world, _manual_seed_worker, int(apart))
+    compiled, eager, compiled_tp1, eager_tp1 = per_rank[0]
+    for other in per_rank[1:]:
+        assert all(
+            torch.equal(a, b) for a, b in zip(other[0] + other[1], compiled + eager, strict=True)
+        )
+    assert all(torch.equal(a, b) for a, b in zip(compiled, compiled_tp1, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(eager, eager_tp1, strict=True))
+    assert not torch.equal(eager[0], eager[1]) or not torch.equal(eager[1], eager[2])
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -482,10 +574,9 @@ def _padded_by_hand_worker(rank, world):
     _, rewrites = graph_after_pass(step, hidden, weight_shard)
     torch._dynamo.reset()
     torch.manual_seed(rank)  # ranks seeded apart: the pass must make them agree
-    stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
-    seed = stream.base + stream.calls * _SEED_STRIDE
+    seeds = _recorded_seeds()
     tokens = torch.compile(step, backend="flashsampling")(hidden, weight_shard)
-    return rewrites, tokens, int(seed)
+    return rewrites, tokens, seeds[0]
 
 
 def test_a_short_rank_padding_with_minus_inf_is_rewritten_like_the_others():
@@ -527,8 +618,7 @@ def _dtensor_worker(rank, world, weight, bias):
     torch._dynamo.reset()
     torch.manual_seed(rank)  # ranks seeded apart
     step = torch.compile(model, backend="flashsampling", fullgraph=True)
-    stream = _seed_stream(dist.group.WORLD.group_name, hidden.device)
-    seeds = [int(stream.base + (stream.calls + i) * _SEED_STRIDE) for i in range(3)]
+    seeds = _recorded_seeds()
     return rewrites, [step(hidden) for _ in range(3)], seeds, hidden
 
 
