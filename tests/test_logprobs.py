@@ -50,7 +50,7 @@ def expected_logprobs(
 
         def rows(value, off, dtype):
             value = off if value is None else value
-            return torch.as_tensor(value, dtype=dtype).expand(batch)
+            return torch.as_tensor(value, dtype=dtype, device=logits.device).expand(batch)
 
         keep = truncation_keep(
             scores, temperature, rows(top_k, 0, torch.int64), rows(top_p, 1.0, torch.float32),
