@@ -54,6 +54,7 @@ from .sampling_device import (
     round_logits,
     rows_for_tma,
     softcap_logits,
+    tile_log_mass,
     tile_mass,
     tma_compatible,
 )
@@ -332,7 +333,7 @@ def _sample_stage1(
                     positive, 1.0 / tl.where(positive, noise_scale, 1.0), 0.0
                 )
             # Stage 2 rescales these to the row's maximum: its log-sum-exp, never [B, V].
-            tile_max, tile_sum = tile_mass(
+            tile_max, tile_sum = tile_log_mass(
                 _tile_values(logprob_values, v_mask, EVEN_V), logprob_inv_temperature
             )
             mass_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
