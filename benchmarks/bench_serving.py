@@ -15,7 +15,8 @@ warpers divide by the temperature, so the stock manager's greedy requests are ``
 (the argmax, up to ties).
 
   stock   the manager with its own compile config (Inductor, mode "default", dynamic, not
-          fullgraph: transformers' default_compile_level 1) and its CUDA graphs
+          fullgraph: transformers' default_compile_level 1) and its CUDA graphs; with
+          --stock-compile none, its eager step in its CUDA graphs
   fused   the same config after ``hf.enable(model)``: the step's backend is "flashsampling",
           the warpers, softmax and ``torch.multinomial`` one ``sample_logits`` call with
           per-request knobs, fused with the LM head
@@ -131,6 +132,8 @@ def make_managers(model, args, configs):
     managers = {}
     for config in configs:
         compile_config = CompileConfig(mode="default", fullgraph=False, dynamic=True)
+        if config == "stock" and args.stock_compile == "none":
+            compile_config = None  # transformers' eager step, in its CUDA graphs
         batching = ContinuousBatchingConfig(
             **{page_field: page},
             num_blocks=max_concurrency * -(-longest // page) + 16,
@@ -274,6 +277,12 @@ def main() -> None:
         help="requests per cell = this x B (at least --min-requests)",
     )  # fmt: skip
     parser.add_argument("--min-requests", type=int, default=32)
+    parser.add_argument(
+        "--stock-compile", choices=("default", "none"), default="default",
+        help="the stock manager's step: compiled as the fused one (default) or transformers'"
+        " eager step in its CUDA graphs (none: on torch 2.11 Inductor failed to generate code"
+        " for the per-request top-p warper's cumsum with dynamic shapes)",
+    )  # fmt: skip
     parser.add_argument("--prompt-min", type=int, default=32)
     parser.add_argument("--prompt-max", type=int, default=512)
     parser.add_argument("--new-min", type=int, default=128)
