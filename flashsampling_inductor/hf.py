@@ -469,6 +469,9 @@ class _RowKnobs:
     rows: tuple[tuple[str, int], ...] = ()
     values: tuple[tuple[str, float], ...] = ()
     greedy: bool = False
+    # transformers' logprobs, when asked: log softmax of the warped scores ("processed"), of
+    # the raw ones for a manager that does not sample (no warpers)
+    logprobs: str | None = None
 
     def tensors(self, processor_args, rows: int) -> dict:
         """The op's knobs for a step of ``rows`` logits rows (padding rows hold the defaults
@@ -547,18 +550,24 @@ def _fuse_continuous_batching(manager) -> None:
     config transformers resolved for it, its backend swapped; a path that transformers would
     run eagerly is compiled as transformers' ``default_compile_level=1`` compiles it. The
     manager's batch processor is made lazily (in ``warmup`` or the generation thread): its
-    model runner is fused as it is made.
+    model runner is fused as it is made. With ``return_logprobs`` the draw also returns the
+    logprobs transformers returns; the pass does not fuse that variant yet (said once).
     """
     config = manager.continuous_batching_config
     why_not = _version_problem()
-    if not why_not and config.return_logprobs:
-        why_not = "return_logprobs is set (the fused op returns no logprobs)"
     if not why_not and getattr(manager.distributed_helper, "tp_size", 1) > 1:
         why_not = "tensor parallelism is not fused"
     knobs = why_not or _row_knobs(manager.logit_processor, manager.generation_config.do_sample)
     if isinstance(knobs, str):
         _warn_once(knobs, "continuous batching runs transformers' own step")
         return
+    if config.return_logprobs:
+        knobs = dataclasses.replace(knobs, logprobs="raw" if knobs.greedy else "processed")
+        _warn_once(
+            "the pass does not fuse return_logprobs yet: sample_logits draws from the step's"
+            " logits, which it computes (exact, unfused)",
+            "continuous batching with return_logprobs",
+        )
     from transformers import CompileConfig
 
     default = CompileConfig(mode="default", fullgraph=False, dynamic=True)
@@ -606,7 +615,13 @@ def _batching_step(io, knobs, model, batch_data, carry_over_ids, prev_output_ids
         logits = logits[:, batch_data["logits_indices"], :]
     rows = logits.shape[1]
     settings = knobs.tensors(batch_data.get("logits_processor_args"), rows)
-    tokens = sample_logits(logits[0], **settings).squeeze(1)
+    if knobs.logprobs is None:
+        tokens = sample_logits(logits[0], **settings).squeeze(1)
+    else:
+        tokens, logprobs = sample_logits(logits[0], **settings, return_logprobs=knobs.logprobs)
+        tokens = tokens.squeeze(1)
+        # transformers keeps the fp32 logprobs' bits in its int32 output row
+        output_ids[1, :rows].copy_(logprobs.squeeze(1).view(torch.int32))
     output_ids[0, :rows].copy_(tokens)
 
 

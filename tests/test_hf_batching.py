@@ -2,8 +2,9 @@
 ``flashsampling_inductor.hf.enable(model)``: the step is rewritten with no warning, the drawn
 tokens follow the engine's own per-request warpers with several settings in one batch, greedy
 rows (temperature 0) and a greedy manager give stock ``generate_batch``'s tokens, new
-settings never recompile, and what cannot be fused runs transformers' own step with one
-warning. A tiny random Llama on the CPU (skipped without transformers 5.17+)."""
+settings never recompile, logprobs are the engine's, and what cannot be drawn runs
+transformers' own step with one warning. A tiny random Llama on the CPU (skipped without
+transformers 5.17+)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,12 @@ def _batching_config(**settings) -> ContinuousBatchingConfig:
 
 def _serve(model, requests, generation_config, **batching) -> list[list[int]]:
     """Each (prompt, settings) request through one manager -> its new tokens, in order."""
+    results = _serve_results(model, requests, generation_config, **batching)
+    return [result.generated_tokens for result in results]
+
+
+def _serve_results(model, requests, generation_config, **batching) -> list:
+    """Each (prompt, settings) request through one manager -> its GenerationOutput, in order."""
     with model.continuous_batching_context_manager(
         generation_config=generation_config,
         continuous_batching_config=_batching_config(**batching),
@@ -103,7 +110,7 @@ def _serve(model, requests, generation_config, **batching) -> list[list[int]]:
             if result is None:
                 assert manager.is_running(), "the generation thread stopped"
             elif result.is_finished():
-                done[result.request_id] = result.generated_tokens
+                done[result.request_id] = result
     return [done[request_id] for request_id in ids]
 
 
@@ -191,14 +198,35 @@ def test_a_greedy_manager_equals_stock(model, caplog):
 
 
 def test_what_is_not_fused_runs_transformers_step(model, caplog):
-    """Logprobs are not fused yet: transformers' own step, its own tokens, one warning."""
+    """A warper the op does not draw (typical-p): transformers' own step, its own tokens, one
+    warning."""
     requests = [([1, 2, 3], {}), ([4, 5], {})]
-    config = _generation_config(**SAMPLING)
-    expected = _stock(model, requests, config, return_logprobs=True)
+    config = _generation_config(typical_p=0.9, **SAMPLING)
+    expected = _stock(model, requests, config)
     counters.clear()
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         for _ in range(2):
-            got = _serve(model, requests, config, return_logprobs=True)
+            got = _serve(model, requests, config)
     assert not counters["flashsampling"]
-    assert _our_warnings(caplog).count("return_logprobs") == 1
+    assert _our_warnings(caplog).count("TypicalLogitsWarper") == 1
     assert got == expected
+
+
+def test_logprobs_are_the_engines(model, caplog):
+    """return_logprobs: each token's log-probability under the engine's own warped
+    distribution (0 for a greedy row), drawn by sample_logits unfused, with one warning."""
+    requests = [(PROMPT, dict(settings, max_new_tokens=1)) for settings in GROUPS for _ in range(4)]
+    with caplog.at_level("WARNING", logger="flashsampling_inductor"):
+        results = _serve_results(
+            model, requests, _generation_config(**SAMPLING), return_logprobs=True
+        )
+    assert "the pass does not fuse return_logprobs" in _our_warnings(caplog)
+    logits = model(torch.tensor([PROMPT])).logits[:, -1].detach()
+    for (_, settings), result in zip(requests, results, strict=True):
+        (token,), (logprob,) = result.generated_tokens, result.logprobs
+        if settings["temperature"] == 0.0:
+            assert token == int(logits.argmax()) and logprob == 0.0
+            continue
+        settings = {key: value for key, value in settings.items() if key != "max_new_tokens"}
+        expected = _engine_probs(logits, **settings)[0, token].log().item()
+        assert logprob == pytest.approx(expected, abs=1e-4)
