@@ -58,8 +58,8 @@ _GENERATE_ARGUMENTS = (
     "negative_prompt_attention_mask",
 )
 _warned: set[tuple[str, str]] = set()
-# Graphs one compiled decode step may hold: shape changes (see _mark_steps); the knobs, always
-# tensors, never add one.
+# Graphs one compiled decode step may hold: 2^3 on/off states of top-k, top-p and min-p, times
+# a few shape changes (see _mark_steps).
 _STEP_GRAPHS_LIMIT = 64
 
 
@@ -183,20 +183,23 @@ class _Sampling:
     min_p: float = 0.0  # 0.0: off
 
     def as_tensors(self, device: torch.device) -> dict:
-        """Every knob as a 0-d device tensor, which the op applies to every row, a knob that is
-        off at its "off" value (top-k 0, top-p 1.0, min-p 0.0, temperature 0 for greedy): new
-        values and a knob turned on or off reuse the compiled step (no knob is ever None, a
-        different graph), and no knob has a batch dimension of its own for a new batch size
-        to change."""
+        """The temperature as a 0-d device tensor (greedy is temperature 0: the same graph as
+        sampling), and each truncation knob that is on as one too: new values never
+        recompile. A truncation knob that is off is None, so plain sampling and greedy take
+        the op's plain kernels; turning top-k, top-p or min-p on or off compiles the step
+        once more per on/off state (at most 2^3). Passing an off-valued tensor instead would
+        save that compile but send every call down the truncating kernels, which cannot tell
+        at launch that the knob is off: 2.7-3.0x the plain kernels' time on an H200
+        (bench_off_knobs_nvidia-h200_20261127.csv), paid at every step."""
 
         def scalar(value, dtype):
             return torch.tensor(value, dtype=dtype, device=device)
 
         return dict(
             temperature=scalar(self.temperature, torch.float32),
-            top_k=scalar(self.top_k, torch.int64),
-            top_p=scalar(self.top_p, torch.float32),
-            min_p=scalar(self.min_p, torch.float32),
+            top_k=scalar(self.top_k, torch.int64) if self.top_k else None,
+            top_p=scalar(self.top_p, torch.float32) if self.top_p < 1.0 else None,
+            min_p=scalar(self.min_p, torch.float32) if self.min_p > 0.0 else None,
         )
 
 
@@ -393,10 +396,11 @@ def _compiled_step(model, generation_config):
 def _mark_steps(compiled, mode):
     """The compiled step as the loop calls it.
 
-    Each first sight of a new batch size or cache length before Dynamo makes that dimension
-    dynamic is a graph of its own: a long-lived model can need more graphs than Dynamo's
-    default limit (8), past which a fullgraph compile fails, so the step's limit is raised.
-    The knobs (device tensors, "off" values included) never add a graph.
+    Each truncation knob that is on or off (top-k, top-p, min-p: a tensor or None) is a graph
+    of its own, and so is each first sight of a new batch size or cache length before Dynamo
+    makes that dimension dynamic: a long-lived model meeting many settings can need more
+    graphs than Dynamo's default limit (8), past which a fullgraph compile fails. The bound is
+    known (2^3 knob states, a few shape changes), so the step's limit is raised to cover it.
     Under CUDA graphs each decode step is a new iteration: the previous step's output (the
     tokens, already copied into input_ids) may be overwritten."""
     cuda_graphs = mode is not None and "reduce-overhead" in mode
