@@ -27,6 +27,7 @@ from . import (
     greedy,
     gumbel,
     min_p_mask,
+    mixed_greedy,
     multinomial,
     sample_logits,
     sorted_top_p,
@@ -38,7 +39,16 @@ from ._rewrite import PASS, SamplingMatch, SamplingSite, recording, register
 from ._truncation import CONDITIONS
 
 # Tried in this order on a shared anchor: the noisy argmax idioms before greedy.
-IDIOMS = (sample_logits, exact_top_k, sorted_top_p, multinomial, exponential_race, gumbel, greedy)
+IDIOMS = (
+    mixed_greedy,
+    sample_logits,
+    exact_top_k,
+    sorted_top_p,
+    multinomial,
+    exponential_race,
+    gumbel,
+    greedy,
+)
 # (min-p before top-p: transformers 4.x's min-p scatters a sorted mask back, as top-p does,
 # and min-p's condition declines what is not its own, where top-p's explains its refusal)
 MASKS = (top_k_mask, min_p_mask, top_p_mask)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import Node
 
-from ._truncation import MASKING_OPS, match_mask
+from ._truncation import MASKING_OPS, match_mask, match_scattered
 from ._walk import (
     CONVERTS,
     COPIES,
@@ -56,9 +56,10 @@ class LMHead:
     temperature: float | Node  # a Python float, a tensor, or a float Dynamo made dynamic
     temperature_per_row: bool  # a [*rows, 1] tensor rather than one value
     logits_dtype: torch.dtype | None
-    top_k: int | Node | None = None  # from a top-k mask on the chain
-    top_p: float | None = None  # from a top-p mask on the chain
-    min_p: float | None = None  # from a min-p mask on the chain
+    # From the masks on the chain: Python numbers, or nodes of per-row tensors.
+    top_k: int | Node | None = None
+    top_p: float | Node | None = None
+    min_p: float | Node | None = None
     softcap: float | None = None  # tanh(l / c) * c of the raw logits: c
     temperature_after_mask: bool = False  # -inf / T: only T > 0 keeps the program's meaning
     # Constant scales around a tensor temperature, folded: the op divides by temperature * this.
@@ -87,8 +88,11 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             continue
         walked.append(walk.take(node))
         if is_call(node, *MASKING_OPS):
-            masks[node] = match_mask(walk, node)
-            node = masks[node].source
+            masks[node] = [match_mask(walk, node)]
+            node = masks[node][0].source
+        elif is_call(node, aten.scatter.src):
+            masks[node] = match_scattered(walk, node)
+            node = masks[node][0].source
         else:
             node = _chain_input(node)
     matmul = walk.take(node)
@@ -98,7 +102,8 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
         head.bias = _check_addmm(matmul)
     for step in reversed(walked):  # from the matmul to the tail
         if step in masks:
-            head.mask(step, masks[step])
+            for mask in masks[step]:
+                head.mask(step, mask)
         elif is_call(step, *CONVERTS):
             head.convert(step)
         elif is_call(step, aten.add.Tensor):
@@ -137,8 +142,9 @@ class _Chain:
     scales: list[Node] = field(default_factory=list)
     softcap: float | None = None
     top_k: int | Node | None = None
-    top_p: float | None = None
-    min_p: float | None = None
+    top_p: float | Node | None = None
+    min_p: float | Node | None = None
+    exact_k: bool = False  # the top-k keeps exactly k (ties broken by a sort or topk)
     masked: Node | None = None
     half_dtypes: set[torch.dtype] = field(default_factory=set)
     temperature_after_mask: bool = False
@@ -195,9 +201,14 @@ class _Chain:
 
     def mask(self, step: Node, mask) -> None:
         if mask.top_k is not None:
-            if self.masked is not None:
-                raise NoMatch(f"{step.name} is a top-k mask after another mask")
-            self.top_k = mask.top_k
+            # (after a min-p mask alone it keeps what it keeps before: both keep a prefix of
+            # the sorted row, and top-k keeps the max that min-p measures against)
+            if self.top_k is not None or self.top_p is not None:
+                raise NoMatch(
+                    f"{step.name} is a top-k mask after another mask (the op keeps the top k"
+                    " first, then measures top-p on them)"
+                )
+            self.top_k, self.exact_k = mask.top_k, mask.exact_k
         elif mask.top_p is not None:
             if self.top_p is not None:
                 raise NoMatch(f"{step.name} is a second top-p mask")
@@ -356,6 +367,12 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
     half_dtypes = (chain.half_dtypes | {val(matmul).dtype}) & set(HALF_DTYPES)
     if len(half_dtypes) > 1:
         raise NoMatch("the logits are rounded to both bf16 and fp16")
+    if half_dtypes and chain.exact_k:
+        raise NoMatch(
+            f"an exact top-k on logits rounded to {str(next(iter(half_dtypes)))[6:]}: ties at"
+            " the k-th value are common there, and the op keeps them all where the program"
+            " keeps exactly k"
+        )
     if half_dtypes and chain.top_p is not None:
         raise NoMatch(
             f"top-p on logits rounded to {str(next(iter(half_dtypes)))[6:]}: ties at the"

@@ -60,6 +60,11 @@ class SamplingMatch:
     temperature: float | Node = 1.0
     seed: int | Node | None = None
     impl: str = "auto"
+    # Rows drawn greedily (temperature 0): a boolean node, one per row, and the value that
+    # means greedy; the output then has ``out_dim`` dims ([B] or [B, 1]).
+    greedy_rows: Node | None = None
+    greedy_rows_when: bool = True
+    out_dim: int | None = None
 
     @classmethod
     def of(cls, head: LMHead, **fields) -> SamplingMatch:
@@ -236,7 +241,7 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
     for extra in (head.bias, head.temperature, found.top_k, found.top_p, found.min_p):
         if isinstance(extra, Node):
             inputs.append(extra)
-    for extra in (found.temperature, found.seed):
+    for extra in (found.temperature, found.seed, found.greedy_rows):
         if isinstance(extra, Node):
             inputs.append(extra)
     for _, args in head.row_ops + tail_rows:
@@ -253,10 +258,19 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
         for target, args in head.row_ops:
             hidden = target(hidden, *tree_map(value, args))
         rows = hidden.shape[:-1]
+        greedy = None
+        if found.greedy_rows is not None:
+            greedy = value(found.greedy_rows).reshape(-1)
+            if not found.greedy_rows_when:
+                greedy = ~greedy
         temperature, scalar_temperature = None, head.temperature
         if isinstance(head.temperature, Node):
             t = _as_device_float(value(head.temperature), hidden.device)
             t = t.reshape(-1 if head.temperature_per_row else ())
+            if greedy is not None:
+                # The program's temperature on greedy rows is never read (its draw there
+                # is dropped): any valid value, replaced by 0 below.
+                t = torch.where(greedy, 1.0, t)
             hidden, bias, temperature = _positive_temperature(
                 hidden, bias, t, negative_allowed=not head.temperature_after_mask
             )
@@ -275,6 +289,11 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             scalar_temperature = scalar_temperature * own
         else:
             temperature = temperature * own
+        if greedy is not None:
+            if temperature is None:
+                temperature = torch.full_like(greedy, scalar_temperature, dtype=torch.float32)
+                scalar_temperature = 1.0
+            temperature = torch.where(greedy, 0.0, temperature.expand(greedy.shape))
         seed, scalar_seed = value(found.seed), 0
         if not isinstance(seed, torch.Tensor):
             seed, scalar_seed = None, 0 if seed is None else seed
@@ -296,6 +315,8 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             **_truncation(value(found.top_k), value(found.top_p), value(found.min_p)),
             **({} if head.softcap is None else {"softcap": head.softcap}),
         )
+        if found.out_dim is not None:
+            return tokens.reshape(-1) if found.out_dim == 1 else tokens.reshape(-1, 1)
         if not (found.keep_dim or tail_rows):
             return tokens.view(rows)
         tokens = tokens.view(*rows, found.num_samples)
@@ -310,18 +331,36 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
     match.replace_by_example(replacement, inputs)
 
 
+BAD_TRUNCATION = (
+    "flashsampling: a rewritten sampling step reads a per-row top_k below 1, or a top_p or"
+    " min_p outside [0, 1] (or NaN): the program's own gather fails on such a k, and the"
+    " fused sampler takes no such p (compile without backend='flashsampling' for them)"
+)
+# The smallest positive fp32: a per-row p of 0 keeps the top token (and its ties), as the
+# program's nucleus does, where the op reads p in (0, 1].
+_TINY = torch.finfo(torch.float32).tiny
+
+
 def _truncation(top_k, top_p, min_p) -> dict:
     """The op's top-k / top-p / min-p arguments; none at all for those that are off, so an
-    untruncated rewrite is the call it always was."""
+    untruncated rewrite is the call it always was. A per-row tensor from the program
+    ([*rows] or [*rows, 1], any int / float dtype) is checked in the graph (an assert, no
+    host sync), as the op's own argument checks do for tensors."""
     kwargs = {}
     if top_k is not None:
         if isinstance(top_k, torch.Tensor):
+            top_k = top_k.reshape(-1).to(torch.int64)
+            torch._assert_async((top_k >= 1).all(), BAD_TRUNCATION)
             kwargs.update(top_k=top_k, scalar_top_k=0)
         else:
             kwargs.update(top_k=None, scalar_top_k=top_k)
     for name, knob, off in (("top_p", top_p, 1.0), ("min_p", min_p, 0.0)):
         if isinstance(knob, torch.Tensor):
-            kwargs.update({name: knob.float(), f"scalar_{name}": off})
+            knob = knob.reshape(-1).float()
+            torch._assert_async(((knob >= 0) & (knob <= 1)).all(), BAD_TRUNCATION)
+            if name == "top_p":
+                knob = knob.clamp_min(_TINY)
+            kwargs.update({name: knob, f"scalar_{name}": off})
         elif knob is not None:
             kwargs.update({name: None, f"scalar_{name}": float(knob)})
     return kwargs

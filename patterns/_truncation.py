@@ -41,9 +41,13 @@ class Mask:
     """``source`` with the tokens outside the top-k (or top-p, or min-p) set to -inf."""
 
     source: Node
-    top_k: int | Node | None = None  # a Python int, or a node holding a SymInt
-    top_p: float | None = None
-    min_p: float | None = None
+    # a Python int, a node holding a SymInt, or a node of per-row k ([*rows] or [*rows, 1])
+    top_k: int | Node | None = None
+    top_p: float | Node | None = None  # a Python float, or a node of per-row p
+    min_p: float | Node | None = None  # a Python float, or a node of per-row min_p
+    # Exactly k tokens kept, the ties at the k-th value broken by a sort or ``torch.topk``
+    # (the op keeps every tied token: equal only where ties have probability zero).
+    exact_k: bool = False
 
 
 # condition(walk, condition, source, removes) -> Mask, or None if it is not this mask's
@@ -55,7 +59,7 @@ CONDITIONS: list[Condition] = []
 
 def match_mask(walk: Walk, node: Node) -> Mask:
     """``node`` (one of ``MASKING_OPS``) as a truncation mask; NoMatch if it is not one."""
-    source, condition, fill, removes = masking_shell(node)
+    source, condition, fill, removes = masking_shell(node, walk)
     if not _is_minus_inf(fill):
         raise NoMatch(f"{node.name} fills with {constant(fill)}, not -inf")
     for match in CONDITIONS:
@@ -69,10 +73,12 @@ def match_mask(walk: Walk, node: Node) -> Mask:
     )
 
 
-def masking_shell(node: Node) -> tuple[Node, Node, object, bool]:
+def masking_shell(node: Node, walk: Walk | None = None) -> tuple[Node, Node, object, bool]:
     """``node`` (one of ``MASKING_OPS``) -> (source, condition, fill, removes): ``removes``
-    is True if the condition names the tokens filled, False if it names the ones kept.
-    NoMatch if it does not write one value through a boolean mask of ``source``'s shape."""
+    is True if the condition names the tokens filled, False if it names the ones kept (a
+    negated condition, ``x[~keep] = -inf``, is the condition it negates, the role flipped;
+    ``walk`` owns the negation). NoMatch if it does not write one value through a boolean
+    mask of ``source``'s shape."""
     if is_call(node, aten.index_put.default):
         source, indices, fill = node.args[:3]
         accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate")
@@ -88,6 +94,10 @@ def masking_shell(node: Node) -> tuple[Node, Node, object, bool]:
         source, fill = (b, a) if removes else (a, b)
     if not _full_bool_mask(condition, source) or not same_shape(val(node).shape, val(source).shape):
         raise NoMatch(f"{node.name} masks with a condition of another shape than the logits")
+    while is_call(condition, aten.bitwise_not.default, aten.logical_not.default):
+        if walk is not None:
+            walk.take(condition)
+        condition, removes = condition.args[0], not removes
     return source, condition, fill, removes
 
 
@@ -128,3 +138,84 @@ def take_outputs(walk: Walk, node: Node) -> None:
     for user in node.users:
         if user.target is operator.getitem and not user.users:
             walk.take(user)
+
+
+def sort_of(sorted_values: Node) -> Node | None:
+    """The ``torch.sort`` whose values ``sorted_values`` are, maybe through masks written in
+    sorted order (``logits_sort.masked_fill_(...)``); None if it is not sorted values."""
+    node = sorted_values
+    while is_call(node, *MASKING_OPS):
+        node = masking_shell(node)[0]
+    if is_call(node, operator.getitem) and node.args[1] == 0:
+        if is_call(node.args[0], aten.sort.default, aten.sort.stable):
+            return node.args[0]
+    return None
+
+
+def sort_direction(sort: Node, source: Node) -> bool:
+    """-> ``descending`` of ``sort``, a sort of ``source`` over the vocabulary dim; NoMatch
+    for a sort over another dim."""
+    args = dict(zip(("dim", "descending"), sort.args[1:], strict=False), **sort.kwargs)
+    if not last_dim(args.get("dim", -1), val(source).dim()):
+        raise NoMatch(f"{sort.name} is not a sort over the vocabulary dim")
+    return bool(args.get("descending", False))
+
+
+def match_sorted(walk: Walk, scatter: Node) -> list[Mask]:
+    """``s.scatter(-1, order, s)`` with ``s, order = x.sort(-1)`` masked in sorted order
+    (vLLM's ``apply_top_k_top_p``, x-transformers' ``top_p``): every token written back to
+    its place, so the result is ``x`` with the masks applied in token order. -> the masks,
+    first applied first, the first one's ``source`` being ``x``; NoMatch if the scatter is
+    not exactly that."""
+    base, dim, order, src = scatter.args
+    if src is not base:
+        raise NoMatch(f"{scatter.name} scatters another tensor than the one it writes into")
+    if not (is_call(order, operator.getitem) and order.args[1] == 1):
+        raise NoMatch(f"{scatter.name} scatters through something else than a sort's indices")
+    sort = order.args[0]
+    if not is_call(sort, aten.sort.default, aten.sort.stable):
+        raise NoMatch(f"{scatter.name} scatters through something else than a sort's indices")
+    if sort_of(base) is not sort:
+        raise NoMatch(f"{scatter.name} writes back something else than {sort.name}'s values")
+    if not last_dim(dim, val(base).dim()):
+        raise NoMatch(f"{scatter.name} scatters along dim {dim}, not the vocabulary dim")
+    sort_direction(sort, sort.args[0])
+    masks, node = [], base
+    while is_call(node, *MASKING_OPS):
+        walk.take(node)
+        mask = match_mask(walk, node)
+        masks.insert(0, mask)
+        node = mask.source
+    if not masks:
+        raise NoMatch(f"{scatter.name} writes the sorted values back unmasked")
+    walk.take(scatter), walk.take(order), walk.take(node)
+    take_outputs(walk, sort)
+    masks[0].source = sort.args[0]
+    return masks
+
+
+def match_scattered(walk: Walk, scatter: Node) -> list[Mask]:
+    """A ``scatter`` on the LM-head chain: masked sorted values written back in token order
+    (``match_sorted``), or the top-k values written into a row of -inf,
+    ``torch.full_like(x, -inf).scatter_(-1, i, v)`` with ``v, i = torch.topk(x, k)``
+    (litgpt's ``sample``, x-transformers' ``top_k``): exactly k tokens kept, those
+    ``torch.topk`` picks among the ties at the k-th value."""
+    base, dim, index, src = scatter.args
+    if not (is_call(index, operator.getitem) and is_call(index.args[0], aten.topk.default)):
+        return match_sorted(walk, scatter)
+    topk = index.args[0]
+    source = topk.args[0]
+    if not (index.args[1] == 1 and is_call(src, operator.getitem) and src.args[0] is topk):
+        raise NoMatch(f"{scatter.name} writes something else than {topk.name}'s values")
+    if src.args[1] != 0:
+        raise NoMatch(f"{scatter.name} writes something else than {topk.name}'s values")
+    if not _is_minus_inf(base) or not same_shape(val(base).shape, val(source).shape):
+        raise NoMatch(f"{scatter.name} writes the top-k values into something else than -inf")
+    if not last_dim(dim, val(source).dim()):
+        raise NoMatch(f"{scatter.name} scatters along dim {dim}, not the vocabulary dim")
+    k = top_k_value(topk)
+    for node in (scatter, index, src):
+        walk.take(node)
+    take_constant(walk, base)
+    take_outputs(walk, topk)
+    return [Mask(source, top_k=k, exact_k=True)]

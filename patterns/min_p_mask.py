@@ -25,15 +25,16 @@ and as samplers write it by hand (``probs.max(-1, keepdim=True).values``, no ``s
 >= ``min_p`` times the row's largest, which is the op's ``min_p`` (``_truncation.py``):
 transformers' order puts it after temperature, top-k and top-p, as the op does.
 
-Checked literals: ``<`` for the removed tokens (``>=`` for the kept ones; ``<=`` drops tokens
-at the threshold), ``min_p`` a Python float in [0, 1] (a tensor, vLLM's per-row ``min_p``, is
-refused: the pass cannot check its values), the max over the vocabulary dim of the very
-probabilities compared, the softmax of the very logits masked, and the ``scatter_`` (or the
-sorted mask's ``[..., :1] = False`` through a descending sort of the very logits masked) of
-``min_tokens_to_keep == 1``, which keeps the largest token, as the threshold does anyway.
-The comparison must run on fp32 probabilities: on bf16/fp16 ones its rounding moves the
-threshold by far more than the op's fp32 comparison of ``l / T >= max / T + log(min_p)``
-(the two agree up to fp32 rounding at the threshold, the documented near-ties).
+Checked literals: ``<`` for the removed tokens (``>=`` for the kept ones; ``<=`` drops
+tokens at the threshold), ``min_p`` a Python float in [0, 1] or one per row (vLLM's
+``min_p.unsqueeze(1)``, its values asserted in [0, 1] in the rewritten graph), the max over
+the vocabulary dim of the very probabilities compared, the softmax of the very logits
+masked, and the ``scatter_`` (or the sorted mask's ``[..., :1] = False`` through a
+descending sort of the very logits masked) of ``min_tokens_to_keep == 1``, which keeps the
+largest token, as the threshold does anyway. The comparison must run on fp32 probabilities:
+on bf16/fp16 ones its rounding moves the threshold by far more than the op's fp32 comparison
+of ``l / T >= max / T + log(min_p)`` (the two agree up to fp32 rounding at the threshold,
+the documented near-ties).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from torch.fx import Node
 from ._tails import match_softmax
 from ._truncation import Mask, take_outputs, top_k_value
 from ._walk import (
+    RESHAPES,
     NoMatch,
     Walk,
     arguments,
@@ -56,6 +58,7 @@ from ._walk import (
     keepdim_of,
     last_dim,
     over_last_dim,
+    same_shape,
     strip_converts,
     take_constant,
     val,
@@ -132,7 +135,7 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
     return Mask(source, min_p=min_p)
 
 
-def _min_p(walk: Walk, threshold, probs: Node) -> float | None:
+def _min_p(walk: Walk, threshold, probs: Node) -> float | Node | None:
     """``min_p * probs.amax(-1, keepdim=True)`` (or ``probs.max(-1, keepdim=True).values``)
     -> min_p in [0, 1]; None if ``threshold`` is no multiple of the max of ``probs``."""
     if not is_call(threshold, aten.mul.Tensor):
@@ -142,13 +145,10 @@ def _min_p(walk: Walk, threshold, probs: Node) -> float | None:
         factor, top = threshold.args
         if not _row_max(top, probs):
             return None
-    if isinstance(factor, Node):
-        raise NoMatch(
-            f"{threshold.name} scales the max by a tensor (a per-row or dynamic min_p): the"
-            " pass cannot check that it is in [0, 1]"
-        )
     min_p = constant(factor)
-    if isinstance(factor, bool) or min_p is None or not 0.0 <= min_p <= 1.0:
+    if isinstance(factor, Node) and min_p is None:
+        min_p = _per_row(walk, factor, val(probs).shape[:-1])
+    elif isinstance(factor, bool) or min_p is None or not 0.0 <= min_p <= 1.0:
         raise NoMatch(f"min_p = {factor} is outside [0, 1]")
     walk.take(threshold)
     if is_call(top, operator.getitem):
@@ -156,6 +156,26 @@ def _min_p(walk: Walk, threshold, probs: Node) -> float | None:
     else:
         walk.take(top)
     return min_p
+
+
+def _per_row(walk: Walk, factor: Node, rows) -> Node:
+    """``min_p[:, None]`` (vLLM's ``min_p.unsqueeze(1)``) -> the node of min_p, one float
+    per row; its values are asserted in [0, 1] in the rewritten graph (``_rewrite.py``)."""
+    steps, node = [], factor
+    while is_call(node, aten.unsqueeze.default, *RESHAPES):
+        steps.append(node)
+        node = node.args[0]
+    value = val(node)
+    if not (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and same_shape(value.shape, rows)
+        and len(rows) == 1
+    ):
+        raise NoMatch(f"{factor.name} scales the max by a tensor that is not one min_p per row")
+    for step in steps:
+        walk.take(step)
+    return node
 
 
 def _row_max(top, probs: Node) -> bool:

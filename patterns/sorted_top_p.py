@@ -33,12 +33,14 @@ import operator
 
 import torch
 import torch.nn.functional as F
+from torch.fx import Node
 
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
 from ._tails import match_softmax, multinomial_draws, unnormalized
 from ._truncation import MASKING_OPS, masking_shell, take_outputs
 from ._walk import NoMatch, Walk, arguments, aten, constant, is_call, last_dim, take_constant, val
+from .top_p_mask import per_row_p
 
 IDIOM = "sorted_top_p"
 TARGET = aten.gather.default
@@ -105,12 +107,14 @@ def check(walk: Walk) -> SamplingMatch | None:
     return SamplingMatch(head, num_samples=num_samples, top_k=head.top_k, top_p=top_p)
 
 
-def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float:
+def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float | Node:
     """``cumsum(sorted, -1) - sorted > p`` (or ``>= p``) for the tokens removed, ``<= p``
     (or ``< p``) for the tokens kept -> p in (0, 1]."""
-    wanted = (aten.gt.Scalar, aten.ge.Scalar) if removes else (aten.le.Scalar, aten.lt.Scalar)
-    if is_call(condition, aten.gt.Tensor, aten.ge.Tensor, aten.le.Tensor, aten.lt.Tensor):
-        raise NoMatch(f"{condition.name} compares with a tensor (a per-row or dynamic p)")
+    wanted = (
+        (aten.gt.Scalar, aten.ge.Scalar, aten.gt.Tensor, aten.ge.Tensor)
+        if removes
+        else (aten.le.Scalar, aten.lt.Scalar, aten.le.Tensor, aten.lt.Tensor)
+    )
     if not is_call(condition, *wanted):
         role = "removed" if removes else "kept"
         raise NoMatch(f"{condition.name} does not name the tokens {role} by their mass above")
@@ -124,10 +128,14 @@ def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float:
         and last_dim(above.args[0].args[1], val(sorted_probs).dim())
     ):
         raise NoMatch(f"{condition.name} does not compare the mass sorted above each token")
-    if isinstance(p, bool) or not isinstance(p, (int, float)):
+    if isinstance(p, Node):
+        p = per_row_p(walk, p, val(sorted_probs).shape[:-1], descending=True)
+    elif isinstance(p, bool) or not isinstance(p, (int, float)):
         raise NoMatch(f"{condition.name} compares with {p}, not a Python float")
-    if not 0.0 < p <= 1.0:
+    elif not 0.0 < p <= 1.0:
         raise NoMatch(f"top_p = {p} is outside (0, 1]")
+    else:
+        p = float(p)
     for node in (condition, above, above.args[0]):
         walk.take(node)
-    return float(p)
+    return p

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
-from ._truncation import Mask, take_outputs, top_k_value
+from ._truncation import Mask, sort_direction, sort_of, take_outputs, top_k_value
 from ._walk import (
+    CONVERTS,
     RESHAPES,
     NoMatch,
     Walk,
@@ -84,6 +85,8 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
     else:
         return None
     k = _kth_largest(walk, pivot, source)
+    if k is None:
+        k = _kth_sorted(walk, pivot, source)
     if k is None:
         return None
     wanted = "<" if removes else ">="
@@ -149,3 +152,71 @@ def _picks_last(walk: Walk, step: Node, values: Node, k) -> bool:
         return False
     take_constant(walk, indices[-1])
     return True
+
+
+def _kth_sorted(walk: Walk, pivot: Node, source: Node) -> Node | None:
+    """The node of per-row ``k`` if ``pivot`` is each row's k-th largest value read from a
+    sort by a gather: ``sort(source, descending=True)[0].gather(-1, (k - 1)[:, None])``
+    (transformers' continuous-batching ``TopKLogitsWarper``), or, on values sorted in
+    ascending order and masked in that order, ``sorted.gather(1, (V - k)[:, None])`` with
+    ``sorted`` the very values masked (vLLM's ``apply_top_k_top_p``). None if ``pivot``
+    gathers nothing from a sort.
+
+    ``k`` is one integer per row; a ``k`` outside [1, V] makes the gather fail, so the
+    rewritten graph asserts ``k >= 1`` (``_rewrite.py``) and ``k >= V`` is the op's "off",
+    as it keeps every token here too (the pivot is the row's smallest value)."""
+    if not is_call(pivot, aten.gather.default):
+        return None
+    sorted_values, dim, index = pivot.args[:3]
+    sort = sort_of(sorted_values)
+    if sort is None:
+        return None
+    if not (is_call(sorted_values, operator.getitem) and sorted_values.args[1] == 0):
+        raise NoMatch(f"{pivot.name} reads the k-th value from values masked before")
+    if sort.args[0] is not source and sorted_values is not source:
+        raise NoMatch(f"{pivot.name} reads the k-th value of another tensor than the one masked")
+    ndim = val(source).dim()
+    descending = sort_direction(sort, sort.args[0])
+    if not last_dim(dim, ndim):
+        raise NoMatch(f"{pivot.name} gathers along dim {dim}, not the vocabulary dim")
+    rows, vocab_size = val(source).shape[:-1], val(source).shape[-1]
+    if ndim != 2 or not same_shape(val(pivot).shape, (*rows, 1)):
+        raise NoMatch(f"{pivot.name} is not one threshold per row of [B, V] logits")
+    steps, k = _integer_steps(index)
+    offset = None
+    if is_call(k, aten.sub.Tensor, aten.sub.Scalar) and "alpha" not in k.kwargs:
+        a, b = k.args
+        if descending and isinstance(a, Node) and b == 1:
+            offset, k = k, a  # k - 1
+        elif not descending and isinstance(b, Node) and not isinstance(a, Node):
+            if same(a, vocab_size):
+                offset, k = k, b  # V - k
+    elif is_call(k, aten.rsub.Scalar) and not descending and same(k.args[1], vocab_size):
+        offset, k = k, k.args[0]  # V - k, written k.rsub(V)
+    if offset is None:
+        at = "k - 1 of a descending sort" if descending else "V - k of an ascending sort"
+        raise NoMatch(f"{pivot.name} does not gather at {at}")
+    k_steps, k = _integer_steps(k)
+    value = val(k)
+    if not (isinstance(value, torch.Tensor) and not value.is_floating_point()):
+        raise NoMatch(f"{pivot.name} gathers at a k that is not an integer tensor")
+    if value.dtype == torch.bool or not same_shape(value.shape, rows):
+        raise NoMatch(f"{pivot.name} gathers at a k of shape {tuple(value.shape)}, not one per row")
+    for node in (*steps, offset, *k_steps, pivot):
+        walk.take(node)
+    if sorted_values is not source:
+        walk.take(sorted_values)
+        take_outputs(walk, sort)
+    return k
+
+
+def _integer_steps(node) -> tuple[list[Node], object]:
+    """Strip unsqueezes, views and integer casts (``.long()``) -> (the steps, what is under
+    them)."""
+    steps = []
+    while is_call(node, aten.unsqueeze.default, *RESHAPES, *CONVERTS) and not (
+        val(node).is_floating_point()
+    ):
+        steps.append(node)
+        node = node.args[0]
+    return steps, node

@@ -47,8 +47,9 @@ import torch.nn.functional as F
 from torch.fx import Node
 
 from ._tails import match_softmax
-from ._truncation import Mask, take_outputs
+from ._truncation import Mask, sort_direction, sort_of, take_outputs
 from ._walk import (
+    RESHAPES,
     NoMatch,
     Walk,
     arguments,
@@ -57,6 +58,7 @@ from ._walk import (
     is_call,
     last_dim,
     same,
+    same_shape,
     strip_converts,
     take_constant,
     to_the_end,
@@ -87,7 +89,17 @@ def example_inputs() -> tuple:
 
 def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask | None:
     """The scatter of the sorted removal mask -> ``Mask(top_p=p)``; None if ``condition``
-    is no scatter through ``torch.sort(source)``'s indices."""
+    is no scatter through ``torch.sort(source)``'s indices. In sorted order (``source``
+    is sorted values, ``_truncation.match_sorted``), the removal mask itself."""
+    sort = sort_of(source)
+    if sort is not None:
+        if not _compares_a_cumsum(condition):
+            return None
+        if not removes:
+            raise NoMatch(f"{condition.name} names the tokens kept, not the ones removed")
+        descending = sort_direction(sort, sort.args[0])
+        p = removed_by_mass(walk, condition, source, descending)
+        return Mask(source, top_p=p)
     if not is_call(condition, aten.scatter.src):
         return None
     sorted_removed, dim, indices, src = condition.args
@@ -97,27 +109,94 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
     if not is_call(sort, aten.sort.default, aten.sort.stable) or sort.args[0] is not source:
         return None
     ndim = val(source).dim()
-    sort_args = arguments(sort, "dim", "descending")
-    if not last_dim(sort_args.get("dim", -1), ndim):
-        raise NoMatch(f"{sort.name} is not a sort over the vocabulary dim")
+    descending = sort_direction(sort, source)
     if not removes:
         raise NoMatch(f"{condition.name} names the tokens kept, not the ones removed")
     if src is not sorted_removed or not last_dim(dim, ndim):
         raise NoMatch(f"{condition.name} does not scatter the sorted mask back over its sort")
-    if sort_args.get("descending", False):
-        over = _shifted_right(walk, sorted_removed)
-        p = _top_p(walk, over, sort, descending=True)
-    else:
-        at_most = _keep_largest(walk, sorted_removed, val(source).shape[-1])
-        p = _top_p(walk, at_most, sort, descending=False)
+    sorted_values = next((u for u in sort.users if u.args[1] == 0), None)
+    p = removed_by_mass(walk, sorted_removed, sorted_values, descending)
     walk.take(condition), walk.take(indices)
     take_outputs(walk, sort)
+    if sorted_values is not None:
+        walk.take(sorted_values)
     return Mask(source, top_p=p)
 
 
+def _compares_a_cumsum(removed: Node) -> bool:
+    """``removed`` is a comparison of a cumsum (maybe of the mass above each token), maybe
+    under the keep-largest line: a top-p condition, right or wrong."""
+    node = removed
+    while is_call(node, aten.slice_scatter.default, aten.select_scatter.default):
+        node = node.args[0]
+    if is_call(node, aten.constant_pad_nd.default):
+        node = node.args[0]
+    if not is_call(node, *_CUMSUM_COMPARISONS):
+        return False
+    summed = node.args[0]
+    if is_call(summed, aten.sub.Tensor):
+        summed = summed.args[0]
+    return is_call(summed, aten.cumsum.default)
+
+
+_CUMSUM_COMPARISONS = (
+    aten.le.Scalar, aten.lt.Scalar, aten.gt.Scalar, aten.ge.Scalar,
+    aten.le.Tensor, aten.lt.Tensor, aten.gt.Tensor, aten.ge.Tensor,
+)  # fmt: skip
+
+
+def removed_by_mass(walk: Walk, removed: Node, sorted_values, descending: bool) -> float | Node:
+    """The sorted removal mask of a nucleus over ``sorted_values`` (sorted logits) -> p:
+    ascending, ``cumsum(softmax(sorted)) <= 1 - p`` with the largest token kept (the last
+    entry set to False, or no such line: the cumsum there is the whole mass, > 1 - p for
+    p > 0); descending, ``cumsum > p`` shifted right by one (the first entry False), or the
+    mass above each token, ``cumsum - probs > p`` (maybe with the first entry set to False,
+    which that keeps anyway). ``p`` a Python float, or a node of per-row p (``1 - p`` read
+    back to p)."""
+    vocab_size = val(removed).shape[-1]
+    if descending:
+        if is_call(removed, aten.select_scatter.default) and not is_call(
+            removed.args[0], aten.slice_scatter.default
+        ):
+            removed = _keep_first(walk, removed)
+            p, above = _top_p(walk, removed, sorted_values, descending=True)
+            if not above:
+                raise NoMatch(f"{removed.name} keeps the first token but drops the one crossing p")
+            return p
+        if is_call(removed, aten.select_scatter.default, aten.constant_pad_nd.default):
+            over = _shifted_right(walk, removed)
+            p, above = _top_p(walk, over, sorted_values, descending=True)
+            if above:
+                raise NoMatch(f"{removed.name} shifts the mass above each token once more")
+            return p
+        p, above = _top_p(walk, removed, sorted_values, descending=True)
+        if not above:
+            raise NoMatch(f"{removed.name} drops the token crossing p (cumsum > p, unshifted)")
+        return p
+    if is_call(removed, aten.slice_scatter.default, aten.select_scatter.default):
+        removed = _keep_largest(walk, removed, vocab_size)
+    p, above = _top_p(walk, removed, sorted_values, descending=False)
+    if above:
+        raise NoMatch(f"{removed.name} compares the mass above each token in ascending order")
+    return p
+
+
 def _keep_largest(walk: Walk, removed: Node, vocab_size) -> Node:
-    """``removed[..., -1:] = 0`` (aten: ``slice_scatter`` of a zeroed slice) -> ``removed``
-    before it; NoMatch if the largest token is not kept, or more than one is."""
+    """``removed[..., -1:] = 0`` (aten: ``slice_scatter`` of a zeroed slice) or
+    ``removed[:, -1] = False`` (``select_scatter``) -> ``removed`` before it; NoMatch if the
+    largest token is not kept, or more than one is."""
+    if is_call(removed, aten.select_scatter.default):
+        base, zero, dim, index = removed.args
+        if not (
+            last_dim(dim, val(base).dim())
+            and (index == -1 or same(index, vocab_size - 1))
+            and _zero_of(zero, base)
+        ):
+            raise NoMatch(f"{removed.name} writes something else than False at the largest token")
+        for node in (removed, zero, zero.args[0]):
+            walk.take(node)
+        take_constant(walk, zero.args[1])
+        return base
     if not is_call(removed, aten.slice_scatter.default):
         raise NoMatch(f"{removed.name} does not keep the largest token (min_tokens_to_keep)")
     base, args = removed.args[0], arguments(removed, "src", "dim", "start", "end", "step")
@@ -135,10 +214,40 @@ def _keep_largest(walk: Walk, removed: Node, vocab_size) -> Node:
     return base
 
 
+def _zero_of(zero, base: Node) -> bool:
+    """``zero`` is False written over ``base[..., i]`` (aten: ``copy`` or ``fill`` of its
+    ``select``)."""
+    return (
+        is_call(zero, aten.copy.default, aten.fill.Scalar)
+        and constant(zero.args[1]) == 0
+        and is_call(zero.args[0], aten.select.int)
+        and zero.args[0].args[0] is base
+    )
+
+
+def _keep_first(walk: Walk, removed: Node) -> Node:
+    """``removed[..., 0] = False`` -> ``removed`` before it."""
+    base, zero, dim, index = removed.args
+    if not (last_dim(dim, val(base).dim()) and index == 0 and _zero_of(zero, base)):
+        raise NoMatch(f"{removed.name} writes something else than False at the largest token")
+    for node in (removed, zero, zero.args[0]):
+        walk.take(node)
+    take_constant(walk, zero.args[1])
+    return base
+
+
 def _shifted_right(walk: Walk, removed: Node) -> Node:
     """``r[..., 1:] = r[..., :-1].clone(); r[..., 0] = 0`` (aten: a ``slice_scatter`` of the
     shifted slice, then a ``select_scatter`` of a zero) -> ``r`` before the shift; NoMatch if
-    it is not exactly that shift (the first, largest token kept, the others moved by one)."""
+    it is not exactly that shift (the first, largest token kept, the others moved by one).
+    ``F.pad(r, (1, -1), value=False)`` (x-transformers) is the same shift."""
+    if is_call(removed, aten.constant_pad_nd.default):
+        base, pad = removed.args[:2]
+        value = removed.args[2] if len(removed.args) > 2 else removed.kwargs.get("value", 0)
+        if list(pad) != [1, -1] or constant(value) != 0:
+            raise NoMatch(f"{removed.name} is not the removal mask shifted right by one")
+        walk.take(removed)
+        return base
     if not is_call(removed, aten.select_scatter.default):
         raise NoMatch(f"{removed.name} does not keep the largest token (min_tokens_to_keep)")
     shifted, zero, dim, index = removed.args
@@ -186,30 +295,70 @@ def _shifted_right(walk: Walk, removed: Node) -> Node:
     return base
 
 
-def _top_p(walk: Walk, compared: Node, sort: Node, descending: bool) -> float:
+def _top_p(
+    walk: Walk, compared: Node, sorted_values, descending: bool
+) -> tuple[float | Node, bool]:
     """``cumsum(softmax(sorted), -1) <= 1 - p`` (``<`` too) for an ascending sort,
-    ``> p`` (``>=`` too) for a descending one -> p in (0, 1]."""
+    ``> p`` (``>=`` too) for a descending one -> (p, False); the mass above each token,
+    ``cumsum(probs) - probs > p``, -> (p, True). p is a Python float in (0, 1] or the node of
+    a per-row p (a float tensor, one per row: its values are asserted in the rewritten graph).
+    ``sorted_values``: the sorted logits whose softmax is summed."""
     if descending:
-        wanted, tensor_ops = (aten.gt.Scalar, aten.ge.Scalar), (aten.gt.Tensor, aten.ge.Tensor)
+        wanted = (aten.gt.Scalar, aten.ge.Scalar, aten.gt.Tensor, aten.ge.Tensor)
         what = "> p"
     else:
-        wanted, tensor_ops = (aten.le.Scalar, aten.lt.Scalar), (aten.le.Tensor, aten.lt.Tensor)
+        wanted = (aten.le.Scalar, aten.lt.Scalar, aten.le.Tensor, aten.lt.Tensor)
         what = "<= 1 - p"
-    if is_call(compared, *tensor_ops):
-        raise NoMatch(f"{compared.name} compares with a tensor (a top_p made dynamic?), not p")
     if not is_call(compared, *wanted):
         raise NoMatch(f"{compared.name} is not cumulative mass {what}")
     cumsum, threshold = compared.args
+    above = None
+    if is_call(cumsum, aten.sub.Tensor) and "alpha" not in cumsum.kwargs:
+        above, cumsum = cumsum, cumsum.args[0]
     if not is_call(cumsum, aten.cumsum.default) or not last_dim(cumsum.args[1], val(cumsum).dim()):
         raise NoMatch(f"{compared.name} does not compare a cumsum over the vocabulary dim")
-    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
+    if above is not None and above.args[1] is not cumsum.args[0]:
+        raise NoMatch(f"{above.name} subtracts something else than the summed probabilities")
+    if isinstance(threshold, Node):
+        top_p = per_row_p(walk, threshold, val(compared).shape[:-1], descending)
+    elif not isinstance(threshold, (int, float)) or isinstance(threshold, bool):
         raise NoMatch(f"{compared.name} compares with {threshold}, not a Python float")
-    top_p = threshold if descending else 1.0 - threshold
-    if not 0.0 < top_p <= 1.0:
-        raise NoMatch(f"top_p = {top_p} is outside (0, 1]")
+    else:
+        top_p = threshold if descending else 1.0 - threshold
+        if not 0.0 < top_p <= 1.0:
+            raise NoMatch(f"top_p = {top_p} is outside (0, 1]")
     probs = walk.take(cumsum).args[0]
-    sorted_values = strip_converts(walk, match_softmax(walk, probs))
-    if not (is_call(sorted_values, operator.getitem) and sorted_values.args[0] is sort):
+    softmax_input = strip_converts(walk, match_softmax(walk, probs))
+    if softmax_input is not sorted_values or sorted_values is None:
         raise NoMatch(f"{cumsum.name} does not sum the softmax of the sorted logits")
-    walk.take(compared), walk.take(sorted_values)
-    return top_p
+    walk.take(compared)
+    if above is not None:
+        walk.take(above)
+    return top_p, above is not None
+
+
+def per_row_p(walk: Walk, threshold: Node, rows, descending: bool) -> Node:
+    """The threshold ``p[:, None]`` (descending) or ``1 - p[:, None]`` (ascending, the
+    ``1 -`` before or after the unsqueeze) of a per-row p -> the node of p, [*rows]."""
+    steps, node = [], threshold
+    while is_call(node, aten.unsqueeze.default, *RESHAPES):
+        steps.append(node)
+        node = node.args[0]
+    if not descending:
+        if is_call(node, aten.rsub.Scalar) and node.args[1] == 1:
+            steps.append(node)
+            node = node.args[0]
+        elif is_call(node, aten.sub.Tensor) and node.args[0] == 1 and "alpha" not in node.kwargs:
+            steps.append(node)
+            node = node.args[1]
+        else:
+            raise NoMatch(f"{threshold.name} is not 1 - p of a per-row p")
+        while is_call(node, aten.unsqueeze.default, *RESHAPES):
+            steps.append(node)
+            node = node.args[0]
+    p = val(node)
+    if not (isinstance(p, torch.Tensor) and p.is_floating_point() and same_shape(p.shape, rows)):
+        raise NoMatch(f"{threshold.name} is not one p per row, read from a float tensor")
+    for step in steps:
+        walk.take(step)
+    return node

@@ -149,6 +149,15 @@ def filtering_the_head_view(input_ids, h):
 
 
 h = torch.randn(B, T, D)
+
+
+def min_p_per_row(input_ids, h, min_ps):  # vLLM: a [B] tensor, asserted in [0, 1] in the graph
+    logits = F.linear(h[:, -1], WEIGHT)
+    probs = logits.softmax(-1)
+    removed = probs < min_ps[:, None] * probs.amax(-1, keepdim=True)
+    return torch.multinomial(logits.masked_fill(removed, -torch.inf).softmax(-1), 1)
+
+
 POSITIVE = [
     pytest.param(top_p_alone, (IDS, h), "multinomial", id="top-p-alone"),
     pytest.param(min_p, (IDS, h), "multinomial", id="T-min-p"),
@@ -163,6 +172,7 @@ POSITIVE = [
     pytest.param(shifted_top_p, (IDS, h), "multinomial", id="top_k_top_p_filtering"),
     pytest.param(filtering_the_head_view, (IDS, h), "multinomial", id="filtering-in-place"),
     pytest.param(min_p_4x, (IDS, h), "multinomial", id="min-p-transformers-4"),
+    pytest.param(min_p_per_row, (IDS, h, torch.full((B,), 0.1)), "multinomial", id="min-p-rows"),
 ]
 
 
@@ -230,13 +240,6 @@ def min_p_le(input_ids, h):  # drops the tokens at the threshold too
     return torch.multinomial(logits.masked_fill(removed, -torch.inf).softmax(-1), 1)
 
 
-def min_p_per_row(input_ids, h, min_ps):  # vLLM: a [B] tensor the pass cannot check
-    logits = F.linear(h[:, -1], WEIGHT)
-    probs = logits.softmax(-1)
-    removed = probs < min_ps[:, None] * probs.amax(-1, keepdim=True)
-    return torch.multinomial(logits.masked_fill(removed, -torch.inf).softmax(-1), 1)
-
-
 def min_p_probs_returned(input_ids, h):
     logits = F.linear(h[:, -1], WEIGHT)
     probs = logits.softmax(-1)
@@ -301,7 +304,6 @@ NEGATIVE = [
     pytest.param(min_p_then_temperature, (IDS, h), "after the min-p", id="min-p-then-T"),
     pytest.param(min_p_then_top_p, (IDS, h), "after the min-p", id="min-p-then-top-p"),
     pytest.param(min_p_le, (IDS, h), "removes p <= min_p", id="min-p-<="),
-    pytest.param(min_p_per_row, (IDS, h, torch.full((B,), 0.1)), "by a tensor", id="min-p-rows"),
     pytest.param(min_p_probs_returned, (IDS, h), "also read by", id="min-p-probs-returned"),
     pytest.param(
         llama_bf16_logits, (IDS, h.bfloat16()), "ties at the token", id="llama-bf16-logits"
@@ -315,7 +317,9 @@ NEGATIVE = [
     pytest.param(nucleus_after_top_p, (IDS, h), "already truncated", id="nucleus-after-top-p"),
     pytest.param(llama, (IDS, h, 0.6, 1.5), "outside (0, 1]", id="p=1.5"),
     pytest.param(shifted_top_p, (IDS, h, 2), "cumulative mass > p", id="shifted-keep-2"),
-    pytest.param(shifted_top_p_crossing_dropped, (IDS, h), "shifted right", id="not-shifted"),
+    pytest.param(
+        shifted_top_p_crossing_dropped, (IDS, h), "drops the one crossing p", id="not-shifted"
+    ),
 ]
 
 
