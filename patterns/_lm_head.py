@@ -167,6 +167,8 @@ class _Chain:
         self.bias = _bias_operand(step)
 
     def scale(self, step: Node, greedy: bool) -> None:
+        if step.args[1] == 1 and not isinstance(step.args[1], bool):
+            return  # ``l / 1.0`` (x-transformers' default temperature) changes nothing
         for name, value in (("top-p", self.top_p), ("min-p", self.min_p)):
             if value is not None:
                 # The mask kept the tokens of softmax(l / T) for the T it saw, not another.
@@ -423,17 +425,29 @@ def _undo_flatten(lhs: Node, row_ops: list[Node]) -> tuple[Node, list[Node]]:
     return lhs, row_ops
 
 
+def reshape_rows(x: torch.Tensor, rows: tuple) -> torch.Tensor:
+    """``x`` with its leading dims reshaped to ``rows`` (one of them may be -1), its last
+    dim kept: a reshape of [..., V] logits, replayed on [..., D] hidden states or on
+    [..., n] tokens."""
+    return x.reshape(*rows, x.shape[-1])
+
+
 def row_op(step: Node, vocab_size: int) -> tuple[Callable, tuple]:
     """A row selection on [..., V] scores, as the same selection on any [..., X] tensor
     (the hidden states before the matmul, the tokens after the draw)."""
     source, out = val(step.args[0]), val(step)
     if step.target in RESHAPES:
+        # (``logits.view(B, -1)`` too: the vocabulary dim stays whole and last)
         shape = step.args[1]
-        if any(isinstance(s, Node) for s in shape) or not (
-            same(source.shape[-1], vocab_size) and same(shape[-1], vocab_size)
-        ):
+        if not (same(source.shape[-1], vocab_size) and same(out.shape[-1], vocab_size)):
             raise NoMatch(f"{step.name} reshapes across the vocabulary dim")
-        return step.target, (tuple(shape[:-1]) + (-1,),)
+        return reshape_rows, (tuple(shape[:-1]),)
+    if step.target == aten.permute.default:
+        # ``[s, b, V] -> [b, s, V]``: the same permutation of the hidden states' leading dims
+        dims = list(step.args[1])
+        if not last_dim(dims[-1], source.dim()):
+            raise NoMatch(f"{step.name} moves the vocabulary dim")
+        return step.target, (dims,)
     if step.target == aten.index.Tensor:
         indices = step.args[1]
         if len(indices) >= source.dim() and indices[source.dim() - 1] is not None:

@@ -136,7 +136,10 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
 
     def handler(match: Match, *args, **kwargs) -> None:
         terminal = match.output_node()
-        site = SamplingSite(op, terminal.name, idiom, rewritten=False, sampling=sampling)
+        # An argmax of scores that read random numbers draws a sample, whatever idiom
+        # claims it (noise the sampling idioms did not recognize must not pass for greedy).
+        draws = sampling or _reads_random(terminal)
+        site = SamplingSite(op, terminal.name, idiom, rewritten=False, sampling=draws)
         walk = Walk(terminal)
         try:
             found = check(walk)
@@ -173,6 +176,30 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
         log.debug("flashsampling: rewrote %s at %s", idiom, terminal.name)
 
     register_graph_pattern(CallFunctionVarArgs(target), pass_dict=PASS)(handler)
+
+
+_RANDOM_OPS = (
+    torch.ops.aten.rand.default,
+    torch.ops.aten.randn.default,
+    torch.ops.aten.uniform.default,
+    torch.ops.aten.exponential.default,
+    torch.ops.aten.bernoulli.default,
+    torch.ops.aten.multinomial.default,
+)
+
+
+def _reads_random(terminal: Node, limit: int = 64) -> bool:
+    """True if a random op is among the ``limit`` nodes nearest to ``terminal`` upstream."""
+    seen, frontier = {terminal}, [terminal]
+    while frontier and len(seen) < limit:
+        node = frontier.pop(0)
+        if node.op == "call_function" and node.target in _RANDOM_OPS:
+            return True
+        for source in node.all_input_nodes:
+            if source not in seen:
+                seen.add(source)
+                frontier.append(source)
+    return False
 
 
 def _tp_gather_reason(terminal: Node, limit: int = 256) -> str | None:

@@ -74,14 +74,58 @@ def _softmax_input(walk: Walk, node: Node, x: Node, dim) -> Node:
 
 
 def _unshift(walk: Walk, node: Node) -> Node:
-    """``x - amax(x, -1, keepdim=True)`` -> ``x`` (the shift leaves the softmax unchanged)."""
+    """``x - amax(x, -1, keepdim=True)`` -> ``x`` (the shift leaves the softmax unchanged);
+    then ``x - logsumexp(x, -1, keepdim=True)`` -> ``x`` as well (the normalized logits of
+    ``torch.distributions.Categorical(logits=x)``, another shift by one value per row)."""
     if is_call(node, aten.sub.Tensor) and is_call(node.args[1], aten.amax.default):
         x, amax = node.args
         if amax.args[0] is not x or not over_last_dim(amax.args[1], keepdim_of(amax), val(x).dim()):
             raise NoMatch("the softmax subtracts a max over another dim")
         walk.take(node), walk.take(amax)
-        return x
+        node = x
+    if is_call(node, aten.sub.Tensor) and "alpha" not in node.kwargs:
+        x, lse = node.args
+        steps = _logsumexp_of(lse, x) if isinstance(x, Node) else None
+        if steps is not None:
+            for step in (node, *steps):
+                if isinstance(step, Node):
+                    walk.take(step)
+            return x
     return node
+
+
+def _logsumexp_of(lse, x: Node) -> list[Node] | None:
+    """The nodes of ``torch.logsumexp(x, -1, keepdim=True)`` as it decomposes,
+    ``log(sum(exp(x - m), -1, keepdim)) + m`` with ``m`` the row max (0 where it is
+    infinite); None if ``lse`` is not that."""
+    if not (is_call(lse, aten.add.Tensor) and "alpha" not in lse.kwargs):
+        return None
+    log, shift = lse.args
+    if not (is_call(log, aten.log.default) and is_call(log.args[0], aten.sum.dim_IntList)):
+        return None
+    total = log.args[0]
+    exp = total.args[0]
+    if not (is_call(exp, aten.exp.default) and is_call(exp.args[0], aten.sub.Tensor)):
+        return None
+    shifted = exp.args[0]
+    if shifted.args[0] is not x or shifted.args[1] is not shift:
+        return None
+    if not over_last_dim(total.args[1], keepdim_of(total), val(x).dim()):
+        return None
+    steps = [lse, log, total, exp, shifted]
+    amax = shift
+    if is_call(shift, aten.where.self):  # where(|m| == inf, 0, m)
+        infinite, zero, amax = shift.args
+        if not (is_call(infinite, aten.eq.Scalar) and is_call(infinite.args[0], aten.abs.default)):
+            return None
+        steps += [shift, infinite, infinite.args[0], zero]
+        if infinite.args[0].args[0] is not amax:
+            return None
+    if not (is_call(amax, aten.amax.default) and amax.args[0] is x):
+        return None
+    if not over_last_dim(amax.args[1], keepdim_of(amax), val(x).dim()):
+        return None
+    return [*steps, amax]
 
 
 def unnormalized(walk: Walk, probs: Node) -> Node:
@@ -96,13 +140,48 @@ def unnormalized(walk: Walk, probs: Node) -> Node:
     return probs
 
 
+# A clamp of the noise from below at eps changes a draw only when some noise value falls
+# below eps, an event of probability <= eps per value (for U uniform on [0, 1) and for E
+# Exp(1) alike); at eps <= 1e-9 that is accepted as the same distribution (the op's noise is
+# never clamped: its Exp(1) values are never 0).
+MAX_NOISE_CLAMP = 1e-9
+
+
+def strip_noise_clamp(walk: Walk, node):
+    """``x.clamp_min(eps)`` / ``x.clamp(min=eps)`` -> (x, eps); (node, None) for any other
+    node. The caller checks eps once it knows that x is noise (``check_noise_clamp``)."""
+    if is_call(node, aten.clamp_min.default):
+        eps = node.args[1]
+    elif is_call(node, aten.clamp.default):
+        args = arguments(node, "min", "max")
+        if args.get("max") is not None:
+            return node, None
+        eps = args.get("min")
+    else:
+        return node, None
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return node, None
+    return walk.take(node).args[0], float(eps)
+
+
+def check_noise_clamp(clamp_eps) -> None:
+    if clamp_eps is not None and not 0.0 <= clamp_eps <= MAX_NOISE_CLAMP:
+        raise NoMatch(
+            f"the noise is clamped at {clamp_eps}: that changes the draw with probability up"
+            f" to {clamp_eps} per token (accepted up to {MAX_NOISE_CLAMP})"
+        )
+
+
 def match_noise(walk: Walk, node: Node, scores) -> bool:
     """True if ``node`` is Exp(1) noise of exactly ``scores``' shape, drawn by Inductor.
 
     Accepted: ``exponential_(1)`` as Inductor decomposes it, ``-log(U)``, ``-log(U + eps)``
-    and ``-log(1 - U)``, with ``U`` from ``rand``/``rand_like``/``uniform_`` (no generator).
-    Shared noise broadcast across rows would sample correlated rows: refused.
+    and ``-log(1 - U)``, with ``U`` from ``rand``/``rand_like``/``uniform_`` (no generator),
+    each maybe clamped from below at eps <= 1e-9 (``q.clamp_min_(1e-10)``,
+    ``u.clamp(min=1e-20)``: ``MAX_NOISE_CLAMP``). Shared noise broadcast across rows would
+    sample correlated rows: refused.
     """
+    node, clamp_eps = strip_noise_clamp(walk, strip_converts(walk, node))
     node = strip_converts(walk, node)
     if is_call(node, aten.mul.Tensor) and node.args[1] == -1.0:
         # exponential_(1) decomposes to -1 * where(u >= 1 - eps/2, -eps/2, log(u))
@@ -125,11 +204,14 @@ def match_noise(walk: Walk, node: Node, scores) -> bool:
         return False
     if not same_shape(val(node).shape, scores.shape):
         raise NoMatch(f"the noise {node.name} is not drawn per token and row")
+    check_noise_clamp(clamp_eps)
     return True
 
 
 def _match_uniform(walk: Walk, node: Node) -> bool:
-    """``U`` in (0, 1], optionally ``U + eps`` or ``1 - U``, from Inductor's RNG."""
+    """``U`` in (0, 1], optionally ``U + eps``, ``1 - U`` or ``U.clamp(min=eps)``, from
+    Inductor's RNG."""
+    node, clamp_eps = strip_noise_clamp(walk, node)
     if is_call(node, aten.add.Tensor) and isinstance(node.args[1], float):
         if not 0.0 <= node.args[1] <= 1e-3:
             return False
@@ -141,6 +223,7 @@ def _match_uniform(walk: Walk, node: Node) -> bool:
     node = strip_converts(walk, node)
     if not is_call(node, aten.rand.default) or node.kwargs.get("generator") is not None:
         return False
+    check_noise_clamp(clamp_eps)
     walk.take(node)
     return True
 

@@ -29,6 +29,7 @@ ROW_OPS = (
     aten.slice.Tensor,
     aten.index.Tensor,
     aten.unsqueeze.default,
+    aten.permute.default,  # one that keeps the vocabulary dim last (``row_op`` checks)
     *SQUEEZES,
     *RESHAPES,
 )

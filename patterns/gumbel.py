@@ -1,7 +1,9 @@
 """Gumbel-argmax: ``argmax(logits / T - log(-log(U)))``: hand-written samplers.
 
 Accepted spellings of the noise: ``- log(-log(U))``, ``+ (-log(-log(U)))``, with ``eps``
-added inside the logs, or with ``E = exponential_()`` in place of ``-log(U)`` (which is also
+added inside the logs or the values clamped from below there at eps <= 1e-9
+(x-transformers' ``log(t.clamp(min=1e-20))``: ``_tails.MAX_NOISE_CLAMP``), or with
+``E = exponential_()`` in place of ``-log(U)`` (which is also
 what Inductor's ``apply_gumbel_max_trick`` makes of the exponential race).
 
 The noisy scores may be scaled as a whole, ``argmax((logits + G) / T)``: a positive scale
@@ -20,7 +22,7 @@ from torch.fx import Node
 
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
-from ._tails import argmax_keepdim, match_noise
+from ._tails import argmax_keepdim, check_noise_clamp, match_noise, strip_noise_clamp
 from ._walk import NoMatch, Walk, constant, is_call, strip_converts, val
 
 IDIOM = "gumbel"
@@ -100,7 +102,7 @@ def _log_exponential(walk: Walk, node, shape) -> bool:
     """``log(E)`` or ``log(E + eps)`` with ``E`` Exp(1) noise."""
     if not is_call(node, aten.log.default):
         return False
-    noise = node.args[0]
+    noise, clamp_eps = strip_noise_clamp(walk, node.args[0])
     if is_call(noise, aten.add.Tensor) and isinstance(noise.args[1], float):
         if not 0.0 <= noise.args[1] <= 1e-3:
             return False
@@ -108,5 +110,6 @@ def _log_exponential(walk: Walk, node, shape) -> bool:
         noise = noise.args[0]
     if not match_noise(walk, noise, shape):
         return False
+    check_noise_clamp(clamp_eps)
     walk.take(node)
     return True

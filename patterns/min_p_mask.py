@@ -48,6 +48,7 @@ from torch.fx import Node
 from ._tails import match_softmax
 from ._truncation import Mask, take_outputs, top_k_value
 from ._walk import (
+    COPIES,
     RESHAPES,
     NoMatch,
     Walk,
@@ -115,6 +116,8 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
         logits = strip_converts(probe, match_softmax(probe, probs))
     except NoMatch:
         return None  # a threshold on something else than the probabilities
+    while is_call(logits, *COPIES):  # (``.softmax`` of a strided view copies it first)
+        logits = strip_converts(probe, probe.take(logits).args[0])
     if logits is not source or probe.tail_rows:
         return None
     op = _COMPARISONS[condition.target][side]

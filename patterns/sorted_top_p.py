@@ -38,8 +38,19 @@ from torch.fx import Node
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
 from ._tails import match_softmax, multinomial_draws, unnormalized
-from ._truncation import MASKING_OPS, masking_shell, take_outputs
-from ._walk import NoMatch, Walk, arguments, aten, constant, is_call, last_dim, take_constant, val
+from ._truncation import MASKING_OPS, masking_shell, sort_of, take_outputs
+from ._walk import (
+    CONVERTS,
+    NoMatch,
+    Walk,
+    arguments,
+    aten,
+    constant,
+    is_call,
+    last_dim,
+    take_constant,
+    val,
+)
 from .top_p_mask import per_row_p
 
 IDIOM = "sorted_top_p"
@@ -66,6 +77,9 @@ def example_inputs() -> tuple:
 def check(walk: Walk) -> SamplingMatch | None:
     gather = walk.terminal
     tokens, dim, choice = gather.args[:3]
+    cast = None
+    if is_call(tokens, *CONVERTS):  # SGLang's ``probs_idx.to(torch.int32)``
+        cast, tokens = tokens, tokens.args[0]
     if not (is_call(tokens, operator.getitem) and tokens.args[1] == 1):
         return None
     sort = tokens.args[0]
@@ -78,7 +92,11 @@ def check(walk: Walk) -> SamplingMatch | None:
         return None
     sorted_probs, condition, fill, removes = masking_shell(kept)
     if not (is_call(sorted_probs, operator.getitem) and sorted_probs.args[0] is sort):
+        if sort_of(sorted_probs) is sort:
+            raise NoMatch(_several_masks(kept))
         return None
+    if cast is not None:
+        raise NoMatch(f"{gather.name} gathers token ids cast to {val(cast).dtype}")
     if sorted_probs.args[1] != 0 or constant(fill) != 0.0:
         raise NoMatch(f"{kept.name} does not set the sorted probabilities outside p to 0")
     ndim = val(sorted_probs).dim()
@@ -139,3 +157,25 @@ def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float | Node:
     for node in (condition, above, above.args[0]):
         walk.take(node)
     return p
+
+
+def _several_masks(kept) -> str:
+    """Why a chain of masks on the sorted probabilities is refused (SGLang's torch-native
+    sampler, the Gemma reference's): the op measures top-p on the top-k survivors, these
+    programs on the whole row."""
+    positional = False
+    node = kept
+    while is_call(node, *MASKING_OPS):
+        source, condition, _, _ = masking_shell(node)
+        positional |= any(
+            is_call(n, aten.arange.default, aten.arange.start, torch.ops.prims.iota.default)
+            for n in (condition, *getattr(condition, "all_input_nodes", ()))
+            for n in (n, *getattr(n, "all_input_nodes", ()))
+        )
+        node = source
+    if positional:
+        return (
+            f"{kept.name} zeroes sorted probabilities past rank k next to a nucleus measured"
+            " on the whole row's mass: the op measures top-p on the top-k survivors"
+        )
+    return f"{kept.name} zeroes the sorted probabilities by several masks"

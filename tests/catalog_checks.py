@@ -65,6 +65,8 @@ def chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
     observed = np.bincount(tokens.flatten().numpy(), minlength=probs.numel())
     support = probs.numpy() > 0
     assert observed[~support].sum() == 0, "drew a token the program never draws"
+    if support.sum() == 1:
+        return 1.0  # one token: drawn every time, as checked above
     expected = probs.numpy()[support] * tokens.numel()
     return stats.chisquare(observed[support], expected).pvalue
 

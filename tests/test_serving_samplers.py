@@ -244,9 +244,51 @@ def greedy_after_temperature(h, temperature, k, p):  # argmax(l / T) flips for T
     return torch.where(temperature < _SAMPLING_EPS, greedy, sampled)
 
 
+# SGLang's torch-native sampler (sglang/srt/layers/sampler.py): top-p measured on the whole
+# row's mass after the top-k cut, where the op measures it on the top-k survivors.
+def sglang_top_k_top_p_min_p(h, top_ks, top_ps, min_ps):
+    probs = torch.softmax(F.linear(h, WEIGHT), dim=-1)
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    probs_sort[
+        torch.arange(0, probs.shape[-1], device=probs.device).view(1, -1) >= top_ks.view(-1, 1)
+    ] = 0.0
+    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
+    min_p_thresholds = probs_sort[:, 0] * min_ps
+    probs_sort[probs_sort < min_p_thresholds.view(-1, 1)] = 0.0
+    sampled_index = torch.multinomial(probs_sort, num_samples=1)
+    probs_idx = probs_idx.to(torch.int32)
+    return torch.gather(probs_idx, dim=1, index=sampled_index).view(-1)
+
+
+# The Gemma reference sampler (gemma/model.py): the nucleus of the whole row, then top-k.
+def gemma_sample(h, temperatures, top_ps, top_ks):
+    logits = F.linear(h, WEIGHT)
+    logits.div_(temperatures.unsqueeze(dim=1))
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    probs_sort, probs_idx = torch.sort(probs, dim=-1, descending=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    top_ps_mask = (probs_sum - probs_sort) > top_ps.unsqueeze(dim=1)
+    probs_sort = torch.where(top_ps_mask, 0, probs_sort)
+    top_ks_mask = torch.arange(probs_idx.shape[-1], device=probs_idx.device)
+    top_ks_mask = top_ks_mask.expand(probs_idx.shape[0], -1)
+    top_ks_mask = top_ks_mask >= top_ks.unsqueeze(dim=1)
+    probs_sort = torch.where(top_ks_mask, 0, probs_sort)
+    probs_sort.div_(probs_sort.sum(dim=-1, keepdim=True))
+    probs = torch.gather(probs_sort, dim=-1, index=torch.argsort(probs_idx, dim=-1))
+    return torch.multinomial(probs, num_samples=1, replacement=True).squeeze(dim=-1)
+
+
 @pytest.mark.parametrize(
     "fn, args, reason",
     [
+        pytest.param(
+            sglang_top_k_top_p_min_p,
+            (x, K_ROWS, P_ROWS, MIN_P_ROWS),
+            "measured on the whole row",
+            id="sglang-torch-native",
+        ),
+        pytest.param(gemma_sample, (x, T_ROWS + 0.1, P_ROWS, K_ROWS), "not a softmax", id="gemma"),
         pytest.param(
             vllm_min_p_then_top_p,
             (x, T_ROWS, K_ROWS, P_ROWS, MIN_P_ROWS),
