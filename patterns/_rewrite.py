@@ -178,6 +178,7 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
     register_graph_pattern(CallFunctionVarArgs(target), pass_dict=PASS)(handler)
 
 
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
 _RANDOM_OPS = (
     torch.ops.aten.rand.default,
     torch.ops.aten.randn.default,
@@ -189,12 +190,15 @@ _RANDOM_OPS = (
 
 
 def _reads_random(terminal: Node, limit: int = 64) -> bool:
-    """True if a random op is among the ``limit`` nodes nearest to ``terminal`` upstream."""
+    """True if a random op is among the ``limit`` nodes nearest to ``terminal`` upstream,
+    short of a matmul (the model's own dropout is no noise of the scores)."""
     seen, frontier = {terminal}, [terminal]
     while frontier and len(seen) < limit:
         node = frontier.pop(0)
         if node.op == "call_function" and node.target in _RANDOM_OPS:
             return True
+        if node.op == "call_function" and node.target in _MATMULS:
+            continue
         for source in node.all_input_nodes:
             if source not in seen:
                 seen.add(source)
