@@ -65,6 +65,9 @@ class SamplingMatch:
     greedy_rows: Node | None = None
     greedy_rows_when: bool = True
     out_dim: int | None = None
+    # The tensor knobs are the op's own, already checked (``sample_logits``), not values the
+    # program computed with (a per-row k, p or min_p of its masks), which the rewrite checks.
+    knobs_checked: bool = False
 
     @classmethod
     def of(cls, head: LMHead, **fields) -> SamplingMatch:
@@ -343,7 +346,9 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             found.num_samples,
             head.logits_dtype,
             found.impl,
-            **_truncation(value(found.top_k), value(found.top_p), value(found.min_p)),
+            **_truncation(
+                value(found.top_k), value(found.top_p), value(found.min_p), found.knobs_checked
+            ),
             **({} if head.softcap is None else {"softcap": head.softcap}),
         )
         if found.out_dim is not None:
@@ -372,21 +377,25 @@ BAD_TRUNCATION = (
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _truncation(top_k, top_p, min_p) -> dict:
+def _truncation(top_k, top_p, min_p, checked: bool = False) -> dict:
     """The op's top-k / top-p / min-p arguments; none at all for those that are off, so an
     untruncated rewrite is the call it always was. A per-row tensor from the program
     ([*rows] or [*rows, 1], any int / float dtype) is checked in the graph (an assert, no
-    host sync), as the op's own argument checks do for tensors."""
+    host sync), as the op's own argument checks do for tensors; ``checked``: the tensors are
+    the op's own arguments, checked already."""
     kwargs = {}
     if top_k is not None:
         if isinstance(top_k, torch.Tensor):
-            top_k = top_k.reshape(-1).to(torch.int64)
-            torch._assert_async((top_k >= 1).all(), BAD_TRUNCATION)
+            if not checked:
+                top_k = top_k.reshape(-1).to(torch.int64)
+                torch._assert_async((top_k >= 1).all(), BAD_TRUNCATION)
             kwargs.update(top_k=top_k, scalar_top_k=0)
         else:
             kwargs.update(top_k=None, scalar_top_k=top_k)
     for name, knob, off in (("top_p", top_p, 1.0), ("min_p", min_p, 0.0)):
-        if isinstance(knob, torch.Tensor):
+        if isinstance(knob, torch.Tensor) and checked:
+            kwargs.update({name: knob.float(), f"scalar_{name}": off})
+        elif isinstance(knob, torch.Tensor):
             knob = knob.reshape(-1).float()
             torch._assert_async(((knob >= 0) & (knob <= 1)).all(), BAD_TRUNCATION)
             if name == "top_p":

@@ -80,6 +80,7 @@ def check(walk: Walk) -> SamplingMatch:
         temperature=_knob(args["temperature"], args["scalar_temperature"], off=None),
         seed=_knob(args["seed"], args["scalar_seed"], off=None),
         impl=args.get("impl", "auto"),
+        knobs_checked=(top_k, top_p, min_p) != (None, None, None),
     )
 
 
