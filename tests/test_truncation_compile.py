@@ -43,7 +43,7 @@ stage2 = {
     "compact_index_ptr": "*i32", "tile_hidden_ptr": "*i32", "patch_tile_ptr": "*i32",
     "patch_count_ptr": "*i32", "patch_key_ptr": "*i32", "patch_index_ptr": "*i32",
     "num_candidates": "i32", "num_tiles": "i32", "num_plain_tiles": "i32",
-    "num_patch_tiles": "i32", "V": "i32",
+    "num_patch_tiles": "i32", "num_mass_tiles": "i32", "V": "i32",
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "scalar_top_k": "i64",
     "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32",
 }
@@ -51,6 +51,8 @@ stage2 = {
 # top-k), mass partials.
 stage2_shared = dict(
     plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
+    log_mass_ptr=None, plain_value_ptr=None, logprob_ptr=None, LOGPROBS=0,  # no logprobs asked
+    RAW_LOGIT_LATER=False,
     HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True,
 )
 
@@ -109,7 +111,8 @@ stage1_constants = dict(
     cand_index_ptr=None, HAS_BIAS=False, HAS_SOFTCAP=True, TEMPERATURE_MODE=2, SEED_MODE=2,
     LOGITS_DTYPE=None, DOT_PRECISION="ieee", SWAP_AB=True, USE_TMA=False, EPILOGUE_CHUNKS=1,
     EVEN_D=True, EVEN_V=False, INTERPRETER=False, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128,
-    PLAIN=False, TOP_M=4, ROW_MASS=True, KEY_LOW_BITS=0,
+    PLAIN=False, TOP_M=4, ROW_MASS=True, KEY_LOW_BITS=0, cand_value_ptr=None, log_mass_ptr=None,
+    LOGPROBS=0,
 )
 compile_kernel(sampling_kernel._sample_stage1, stage1, stage1_constants, num_warps=4, num_stages=4)
 # bf16 logits without a soft-cap: the top-m search on keys packed with their column.
@@ -147,8 +150,10 @@ for seed_mode in (1, 2):
 compile_kernel(
     sampling_kernel._sample_stage2,
     {"cand_score_ptr": "*fp32", "cand_index_ptr": "*i32", "out_ptr": "*i64",
-     "num_candidates": "i32"},
-    dict(out_score_ptr=None, HAS_SCORE=False, BLOCK_C=4096, PDL=True), num_warps=4,
+     "num_candidates": "i32", "scalar_temperature": "fp32", "num_samples": "i32"},
+    dict(out_score_ptr=None, cand_value_ptr=None, log_mass_ptr=None, logprob_ptr=None,
+         temperature_ptr=None, HAS_SCORE=False, BLOCK_C=4096, PDL=True, LOGPROBS=0,
+         TEMPERATURE_MODE=0), num_warps=4,
 )
 print("compiled")
 """
