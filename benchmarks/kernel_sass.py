@@ -82,6 +82,8 @@ def compile_stage1(config: sampling_kernel.SampleConfig, hidden_size: int, greed
     constants.update(
         top_m_key_ptr=None, top_m_index_ptr=None, hidden_key_ptr=None, mass_ptr=None,
         PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0,
+        # No logprobs asked (return_logprobs=None): the plain call's stage 1.
+        cand_value_ptr=None, log_mass_ptr=None, LOGPROBS=0,
     )  # fmt: skip
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(
