@@ -555,7 +555,7 @@ def _fuse_continuous_batching(manager) -> None:
     run eagerly is compiled as transformers' ``default_compile_level=1`` compiles it. The
     manager's batch processor is made lazily (in ``warmup`` or the generation thread): its
     model runner is fused as it is made. With ``return_logprobs`` the draw also returns the
-    logprobs transformers returns; the pass does not fuse that variant yet (said once).
+    logprobs transformers returns, from the same fused call.
     """
     config = manager.continuous_batching_config
     why_not = _version_problem()
@@ -567,11 +567,6 @@ def _fuse_continuous_batching(manager) -> None:
         return
     if config.return_logprobs:
         knobs = dataclasses.replace(knobs, logprobs="raw" if knobs.greedy else "processed")
-        _warn_once(
-            "the pass does not fuse return_logprobs yet: sample_logits draws from the step's"
-            " logits, which it computes (exact, unfused)",
-            "continuous batching with return_logprobs",
-        )
     from transformers import CompileConfig
 
     default = CompileConfig(mode="default", fullgraph=False, dynamic=True)

@@ -54,7 +54,8 @@ IDIOMS = (
 MASKS = (top_k_mask, min_p_mask, top_p_mask)
 
 for _idiom in IDIOMS:
-    register(_idiom.IDIOM, _idiom.TARGET, _idiom.check, sampling=_idiom is not greedy)
+    for _target in getattr(_idiom, "TARGETS", (_idiom.TARGET,)):
+        register(_idiom.IDIOM, _target, _idiom.check, sampling=_idiom is not greedy)
 CONDITIONS.extend(mask.condition for mask in MASKS)
 
 __all__ = [

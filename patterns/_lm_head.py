@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import Node
 
-from ._truncation import MASKING_OPS, match_mask, match_scattered
+from ._truncation import MASKING_OPS, match_gathered, match_mask, match_scattered
 from ._walk import (
     CONVERTS,
     COPIES,
@@ -64,6 +64,11 @@ class LMHead:
     temperature_after_mask: bool = False  # -inf / T: only T > 0 keeps the program's meaning
     # Constant scales around a tensor temperature, folded: the op divides by temperature * this.
     temperature_factor: float = 1.0
+    # The scores the tail reads (the walk's start: temperature, soft-cap and masks applied),
+    # and the chain's nodes that hold the op's raw logits (bias added, rounded to
+    # ``logits_dtype``, nothing else): what a logprob reader may read (``_logprobs.py``).
+    scores: Node | None = None
+    raw_logits: tuple[Node, ...] = ()
 
 
 def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
@@ -92,6 +97,9 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             node = masks[node][0].source
         elif is_call(node, aten.scatter.src):
             masks[node] = match_scattered(walk, node)
+            node = masks[node][0].source
+        elif is_call(node, aten.gather.default):
+            masks[node] = match_gathered(walk, node)
             node = masks[node][0].source
         else:
             node = _chain_input(node)
@@ -125,7 +133,31 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     if greedy:
         head.temperature, head.factor = 0.0, 1.0
         head.top_k = head.top_p = head.min_p = None
-    return _lm_head(matmul, head)
+    found = _lm_head(matmul, head)
+    found.scores = logits
+    found.raw_logits = _raw_logits(matmul, [step for step in reversed(walked)], masks)
+    return found
+
+
+def _raw_logits(matmul: Node, steps: list[Node], masks) -> tuple[Node, ...]:
+    """The nodes of the chain (``steps``, from the matmul on) whose values are the op's raw
+    logits: after the bias and the last rounding to bf16/fp16, before any scale, soft-cap
+    or mask (the op's ``return_logprobs="raw"``); () if a rounding comes later."""
+    raw = [matmul]
+    for i, step in enumerate(steps):
+        if step in masks or not is_call(step, *CONVERTS, *COPIES, *ROW_OPS, aten.add.Tensor):
+            if any(_rounds(later) for later in steps[i:]):
+                return ()  # (counted in logits_dtype: the op's raw logits are rounded)
+            break
+        if _rounds(step) or is_call(step, aten.add.Tensor):
+            raw = [step]  # (the chain's one add is its bias: match_lm_head checked it)
+        else:
+            raw.append(step)
+    return tuple(raw)
+
+
+def _rounds(step: Node) -> bool:
+    return is_call(step, *CONVERTS) and val(step).dtype in HALF_DTYPES
 
 
 @dataclass

@@ -10,11 +10,13 @@ warning and ``flashsampling_inductor.explain``.
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch._dynamo.utils import counters
@@ -29,7 +31,8 @@ from torch.utils._pytree import tree_map
 
 from ..op import why_not_fused_on
 from ._lm_head import LMHead, row_op
-from ._walk import TP_GATHER_NOT_LIFTED, NoMatch, Walk, val
+from ._logprobs import LogprobReader, take_logprob_readers
+from ._walk import TP_GATHER_NOT_LIFTED, NoMatch, Walk, aten, is_call, val
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -68,6 +71,12 @@ class SamplingMatch:
     # The tensor knobs are the op's own, already checked (``sample_logits``), not values the
     # program computed with (a per-row k, p or min_p of its masks), which the rewrite checks.
     knobs_checked: bool = False
+    # The drawn tokens' logprobs the op returns ("raw" / "processed", as ``return_logprobs``):
+    # the terminal's own second output (``returns_logprobs``: ``sample_logits_logprobs``)
+    # and / or what the program's readers read (``_logprobs.py``).
+    logprobs: str | None = None
+    returns_logprobs: bool = False
+    logprob_readers: list[LogprobReader] = field(default_factory=list)
 
     @classmethod
     def of(cls, head: LMHead, **fields) -> SamplingMatch:
@@ -148,6 +157,12 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
             found = check(walk)
             if found is None:
                 return
+            readers = take_logprob_readers(walk, found)
+            if readers:
+                mode = readers[0].mode
+                if found.logprobs not in (None, mode):
+                    raise NoMatch(f"it reads {mode} logprobs beside the op's {found.logprobs} ones")
+                found.logprobs, found.logprob_readers = mode, readers
             walk.check_private()
             # Row selections after the softmax (``probs.squeeze(1)``) act on the tokens.
             tail_rows = [row_op(node, found.lm_head.vocab_size) for node in walk.tail_rows]
@@ -335,7 +350,12 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
                 # Drawn by Inductor's RNG in the graph: each call and CUDA-graph replay
                 # differs. Greedy rows draw no noise.
                 seed = torch.randint(0, SEED_RANGE, (), device=hidden.device)
-        tokens = torch.ops.flashsampling.fused_sample(
+        fused = torch.ops.flashsampling.fused_sample
+        if found.logprobs is not None:
+            fused = functools.partial(
+                torch.ops.flashsampling.fused_sample_logprobs, logprobs=found.logprobs
+            )
+        tokens = fused(
             hidden.reshape(-1, hidden.shape[-1]),
             weight,
             bias,
@@ -351,6 +371,11 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             ),
             **({} if head.softcap is None else {"softcap": head.softcap}),
         )
+        if found.logprobs is not None:
+            tokens, logprobs = tokens
+            if found.returns_logprobs:
+                shape = (*rows, found.num_samples)
+                return tokens.view(shape), logprobs.view(shape)
         if found.out_dim is not None:
             return tokens.reshape(-1) if found.out_dim == 1 else tokens.reshape(-1, 1)
         if not (found.keep_dim or tail_rows):
@@ -365,6 +390,37 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
     erase = set(walk.owned) | set(walk.leftovers) | set(match.nodes)
     match.nodes = sorted(erase, key=order.__getitem__)
     match.replace_by_example(replacement, inputs)
+    if found.logprob_readers:
+        _read_logprobs(found.logprob_readers, erase | set(walk.outputs))
+
+
+_LOGPROB_OPS = (torch.ops.flashsampling.fused_sample_logprobs.default,)
+
+
+def _read_logprobs(readers: list[LogprobReader], erase: set[Node]) -> None:
+    """Each reader's value becomes the fused op's logprobs, then what it read goes. The op
+    is found upstream of the reader's index (the drawn tokens, now the op's), through the
+    first argument of each step (views of the op's token output)."""
+    for reader in readers:
+        read = reader.output.args[0] if is_call(reader.output, aten.log.default) else reader.output
+        index = read.args[1][1] if is_call(read, aten.index.Tensor) else read.args[2]
+        node = index
+        while not is_call(node, *_LOGPROB_OPS):
+            node = node.args[0]
+        graph = node.graph
+        with graph.inserting_after(node):
+            logprobs = graph.call_function(operator.getitem, (node, 1))
+            logprobs.meta["val"] = node.meta["val"][1]
+        if reader.squeeze:
+            with graph.inserting_after(logprobs):
+                squeezed = graph.call_function(aten.squeeze.dim, (logprobs, -1))
+                squeezed.meta["val"] = logprobs.meta["val"].squeeze(-1)
+            logprobs = squeezed
+        reader.output.replace_all_uses_with(logprobs)
+        erase.add(index)
+    for node in reversed(list(next(iter(erase)).graph.nodes)):
+        if node in erase and not node.users and not node._erased:
+            node.graph.erase_node(node)
 
 
 BAD_TRUNCATION = (

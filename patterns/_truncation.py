@@ -170,15 +170,36 @@ def match_sorted(walk: Walk, scatter: Node) -> list[Mask]:
     base, dim, order, src = scatter.args
     if src is not base:
         raise NoMatch(f"{scatter.name} scatters another tensor than the one it writes into")
+    return _in_token_order(walk, scatter, base, dim, order, [])
+
+
+def match_gathered(walk: Walk, gather: Node) -> list[Mask]:
+    """``s.gather(-1, order.argsort(-1))`` with ``s, order = x.sort(-1)`` masked in sorted
+    order (the Gemma reference sampler's way back): the inverse permutation reads every
+    token from its sorted place, as ``match_sorted``'s scatter writes it there."""
+    base, dim, inverse = gather.args[:3]
+    argsort = inverse.args[0] if is_call(inverse, operator.getitem) else None
+    if not (inverse.args[1:] == (1,) and is_call(argsort, aten.sort.default, aten.sort.stable)):
+        raise NoMatch(f"{gather.name} gathers through something else than a sort's inverse order")
+    order = argsort.args[0]
+    if sort_direction(argsort, order):
+        raise NoMatch(f"{gather.name} gathers through a descending argsort, not the inverse")
+    return _in_token_order(walk, gather, base, dim, order, [inverse, argsort])
+
+
+def _in_token_order(walk, back: Node, base, dim, order, steps: list[Node]) -> list[Mask]:
+    """The masks on ``base``, values of ``x.sort(-1)`` masked in sorted order, that ``back``
+    puts back in token order through ``order`` (the sort's indices, maybe inverted by
+    ``steps``)."""
     if not (is_call(order, operator.getitem) and order.args[1] == 1):
-        raise NoMatch(f"{scatter.name} scatters through something else than a sort's indices")
+        raise NoMatch(f"{back.name} puts values back through something else than a sort's indices")
     sort = order.args[0]
     if not is_call(sort, aten.sort.default, aten.sort.stable):
-        raise NoMatch(f"{scatter.name} scatters through something else than a sort's indices")
+        raise NoMatch(f"{back.name} puts values back through something else than a sort's indices")
     if sort_of(base) is not sort:
-        raise NoMatch(f"{scatter.name} writes back something else than {sort.name}'s values")
+        raise NoMatch(f"{back.name} puts back something else than {sort.name}'s values")
     if not last_dim(dim, val(base).dim()):
-        raise NoMatch(f"{scatter.name} scatters along dim {dim}, not the vocabulary dim")
+        raise NoMatch(f"{back.name} works along dim {dim}, not the vocabulary dim")
     sort_direction(sort, sort.args[0])
     masks, node = [], base
     while is_call(node, *MASKING_OPS):
@@ -187,8 +208,9 @@ def match_sorted(walk: Walk, scatter: Node) -> list[Mask]:
         masks.insert(0, mask)
         node = mask.source
     if not masks:
-        raise NoMatch(f"{scatter.name} writes the sorted values back unmasked")
-    walk.take(scatter), walk.take(order), walk.take(node)
+        raise NoMatch(f"{back.name} puts the sorted values back unmasked")
+    for step in (back, order, node, *steps):
+        walk.take(step)
     take_outputs(walk, sort)
     masks[0].source = sort.args[0]
     return masks

@@ -51,6 +51,8 @@ class Walk:
     owned: list[Node] = field(default_factory=list)
     tail_rows: list[Node] = field(default_factory=list)  # row selections after the softmax
     leftovers: list[Node] = field(default_factory=list)  # erased too, if nothing else reads them
+    # Nodes read outside that the rewrite replaces (the drawn tokens' logprobs, _logprobs.py).
+    outputs: list[Node] = field(default_factory=list)
 
     def take(self, node: Node) -> Node:
         if node not in self.owned:
@@ -58,7 +60,7 @@ class Walk:
         return node
 
     def check_private(self) -> None:
-        inside = set(self.owned) | {self.terminal}
+        inside = set(self.owned) | {self.terminal} | set(self.outputs)
         for node in self.owned:
             outside = [user for user in node.users if user not in inside]
             if outside:

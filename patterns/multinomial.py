@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
 from ._tails import match_softmax, multinomial_draws
-from ._walk import Walk
+from ._walk import NoMatch, Walk
+from .sorted_top_p import sorted_back_reason
 
 IDIOM = "multinomial"
 TARGET = torch.ops.aten.multinomial.default
@@ -35,5 +36,12 @@ def example_inputs() -> tuple:
 def check(walk: Walk) -> SamplingMatch:
     multinomial = walk.terminal
     num_samples = multinomial_draws(multinomial)
-    logits = match_softmax(walk, walk.take(multinomial.args[0]))
+    probs = walk.take(multinomial.args[0])
+    try:
+        logits = match_softmax(walk, probs)
+    except NoMatch:
+        reason = sorted_back_reason(probs)
+        if reason is None:
+            raise
+        raise NoMatch(reason) from None
     return SamplingMatch.of(match_lm_head(walk, logits), num_samples=num_samples)

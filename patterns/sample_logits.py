@@ -34,7 +34,9 @@ from ._walk import NoMatch, Walk
 
 IDIOM = "sample_logits"
 TARGET = torch.ops.flashsampling.sample_logits.default
-_SCHEMA = [argument.name for argument in TARGET._schema.arguments]
+# ``sample_logits(return_logprobs=...)``: the same arguments and ``logprobs``, two outputs.
+TARGETS = (TARGET, torch.ops.flashsampling.sample_logits_logprobs.default)
+_SCHEMA = [argument.name for argument in TARGETS[1]._schema.arguments]
 
 
 def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -71,16 +73,45 @@ def check(walk: Walk) -> SamplingMatch:
                 " soft-capped (the op soft-caps the raw logits, first)"
             )
         head = replace(head, softcap=softcap)
+    temperature = _knob(args["temperature"], args["scalar_temperature"], off=None)
+    # (the schema's default "raw" is left out of the call)
+    mode = args.get("logprobs", "raw") if call.target == TARGETS[1] else None
+    if (head.top_p, head.min_p) != (None, None) and temperature != 1.0:
+        raise NoMatch(
+            f"{call.name} applies its temperature after a top-p / min-p mask, which kept the"
+            " tokens of the distribution before it (the op measures them after)"
+        )
     return SamplingMatch(
         head,
         num_samples=num_samples,
         top_k=head.top_k if top_k is None else top_k,
         top_p=head.top_p if top_p is None else top_p,
         min_p=head.min_p if min_p is None else min_p,
-        temperature=_knob(args["temperature"], args["scalar_temperature"], off=None),
+        temperature=temperature,
         seed=_knob(args["seed"], args["scalar_seed"], off=None),
         impl=args.get("impl", "auto"),
         knobs_checked=(top_k, top_p, min_p) != (None, None, None),
+        logprobs=_logprobs(call, mode, head, (top_k, top_p, min_p, temperature)),
+        returns_logprobs=mode is not None,
+    )
+
+
+def _logprobs(call: Node, mode: str | None, head, own: tuple) -> str | None:
+    """The op's ``return_logprobs`` for the call's: "processed" is the same distribution
+    (the chain's temperature and masks are the op's too); "raw", the log-softmax of the
+    logits the call is given, is the op's raw one when those are the raw logits, and its
+    processed one when the call adds nothing to the chain (temperature 1, no truncation or
+    soft-cap of its own)."""
+    if mode in (None, "processed"):
+        return mode
+    if head.scores in head.raw_logits:
+        return "raw"
+    if own == (None, None, None, 1.0) and head.softcap is None:
+        return "processed"
+    raise NoMatch(
+        f"{call.name} returns the log-softmax of logits the chain scaled, soft-capped or"
+        " masked, under which it then samples with its own temperature or truncation: the"
+        " op's raw logprobs are of the raw logits, its processed ones of what it samples"
     )
 
 

@@ -159,6 +159,41 @@ def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float | Node:
     return p
 
 
+def sorted_back_reason(probs: Node) -> str | None:
+    """Why probabilities zeroed in sorted order and put back in token order before the draw
+    (the Gemma reference sampler: ``probs_sort`` masked, renormalized, then
+    ``gather(probs_sort, -1, argsort(probs_idx))``) are refused; None if ``probs`` is not
+    that. The op truncates logits (-inf), not probabilities: only its own order of masks
+    (top-k, then top-p measured on the survivors) is one it can draw."""
+    node = probs
+    if is_call(node, aten.div.Tensor) and is_call(node.args[1], aten.sum.dim_IntList):
+        node = node.args[0]
+    if not is_call(node, aten.gather.default, aten.scatter.src):
+        return None
+    kept = node.args[0]
+    while is_call(kept, aten.div.Tensor) and is_call(kept.args[1], aten.sum.dim_IntList):
+        kept = kept.args[0]
+    if not is_call(kept, *MASKING_OPS):
+        return None
+    try:
+        source = masking_shell(kept)[0]
+    except NoMatch:
+        return None
+    if sort_of(source) is None and not is_call(source, *MASKING_OPS):
+        return None
+    if is_call(source, *MASKING_OPS) and "rank k" in _several_masks(kept):
+        return (
+            f"{node.name} puts back in token order probabilities that a nucleus measured on"
+            " the whole row's mass and a top-k cut by rank zeroed in sorted order (the Gemma"
+            " reference sampler): the op cannot draw that distribution, it measures top-p on"
+            " the top-k survivors"
+        )
+    return (
+        f"{node.name} puts back in token order probabilities zeroed in sorted order: the op"
+        " recognizes such masks on the logits (-inf, scattered back), not on probabilities"
+    )
+
+
 def _several_masks(kept) -> str:
     """Why a chain of masks on the sorted probabilities is refused (SGLang's torch-native
     sampler, the Gemma reference's): the op measures top-p on the top-k survivors, these

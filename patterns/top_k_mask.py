@@ -34,6 +34,7 @@ from ._walk import (
     constant,
     is_call,
     last_dim,
+    prims,
     same,
     same_shape,
     take_constant,
@@ -78,6 +79,9 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
     if not is_call(condition, *_COMPARISONS):
         return None
     a, b = condition.args
+    ranked = _rank_in_sorted_order(walk, condition, source, removes)
+    if ranked is not None:
+        return ranked
     if a is source:
         pivot, op = b, _COMPARISONS[condition.target][0]
     elif b is source:
@@ -95,6 +99,66 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
         raise NoMatch(f"{condition.name} {role} x {op} kth, where top-k {role} x {wanted} kth")
     walk.take(condition)
     return Mask(source, top_k=k)
+
+
+def _rank_in_sorted_order(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask | None:
+    """``arange(V) >= k[:, None]`` (removed) or ``arange(V) < k[:, None]`` (kept) on values
+    sorted in descending order (SGLang's and the Gemma reference sampler's per-row top-k,
+    written back to token order by ``_truncation.match_sorted`` / ``match_gathered``): the
+    first k of each row stay, exactly k, the sort breaking ties at the k-th value (the op
+    keeps them all: ``exact_k``, fp32 logits only). None if the condition compares no
+    ``arange`` over the vocabulary."""
+    a, b = condition.args
+    steps, ranks = _broadcast_steps(a)
+    op = _COMPARISONS[condition.target][0]
+    if not _is_vocabulary_arange(ranks, source):
+        steps, ranks = _broadcast_steps(b)
+        op, b = _COMPARISONS[condition.target][1], a
+        if not _is_vocabulary_arange(ranks, source):
+            return None
+    sort = sort_of(source)
+    if sort is None or not sort_direction(sort, sort.args[0]):
+        raise NoMatch(
+            f"{condition.name} keeps the first k positions of values that are not sorted in"
+            " descending order"
+        )
+    wanted = ">=" if removes else "<"
+    if op != wanted:
+        role = "removes" if removes else "keeps"
+        raise NoMatch(f"{condition.name} {role} rank {op} k, where top-k {role} rank {wanted} k")
+    k_steps, k = _integer_steps(b)
+    value, rows = val(k), val(source).shape[:-1]
+    if not (isinstance(value, torch.Tensor) and not value.is_floating_point()):
+        raise NoMatch(f"{condition.name} compares the ranks with a k that is not an integer tensor")
+    if value.dtype == torch.bool or not same_shape(value.shape, rows):
+        raise NoMatch(f"{condition.name} compares the ranks with a k of shape {tuple(value.shape)}")
+    for node in (*steps, ranks, *k_steps, condition):
+        walk.take(node)
+    return Mask(source, top_k=k, exact_k=True)
+
+
+def _broadcast_steps(node) -> tuple[list[Node], object]:
+    steps = []
+    while is_call(node, aten.unsqueeze.default, aten.expand.default, *RESHAPES):
+        steps.append(node)
+        node = node.args[0]
+    return steps, node
+
+
+def _is_vocabulary_arange(node, source: Node) -> bool:
+    """``torch.arange(V)`` (aten: ``iota``), V the vocabulary size of ``source``."""
+    vocab_size = val(source).shape[-1]
+    if is_call(node, prims.iota.default):
+        return (
+            same(node.args[0], vocab_size)
+            and node.kwargs.get("start") == 0
+            and node.kwargs.get("step") == 1
+        )
+    if is_call(node, aten.arange.default):
+        return same(node.args[0], vocab_size)
+    if is_call(node, aten.arange.start):
+        return node.args[0] == 0 and same(node.args[1], vocab_size)
+    return False
 
 
 def _kth_largest(walk: Walk, pivot: Node, source: Node) -> int | Node | None:

@@ -226,12 +226,6 @@ def probs_returned(x):  # gpt-fast's sample() returns the probs too
     return torch.argmax(probs / q, dim=-1, keepdim=True), probs
 
 
-def logprobs_too(h):
-    log_probs = torch.log_softmax(LM_HEAD(h), dim=-1)
-    tokens = torch.multinomial(log_probs.exp(), 1)
-    return tokens, log_probs.gather(-1, tokens)
-
-
 def noise_reused(h):
     logits = LM_HEAD(h)
     g = -torch.log(-torch.log(torch.rand_like(logits)))
@@ -275,7 +269,6 @@ def generator_multinomial(h):
 NEGATIVE = [
     pytest.param(logits_returned, (hidden(B, D),), id="logits-returned"),
     pytest.param(probs_returned, (hidden(B, T, D),), id="probs-returned"),
-    pytest.param(logprobs_too, (hidden(B, D),), id="logprobs"),
     pytest.param(noise_reused, (hidden(B, D),), id="noise-reused"),
     pytest.param(softmax_over_batch, (hidden(B, D),), id="softmax-dim-0"),
     pytest.param(without_replacement, (hidden(B, D),), id="n2-without-replacement"),

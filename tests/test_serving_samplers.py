@@ -288,7 +288,12 @@ def gemma_sample(h, temperatures, top_ps, top_ks):
             "measured on the whole row",
             id="sglang-torch-native",
         ),
-        pytest.param(gemma_sample, (x, T_ROWS + 0.1, P_ROWS, K_ROWS), "not a softmax", id="gemma"),
+        pytest.param(
+            gemma_sample,
+            (x, T_ROWS + 0.1, P_ROWS, K_ROWS),
+            "nucleus measured on the whole row",
+            id="gemma",
+        ),
         pytest.param(
             vllm_min_p_then_top_p,
             (x, T_ROWS, K_ROWS, P_ROWS, MIN_P_ROWS),
