@@ -563,7 +563,7 @@ def _fuse_continuous_batching(manager) -> None:
         why_not = "tensor parallelism is not fused"
     knobs = why_not or _row_knobs(manager.logit_processor, manager.generation_config.do_sample)
     if isinstance(knobs, str):
-        _warn_once(knobs, "continuous batching runs transformers' own step")
+        _warn_once(knobs, "continuous batching runs transformers' own step", manager.model)
         return
     if config.return_logprobs:
         knobs = dataclasses.replace(knobs, logprobs="raw" if knobs.greedy else "processed")
@@ -577,7 +577,7 @@ def _fuse_continuous_batching(manager) -> None:
 
     def create_fused():
         processor = create()
-        _fuse_model_runner(processor.model_runner, knobs)
+        _fuse_model_runner(processor.model_runner, knobs, manager.model)
         return processor
 
     manager._create_batch_processor = create_fused
@@ -589,8 +589,9 @@ def _with_our_backend(config):
     return config
 
 
-def _fuse_model_runner(runner, knobs: _RowKnobs) -> None:
-    """Give a ModelRunner the fused step, compiled with its paths' (fused) compile configs."""
+def _fuse_model_runner(runner, knobs: _RowKnobs, model) -> None:
+    """Give a ModelRunner the fused step, compiled with its paths' (fused) compile configs;
+    each path's first call says whether it ran fused and ``is_fused(model)`` tells the same."""
     if getattr(runner, "_flashsampling_knobs", None) is not None:
         return  # a batch processor made before and reset
     runner._flashsampling_knobs = knobs
@@ -601,7 +602,8 @@ def _fuse_model_runner(runner, knobs: _RowKnobs) -> None:
         config = getattr(runner.cb_config, f"{path}_compile_config")
         if config is not None:
             step = functools.partial(_compiled_batching_step(config), runner.inputs_and_outputs)
-            setattr(runner, f"_compiled_{path}", functools.partial(step, knobs))
+            step = _reporting_first_call(model, functools.partial(step, knobs))
+            setattr(runner, f"_compiled_{path}", step)
 
 
 def _batching_step(io, knobs, model, batch_data, carry_over_ids, prev_output_ids, output_ids):
@@ -694,12 +696,15 @@ class Fusion:
 
 
 def is_fused(model) -> Fusion:
-    """Whether the last ``generate`` on ``model`` ran its decode step fused, and if not, why
-    (what the first ``generate`` after ``enable`` logs, at INFO or WARNING)."""
+    """Whether the last ``generate`` on ``model``, or the last compiled step of a
+    continuous-batching manager made on it, ran fused, and if not, why (what their first call
+    after ``enable`` logs, at INFO or WARNING)."""
     if "generate" not in vars(model):
         return Fusion(False, "flashsampling_inductor.hf.enable(model) was not called")
     fusion = vars(model).get("_flashsampling_fusion")
-    return Fusion(False, "generate has not run yet") if fusion is None else fusion
+    if fusion is None:
+        return Fusion(False, "neither generate nor a continuous-batching step has run yet")
+    return fusion
 
 
 def _reporting_first_call(model, step):

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     install()
     app = typer.Typer(add_completion=False)
     app.command()(Serve)  # the one command: its options are the arguments
-    app(args=sys.argv[1:] if argv is None else argv, prog_name="python -m flashsampling_inductor.serve")
+    args = sys.argv[1:] if argv is None else argv
+    app(args=args, prog_name="python -m flashsampling_inductor.serve")
 
 
 if __name__ == "__main__":

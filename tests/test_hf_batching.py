@@ -165,6 +165,7 @@ def test_requests_with_mixed_settings_are_drawn_fused(model, caplog):
         tokens = _serve(model, requests, _generation_config(**SAMPLING))
     assert _rewrites() >= 1, "the step was not rewritten"
     assert not _our_warnings(caplog)
+    assert hf.is_fused(model), hf.is_fused(model)
     drawn = np.array(tokens[: 2 * per_group])
     for group, settings in enumerate(GROUPS[:2]):
         rows = drawn[group * per_group : (group + 1) * per_group]
@@ -210,6 +211,7 @@ def test_what_is_not_fused_runs_transformers_step(model, caplog):
     assert not counters["flashsampling"]
     assert _our_warnings(caplog).count("TypicalLogitsWarper") == 1
     assert got == expected
+    assert "TypicalLogitsWarper" in hf.is_fused(model).reason
 
 
 def test_logprobs_are_the_engines(model, caplog):

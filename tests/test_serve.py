@@ -1,4 +1,4 @@
-"""``python -m flashsampling_inductor.serve``: models that transformers' server loads are enabled."""
+"""``python -m flashsampling_inductor.serve``: the models transformers' server loads are enabled."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def checkpoint(tmp_path):
 
 def test_the_servers_models_are_enabled(checkpoint, monkeypatch):
     # install() patches the class; monkeypatch puts transformers' own loader back afterwards.
-    monkeypatch.setattr(model_manager.ModelManager, "_load_model", model_manager.ModelManager._load_model)
+    manager_class = model_manager.ModelManager
+    monkeypatch.setattr(manager_class, "_load_model", manager_class._load_model)
     monkeypatch.setattr(model_manager.ModelManager, "_load_processor", lambda *a, **k: None)
     serve.install()
     serve.install()  # idempotent: one wrapper
