@@ -17,6 +17,10 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
     fused_topk256            fused_sample(..., top_k=256): the largest k issue 17's goal names
     flashinfer_topk50        matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=1.0)
     flashinfer_topk50_topp09 matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=0.9)
+                             (FlashInfer >= 0.7 takes its radix top-k-first path for these)
+    flashinfer_cake_topk50   matmul + fp32 softmax + flashinfer.cake_top_k_top_p_sampling_
+                             from_probs(top_k=50, top_p=1.0) (FlashInfer >= 0.7.2, Hopper+)
+    flashinfer_cake_topk50_topp09  the same with top_p=0.9
     hf_topk50                transformers' TopKLogitsWarper(50) + softmax + multinomial,
                              stock torch.compile, mode="reduce-overhead" (CUDA graphs)
     hf_topk50_topp09         the same with TopPLogitsWarper(0.9) after the top-k warper
@@ -97,7 +101,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SHAPES = ((2048, 151936), (4096, 151936), (8192, 128256))
-BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Servers batch whatever the scheduler makes, not powers of two: the sizes between 128 and 256
+# are where stage 1 changes tiles (issue 38).
+BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 144, 160, 192, 224, 256)
 QUICK_SHAPES = ((4096, 151936),)
 QUICK_BATCHES = (1, 64, 256)
 TEMPERATURE = 1.0
@@ -275,6 +281,24 @@ def flashinfer_builder(
     return build
 
 
+def flashinfer_cake_builder(top_p: float = 1.0) -> Callable[..., Step]:
+    """FlashInfer 0.7.2's fused radix top-k -> sparse top-p -> sampling kernel, which takes
+    fp32 probabilities: cuBLAS logits, their softmax (counted), then the two cake kernels."""
+
+    def build(weight: torch.Tensor) -> Step:
+        import flashinfer
+
+        sample = flashinfer.cake_top_k_top_p_sampling_from_probs  # AttributeError before 0.7.2
+
+        def step(hidden):
+            probs = torch.softmax((hidden @ weight.T).float() / TEMPERATURE, dim=-1)
+            return sample(probs, TOP_K, top_p, philox_seed=1234, philox_offset=0)
+
+        return step
+
+    return build
+
+
 def flashinfer_probs_builder(top_p: float = 1.0, min_p: float = 0.0) -> Callable[..., Step]:
     """FlashInfer's top-p or min-p sampler, which takes probabilities: cuBLAS logits, their
     fp32 softmax, then the sampler (rejection sampling over the row)."""
@@ -333,6 +357,8 @@ PROVIDERS = {
         Provider(
             "flashinfer_topk50_topp09", flashinfer_builder(True, TOP_K, TOP_P), flashinfer=True
         ),
+        Provider("flashinfer_cake_topk50", flashinfer_cake_builder(), flashinfer=True),
+        Provider("flashinfer_cake_topk50_topp09", flashinfer_cake_builder(TOP_P), flashinfer=True),
         Provider("hf_topk50", warped_builder(None), **COMPILED_CG),
         Provider("hf_topk50_topp09", warped_builder(TOP_P), **COMPILED_CG),
         Provider("fused_topp09", fused_truncated_builder(top_p=TOP_P), truncating=True),
@@ -395,7 +421,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--shapes", type=parse_shapes, help="DxV list, default: the three models")
-    parser.add_argument("--batches", type=parse_ints, help="B list, default 1,2,4,...,256")
+    parser.add_argument(
+        "--batches", type=parse_ints, help="B list, default 1,2,...,32,48,64,96,128,144,...,256"
+    )
     parser.add_argument(
         "--providers", type=parse_names(ALL_PROVIDERS), default=ALL_PROVIDERS,
         help=f"comma list from {','.join(ALL_PROVIDERS)} (matmul and fused always run)",
@@ -546,22 +574,39 @@ def ensure_context_alive() -> None:
         raise ContextLost(one_line(error)) from error
 
 
-def warm_up_flashinfer() -> str:
-    """Run FlashInfer's one-time JIT build of its sampling module; '' or the error."""
+def warm_up_flashinfer(providers: tuple[str, ...]) -> str:
+    """Run FlashInfer's one-time JIT builds (or AOT loads) of the modules the providers
+    use; '' or the error."""
     start = time.perf_counter()
     try:
+        import flashinfer
         import flashinfer.sampling as fi
 
-        logits = torch.randn(4, 4096, device=DEVICE, dtype=DTYPE)
+        logits = torch.randn(4, 151936, device=DEVICE, dtype=DTYPE)
         fi.sampling_from_logits(logits)
-        fi.top_k_top_p_sampling_from_logits(logits, top_k=4096, top_p=1.0)
+        fi.top_k_top_p_sampling_from_logits(logits, top_k=logits.shape[1], top_p=1.0)
+        fi.top_k_top_p_sampling_from_logits(logits, top_k=TOP_K, top_p=TOP_P)  # top-k first
+        if any("cake" in p for p in providers):
+            probs = torch.softmax(logits.float(), dim=-1)
+            flashinfer.cake_top_k_top_p_sampling_from_probs(probs, TOP_K, TOP_P)
         torch.cuda.synchronize()
     except Exception as error:
         ensure_context_alive()
         print(f"FlashInfer unavailable: {one_line(error)}", flush=True)
         return one_line(error)
-    print(f"FlashInfer JIT warm-up: {time.perf_counter() - start:.1f} s", flush=True)
+    print(
+        f"FlashInfer {flashinfer.__version__} JIT warm-up: {time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
     return ""
+
+
+def flashinfer_version() -> str:
+    try:
+        import flashinfer
+    except Exception:
+        return ""
+    return flashinfer.__version__
 
 
 @dataclass
@@ -711,6 +756,8 @@ def run_shape(
                     note = "; ".join(filter(None, (f"{args.fused_logits} logits", note)))
                 if FUSED_SEED_TENSOR and name.startswith("fused"):
                     note = "; ".join(filter(None, ("seed tensor", note)))
+                if provider.flashinfer:
+                    note = "; ".join(filter(None, (f"flashinfer {args.flashinfer}", note)))
                 results.add(Row(dim, vocab, batch, name, timing, value, note))
             print(f"  ({name}: {time.perf_counter() - start:.1f} s)", flush=True)
     return True
@@ -750,6 +797,8 @@ PEER_LABELS = {
     "fused_topk256": "fused top-k 256",
     "flashinfer_topk50": "FlashInfer top-k 50",
     "flashinfer_topk50_topp09": "FlashInfer top-k 50 + top-p 0.9",
+    "flashinfer_cake_topk50": "FlashInfer cake top-k 50",
+    "flashinfer_cake_topk50_topp09": "FlashInfer cake top-k 50 + top-p 0.9",
     "hf_topk50": "transformers top-k 50, compiled",
     "hf_topk50_topp09": "transformers top-k 50 + top-p 0.9, compiled",
     "fused_topp09": "fused top-p 0.9",
@@ -767,6 +816,8 @@ FUSED_OF = {
     "flashinfer_topk50": "fused_topk50",
     "hf_topk50": "fused_topk50",
     "flashinfer_topk50_topp09": "fused_topk50_topp09",
+    "flashinfer_cake_topk50": "fused_topk50",
+    "flashinfer_cake_topk50_topp09": "fused_topk50_topp09",
     "hf_topk50_topp09": "fused_topk50_topp09",
     "fused_topp09": "matmul",
     "fused_minp01": "matmul",
@@ -814,7 +865,8 @@ def markdown_tables(rows: list[Row], meta: dict[str, str]) -> str:
             f"\n### {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}:"
             f" {timing} timing; matmul and fused in us; peer columns = peer time / fused time;"
             f" fused top-k / top-p / min-p on {meta.get('fused_logits', 'fp32')} logits;"
-            f" fused seed {meta.get('fused_seed', 'drawn')}",
+            f" fused seed {meta.get('fused_seed', 'drawn')}"
+            + (f"; FlashInfer {meta['flashinfer']}" if meta.get("flashinfer") else ""),
             "",
             "| D, V | B | matmul | fused | fused/matmul | " + " | ".join(peers) + " |",
             "|---|---|---|---|---|" + "---|" * len(peers),
@@ -905,7 +957,11 @@ def main(argv: list[str] | None = None) -> int:
         "fused_logits": args.fused_logits,
         "fused_seed": args.fused_seed,
     }
+    if any(PROVIDERS[p].flashinfer for p in args.providers if p in PROVIDERS):
+        meta["flashinfer"] = args.flashinfer = flashinfer_version()
     stem = f"bench_sampling_{slug(meta['gpu'])}_{now.strftime('%Y%m%d-%H%M')}"
+    if meta.get("flashinfer"):  # sweeps of two FlashInfer versions in one minute keep both
+        stem += f"_flashinfer-{slug(meta['flashinfer'])}"
     results = Results(args.out_dir / f"{stem}.csv", meta)
     print(f"{meta}\nwriting {results.path}", flush=True)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
@@ -916,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
         bandwidth = copy_bandwidth(args)
         print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
         use_flashinfer = any(PROVIDERS[p].flashinfer for p in args.providers if p in PROVIDERS)
-        flashinfer_error = warm_up_flashinfer() if use_flashinfer else ""
+        flashinfer_error = warm_up_flashinfer(args.providers) if use_flashinfer else ""
         for dim, vocab in args.shapes:
             finished = run_shape(dim, vocab, args, results, bandwidth, flashinfer_error, deadline)
             release_shape()
