@@ -14,6 +14,7 @@
 #   --flashinfer S  FlashInfer 0.7.2.post1 / 0.6.9 peers after the sweep (S seconds each) from
 #                   .fi/ (fi072_trim.tar.xz and the 0.6.9 wheels); their JIT builds run during
 #                   the warm-up and the sweep, at low priority
+#   --flashinfer069 S  the 0.6.9 sweep's budget (default 20; 0.7.2 runs first)
 #   --warm S        cap of the warm-up (default 120)
 #   --sweep S       budget of the timed sweep (default 75)
 #   --cache-in F    a Triton cache tarball from an earlier call: no warm-up then
@@ -23,12 +24,13 @@
 # FlashInfer CSVs, the exactness JSON and CSV.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-tests_s=0 exact_s=0 fi_s=0 warm_s=120 sweep_s=75 cache_in="" cache_out=0
+tests_s=0 exact_s=0 fi_s=0 fi069_s=20 warm_s=120 sweep_s=75 cache_in="" cache_out=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --tests) tests_s=$2; shift ;;
         --exactness) exact_s=$2; shift ;;
         --flashinfer) fi_s=$2; shift ;;
+        --flashinfer069) fi069_s=$2; shift ;;
         --warm) warm_s=$2; shift ;;
         --sweep) sweep_s=$2; shift ;;
         --cache-in) cache_in=$2; shift ;;
@@ -110,10 +112,22 @@ say "timed sweep (budget $sweep_s s)"
 timeout $((sweep_s + 40)) "${BENCH[@]}" --providers "$PROVIDERS" --warmup-ms 10 --rep-ms 40 \
     --budget-s "$sweep_s" --out-dir "$OUT"
 
+if [ "$cache_out" = 1 ]; then
+    say "Triton cache out"
+    du -sh /tmp/triton_sweep
+    XZ_OPT=-T0 tar -C / -cJf "$OUT/triton_cache.tar.xz" --exclude='*.ttir' --exclude='*.ttgir' \
+        --exclude='*.llir' --exclude='*.ptx' --exclude='*.source' tmp/triton_sweep
+    ls -la "$OUT/triton_cache.tar.xz"
+fi
+say "exactness:"
+cat /tmp/exactness.log 2>/dev/null | tail -n 12
+say "GPU tests:"
+cat /tmp/gpu_tests.log 2>/dev/null
 if [ "$fi_s" -gt 0 ]; then
     for v in 072 069; do
         say "FlashInfer $v builds:"
         tail -n 3 /tmp/fi_build_${v}_*.log
+        [ "$v" = 069 ] && fi_s=$fi069_s
         providers=fused_topk50,fused_topk50_topp09,flashinfer_fi2,flashinfer_topk50
         providers+=,flashinfer_topk50_topp09,flashinfer_topp09,flashinfer_minp01
         providers+=,fused_topp09,fused_minp01
@@ -129,15 +143,4 @@ if [ "$fi_s" -gt 0 ]; then
     kill "${fi_pids[@]}" 2>/dev/null
 fi
 
-if [ "$cache_out" = 1 ]; then
-    say "Triton cache out"
-    du -sh /tmp/triton_sweep
-    XZ_OPT=-T0 tar -C / -cJf "$OUT/triton_cache.tar.xz" --exclude='*.ttir' --exclude='*.ttgir' \
-        --exclude='*.llir' --exclude='*.ptx' --exclude='*.source' tmp/triton_sweep
-    ls -la "$OUT/triton_cache.tar.xz"
-fi
-say "exactness:"
-cat /tmp/exactness.log 2>/dev/null | tail -n 12
-say "GPU tests:"
-cat /tmp/gpu_tests.log 2>/dev/null | tail -n 60
 say "done"
