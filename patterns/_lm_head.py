@@ -121,7 +121,7 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
         elif is_call(step, aten.tanh.default):
             head.soft_cap(step)
         elif is_call(step, *ROW_OPS):
-            if head.per_row:
+            if head.per_row and not _keeps_rows(step):
                 raise NoMatch(f"{step.name} selects rows after a per-row temperature")
             head.row_ops.append(step)
     # The flatten of the hidden states and the transpose of the weight, once unused.
@@ -137,6 +137,14 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     found.scores = logits
     found.raw_logits = _raw_logits(matmul, [step for step in reversed(walked)], masks)
     return found
+
+
+def _keeps_rows(step: Node) -> bool:
+    """Each row stays the row it was, in order (transformers' continuous batching views its
+    warped [N, V] scores as [1, N, V] and reads ``[0]``): the per-row knobs still match."""
+    if is_call(step, *RESHAPES, *SQUEEZES, aten.unsqueeze.default):
+        return True
+    return is_call(step, aten.select.int) and same(val(step.args[0]).shape[step.args[1]], 1)
 
 
 def _raw_logits(matmul: Node, steps: list[Node], masks) -> tuple[Node, ...]:

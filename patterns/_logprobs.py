@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.fx import Node
 
-from ._tails import match_softmax
+from ._tails import logsumexp_of, match_softmax
 from ._walk import (
     CONVERTS,
     NoMatch,
@@ -51,7 +51,9 @@ from ._walk import (
     last_dim,
     over_last_dim,
     prims,
+    same,
     same_shape,
+    slice_args,
     val,
 )
 
@@ -85,6 +87,8 @@ def take_logprob_readers(walk: Walk, found: SamplingMatch) -> list[LogprobReader
     """The logprob readers of ``walk``'s drawn tokens, their nodes taken by ``walk`` (their
     outputs in ``walk.outputs``); [] if there is none. NoMatch: a reader that the op's
     logprobs cannot replace exactly, or readers of both modes."""
+    if not isinstance(val(walk.terminal), torch.Tensor):
+        return []  # (``sample_logits_logprobs``: the op's own two outputs)
     readers = []
     for tokens in _token_views(walk.terminal):
         for user in list(tokens.users):
@@ -98,14 +102,33 @@ def take_logprob_readers(walk: Walk, found: SamplingMatch) -> list[LogprobReader
 
 
 def _token_views(terminal: Node) -> list[Node]:
+    """The drawn tokens and their views that keep each token's value at its place in
+    row-major order (so a view of shape [N, num_samples] reads row r's tokens in row r)."""
     views, frontier = [terminal], [terminal]
     while frontier:
         for user in frontier.pop().users:
-            if is_call(user, *_TOKEN_VIEWS) and user.args[0] in views and user not in views:
+            if user.args[0] in views and user not in views and _keeps_order(user):
                 if val(user).dtype == torch.int64:
                     views.append(user)
                     frontier.append(user)
     return views
+
+
+def _keeps_order(step: Node) -> bool:
+    if is_call(step, *_TOKEN_VIEWS):
+        return True
+    source = val(step.args[0]).shape
+    if is_call(step, aten.permute.default):  # (of one non-1 dim: ``multinomial(...).T``)
+        return sum(not same(size, 1) for size in source) <= 1
+    # Categorical.log_prob: ``broadcast_tensors(t[..., None], log_pmf)[0][..., :1]``, an
+    # expand of the last dim, of size 1, then its first column.
+    if is_call(step, aten.expand.default):
+        out = val(step).shape
+        return len(out) == len(source) and same(source[-1], 1) and same_shape(source[:-1], out[:-1])
+    if is_call(step, aten.slice.Tensor):
+        dim, start, end, stride = slice_args(step)
+        return last_dim(dim, len(source)) and start == 0 and same(val(step).shape[-1], 1)
+    return False
 
 
 def _reader(walk: Walk, found: SamplingMatch, user: Node, tokens: Node) -> LogprobReader | None:
@@ -129,6 +152,11 @@ def _reader(walk: Walk, found: SamplingMatch, user: Node, tokens: Node) -> Logpr
         probe.take(table)
     if x is None and not squeeze and len(user.users) == 1:  # probs.gather(-1, token).log()
         log = next(iter(user.users))
+        if is_call(log, aten.squeeze.dim) and log.args[1] in (-1, 1) and len(log.users) == 1:
+            squeezed, log = log, next(iter(log.users))  # (transformers' CB: squeeze, then log)
+            squeeze = is_call(log, aten.log.default)
+            if squeeze:
+                probe.take(squeezed)
         if is_call(log, aten.log.default):
             x = _softmax_input(probe, table)
             output = log
@@ -138,7 +166,7 @@ def _reader(walk: Walk, found: SamplingMatch, user: Node, tokens: Node) -> Logpr
     if val(rounded).dtype != torch.float32:
         raise NoMatch(f"the logprob is computed in {val(rounded).dtype}, the op's in fp32")
     reader = LogprobReader(output, _mode(probe, found, x, table), squeeze)
-    _check_shape(found, x, tokens, output, squeeze)
+    _check_shape(found, x, tokens, output, squeeze, gathered=user.target == aten.gather.default)
     for node in probe.owned:
         walk.take(node)
     return reader
@@ -169,6 +197,15 @@ def _log_softmax_input(walk: Walk, table) -> Node | None:
             return None
         walk.take(table)
         return table.args[0]
+    if is_call(table, aten.sub.Tensor) and "alpha" not in table.kwargs:
+        # ``x - logsumexp(x)``: Categorical(logits=x)'s normalized logits, its log_prob's table
+        x, lse = table.args
+        steps = logsumexp_of(lse, x) if isinstance(x, Node) else None
+        if steps is not None:
+            for node in (table, *steps):
+                if isinstance(node, Node):
+                    walk.take(node)
+            return x
     if not (is_call(table, aten.sub.Tensor) and is_call(table.args[1], aten.log.default)):
         return None
     shifted, log_total = table.args
@@ -238,14 +275,15 @@ def _mode(walk: Walk, found: SamplingMatch, x: Node, table: Node) -> str:
     return "processed"
 
 
-def _check_shape(found: SamplingMatch, x: Node, tokens: Node, output: Node, squeeze: bool):
+def _check_shape(found, x: Node, tokens: Node, output: Node, squeeze: bool, gathered: bool):
     table, out = val(x), val(output)
     scores = val(found.lm_head.scores)
     if table.dim() != 2 or tuple(table.shape) != tuple(scores.shape):
         raise NoMatch("the logprob reads a table of other rows than the drawn tokens'")
-    rows = table.shape[0]
-    expected = (rows,) if squeeze else (rows, found.num_samples)
-    if found.num_samples != 1 and squeeze:
+    rows, samples = table.shape[0], found.num_samples
+    if samples != 1 and squeeze:
         raise NoMatch("the logprob indexes several samples per row by one token")
-    if tuple(out.shape) != expected or tuple(val(tokens).shape) != expected:
+    expected = (rows,) if squeeze else (rows, samples)
+    index = (rows, samples) if gathered else (rows,)
+    if tuple(out.shape) != expected or tuple(val(tokens).shape) != index:
         raise NoMatch(f"the logprob reads {tuple(out.shape)} values, not one per drawn token")

@@ -402,7 +402,9 @@ def _read_logprobs(readers: list[LogprobReader], erase: set[Node]) -> None:
     is found upstream of the reader's index (the drawn tokens, now the op's), through the
     first argument of each step (views of the op's token output)."""
     for reader in readers:
-        read = reader.output.args[0] if is_call(reader.output, aten.log.default) else reader.output
+        read = reader.output
+        while is_call(read, aten.log.default, aten.squeeze.dim):
+            read = read.args[0]
         index = read.args[1][1] if is_call(read, aten.index.Tensor) else read.args[2]
         node = index
         while not is_call(node, *_LOGPROB_OPS):

@@ -85,7 +85,7 @@ def _unshift(walk: Walk, node: Node) -> Node:
         node = x
     if is_call(node, aten.sub.Tensor) and "alpha" not in node.kwargs:
         x, lse = node.args
-        steps = _logsumexp_of(lse, x) if isinstance(x, Node) else None
+        steps = logsumexp_of(lse, x) if isinstance(x, Node) else None
         if steps is not None:
             for step in (node, *steps):
                 if isinstance(step, Node):
@@ -94,7 +94,7 @@ def _unshift(walk: Walk, node: Node) -> Node:
     return node
 
 
-def _logsumexp_of(lse, x: Node) -> list[Node] | None:
+def logsumexp_of(lse, x: Node) -> list[Node] | None:
     """The nodes of ``torch.logsumexp(x, -1, keepdim=True)`` as it decomposes,
     ``log(sum(exp(x - m), -1, keepdim)) + m`` with ``m`` the row max (0 where it is
     infinite); None if ``lse`` is not that."""

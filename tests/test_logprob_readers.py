@@ -59,6 +59,22 @@ def exp_of_log_softmax(h, t):  # (moved from test_patterns' near misses: now fus
     return tokens, log_probs.gather(-1, tokens)
 
 
+def continuous_batching(h, t, k, p):  # transformers' ModelRunner._sample, return_logprobs
+    scores = F.linear(h, WEIGHT)[None].view(-1, V)
+    scores = scores / t[:, None]  # (the continuous-batching warpers: per-row tensors)
+    kth = scores.sort(dim=-1, descending=True)[0].gather(-1, (k - 1)[:, None])
+    scores = scores.masked_fill(scores < kth, -torch.inf).view(1, -1, V)
+    probs = F.softmax(scores[0], dim=-1)
+    tokens = torch.multinomial(probs, num_samples=1)
+    return tokens.squeeze(-1), probs.gather(dim=1, index=tokens).squeeze(-1).log()
+
+
+def categorical_log_prob(h, t):  # an RL rollout: Categorical(logits).sample() and log_prob
+    distribution = torch.distributions.Categorical(logits=F.linear(h, WEIGHT))
+    action = distribution.sample()
+    return action, distribution.log_prob(action)
+
+
 def vllm_sampler(h, temperature, k, p):
     """vLLM's Sampler: raw logprobs, greedy rows, per-row top-k / top-p, the race."""
     logits = F.linear(h, WEIGHT)
@@ -110,6 +126,10 @@ FORMS = [
     ),
     pytest.param(exp_of_log_softmax, (X, T_SAMPLED), "multinomial", "raw", id="exp-log-softmax"),
     pytest.param(vllm_sampler, (X, T_ROWS, K_ROWS, P_ROWS), "mixed_greedy", "raw", id="vllm"),
+    pytest.param(
+        continuous_batching, (X, T_SAMPLED, K_ROWS, P_ROWS), "multinomial", "processed", id="hf-cb"
+    ),
+    pytest.param(categorical_log_prob, (X, T_SAMPLED), "multinomial", "raw", id="categorical"),
     pytest.param(
         sample_logits_processed, (X, T_SAMPLED), "sample_logits", "processed", id="sample-logits"
     ),
