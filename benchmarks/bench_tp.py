@@ -21,8 +21,11 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
 Top-k 50 (not in the default list; ``--providers`` names them, and a second table shows
 them): ``fused_tp_topk50`` (tp_fused_sample(top_k=50): each rank's 50 largest scores
 exchanged, the shard's logits materialized), ``allgather_fi1_topk50`` (the logits gathered,
-then FlashInfer's top_k_top_p_sampling_from_logits), ``step_topk50_flashsampling`` /
-``step_topk50_inductor`` (gpt-fast's top-k after the gather, compiled).
+then FlashInfer's top_k_top_p_sampling_from_logits), ``allgather_compiled_topk50`` (the
+logits gathered, then gpt-fast's top-k, softmax and multinomial compiled by stock Inductor),
+each also ``_topp90`` (then top-p 0.9; the compiled one with HF's top-p warper), and
+``step_topk50_flashsampling`` / ``step_topk50_inductor`` (gpt-fast's top-k after the gather,
+the whole step compiled).
 
 How it times: every rank runs the same fixed number of calls (a collective must be called
 the same number of times everywhere, so no adaptive do_bench), CUDA events around
@@ -76,7 +79,11 @@ PROVIDERS = (
 )
 TOP_K_PROVIDERS = (
     "fused_tp_topk50",
+    "fused_tp_topk50_topp90",
     "allgather_fi1_topk50",
+    "allgather_fi1_topk50_topp90",
+    "allgather_compiled_topk50",
+    "allgather_compiled_topk50_topp90",
     "step_topk50_flashsampling",
     "step_topk50_inductor",
 )
@@ -102,6 +109,8 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         exchange = "collective" if provider == "fused_tp_collective" else "auto"
         # (top-k: bf16 logits, what a bf16 head computes and the pass asks for)
         top_k = {"top_k": 50, "logits_dtype": torch.bfloat16} if "topk" in provider else {}
+        if "topp90" in provider:
+            top_k["top_p"] = 0.9
 
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
@@ -149,10 +158,29 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         seed = torch.tensor([1234], dtype=torch.int64, device=hidden.device)
         offset = torch.zeros(1, dtype=torch.int64, device=hidden.device)
         return lambda: fi.sampling_from_logits(logits(), seed=seed, offset=offset)
-    if provider == "allgather_fi1_topk50":
+    if provider.startswith("allgather_fi1_topk50"):
         import flashinfer.sampling as fi
 
-        return lambda: fi.top_k_top_p_sampling_from_logits(logits(), 50, 1.0)
+        top_p = 0.9 if "topp90" in provider else 1.0
+        return lambda: fi.top_k_top_p_sampling_from_logits(logits(), 50, top_p)
+    if provider.startswith("allgather_compiled_topk50"):
+        top_p = 0.9 if "topp90" in provider else 1.0
+
+        def sample_top(full):
+            # gpt-fast's top-k, then HF's top-p warper, softmax and multinomial
+            pivot = torch.topk(full, 50)[0][..., -1:]
+            full = torch.where(full < pivot, -float("inf"), full.float())
+            if top_p < 1.0:
+                ordered, order = full.sort(dim=-1, descending=False)
+                mass = ordered.softmax(dim=-1).cumsum(dim=-1)
+                drop = mass <= 1 - top_p
+                drop[..., -1:] = False
+                drop = drop.scatter(-1, order, drop)
+                full = full.masked_fill(drop, -float("inf"))
+            return torch.multinomial(torch.softmax(full, dim=-1), 1)
+
+        sample = torch.compile(sample_top, dynamic=False)
+        return lambda: sample(logits())
     if provider == "allgather_multinomial":
         return lambda: torch.multinomial(torch.softmax(logits().float(), dim=-1), 1)
     if provider == "allgather_compiled":
@@ -322,18 +350,22 @@ def write_results(rows, meta, world: int, out_dir: Path) -> None:
     if any(p in TOP_K_PROVIDERS for *_, p, _, _, _ in rows):
         for mode in modes:
             lines += [
-                f"\n{mode}, top-k 50: us per step, TP = {world}",
-                "| D, V | B | shard matmul | fused_tp_topk50 | allgather_fi1_topk50 / fused |"
-                " step_topk50_flashsampling / step_topk50_inductor |",
-                "|---|---|---|---|---|---|",
+                f"\n{mode}, top-k 50 (and top-p 0.9): us per step, TP = {world}; peers as "
+                "their time over the fused step's with the same knobs",
+                "| D, V | B | shard matmul | shard + gather | fused top-k | FI1 | compiled |"
+                " fused top-k + top-p | FI1 | compiled | step_topk50 flashsampling / inductor |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for d, v, b in points:
                 t = {p: table.get((d, v, b, p, mode), float("nan")) for p in PROVIDERS}
                 t.update({p: table.get((d, v, b, p, mode), float("nan")) for p in TOP_K_PROVIDERS})
-                fused = t["fused_tp_topk50"]
+                k, kp = t["fused_tp_topk50"], t["fused_tp_topk50_topp90"]
                 lines.append(
-                    f"| {d}, {v} | {b} | {t['shard_matmul']:.0f} | {fused:.0f} | "
-                    f"{t['allgather_fi1_topk50'] / fused:.2f}x | "
+                    f"| {d}, {v} | {b} | {t['shard_matmul']:.0f} | {t['shard_allgather']:.0f} | "
+                    f"{k:.0f} | {t['allgather_fi1_topk50'] / k:.2f}x | "
+                    f"{t['allgather_compiled_topk50'] / k:.2f}x | {kp:.0f} | "
+                    f"{t['allgather_fi1_topk50_topp90'] / kp:.2f}x | "
+                    f"{t['allgather_compiled_topk50_topp90'] / kp:.2f}x | "
                     f"{t['step_topk50_flashsampling'] / t['step_topk50_inductor']:.2f} |"
                 )
     text = "\n".join(lines)

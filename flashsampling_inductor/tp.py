@@ -19,6 +19,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from . import tp_truncation
 from .exchange import (
     HEADER,
     NO_INDEX,
@@ -233,9 +234,11 @@ def _tp_fused_sample_impl(
         group_name, device
     )
     if params.truncates:
+        # (symmetric memory: the exchange's kernel reduces the draw's per-chunk candidates)
         score, index = _truncated_shard_candidates(
-            hidden, weight_shard, bias_shard, params, vocab_start, vocab_size, group_name, impl
-        )
+            hidden, weight_shard, bias_shard, params, vocab_start, vocab_size, group_name, impl,
+            per_chunk=symmetric,
+        )  # fmt: skip
     else:
         # (symmetric memory: the exchange's kernel reduces the shard's per-tile candidates)
         score, index = _shard_candidates(
@@ -334,13 +337,15 @@ def _truncation_knobs(top_k, top_p, min_p, rows, vocab_size):
     return scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p
 
 
-def _shard_logits(hidden, weight, bias, logits_dtype) -> torch.Tensor:
+def _shard_logits(hidden, weight, bias, logits_dtype, native: bool = False) -> torch.Tensor:
     """The shard's [B, V_r] fp32 logits as ``fused_sample`` scores them. Where they are
     rounded to the weights' own half dtype (what the pass passes for a bf16 / fp16 LM head),
     the matmul in that dtype (fp32 accumulation, one rounding) gives them without copying
-    the shard's weight to fp32 every step (the reference's way, kept for the rest)."""
+    the shard's weight to fp32 every step (the reference's way, kept for the rest), and
+    with ``native`` in that dtype (the same values, half the bytes to read again)."""
     if bias is None and logits_dtype == hidden.dtype and hidden.dtype != torch.float32:
-        return (hidden @ weight.T).float()
+        logits = hidden @ weight.T
+        return logits if native else logits.float()
     if hidden.is_cuda and hidden.dtype != torch.float32:
         # fp32 logits of half-precision inputs without an fp32 copy of the weight (cuBLAS's
         # out_dtype matmul), rounded or biased as the reference does
@@ -365,6 +370,7 @@ def _truncated_shard_candidates(
     vocab_size: int,
     group_name: str,
     impl: str = "auto",
+    per_chunk: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``_shard_candidates`` for a call that truncates: the shard's best perturbed score and
     global index among the tokens that top-k, top-p and min-p keep over the WHOLE row.
@@ -377,15 +383,22 @@ def _truncated_shard_candidates(
     sends its k largest values and how many tokens it left out that tie with the last of
     them (one all-gather of [B, k + 1] fp32 a rank); every rank computes the same threshold
     from the same messages, masks its shard below it and draws as ``_shard_candidates``
-    (the Triton kernels: one pass over the materialized shard, ``masked_gumbel_argmax``;
-    the reference: torch ops)."""
+    (the Triton kernels: ``_kernel_truncated_candidates``; the reference: torch ops).
+    With ``per_chunk``, where the kernels run, the draw's per-chunk candidates [B, S, C]
+    (the exchange reduces them)."""
     batch, device = hidden.shape[0], hidden.device
     rows = params.rows(batch, device)
+    world = dist.get_world_size(resolve_group(group_name))
+    slots = max(params.scalar_top_k, 1)  # (min-p alone needs the row's maximum only)
+    if _use_triton(impl, device, params) and world * slots <= tp_truncation.MAX_ENTRIES:
+        return _kernel_truncated_candidates(
+            hidden, weight, bias, params, rows, slots, vocab_start, vocab_size, group_name,
+            per_chunk,
+        )  # fmt: skip
     logits = softcap_logits(
         _shard_logits(hidden, weight, bias, params.logits_dtype), params.softcap
     )
     logits = logits.masked_fill(logits.isnan(), float("-inf"))
-    slots = max(params.scalar_top_k, 1)  # (min-p alone needs the row's maximum only)
     sent = min(slots, logits.shape[1])  # (a short shard pads its message with -inf)
     top = torch.full((batch, slots), float("-inf"), device=device)
     top[:, :sent] = logits.topk(sent).values
@@ -393,7 +406,6 @@ def _truncated_shard_candidates(
     untold = (logits == last).sum(-1) - (top[:, :sent] == last).sum(-1)
     # (the count travels bit-cast in the fp32 message: exact at any shard size)
     message = torch.cat([top, untold.to(torch.int32).view(torch.float32)[:, None]], dim=1)
-    world = dist.get_world_size(resolve_group(group_name))
     received = gather_messages(message, group_name).view(world, batch, slots + 1)
     values = received[..., :slots].permute(1, 0, 2).reshape(batch, world * slots)
     entries, repeats = values, None
@@ -426,6 +438,44 @@ def _truncated_shard_candidates(
     return gumbel_argmax(
         logits, rows.temperature, rows.seed, params.per_row_seed, params.num_samples, vocab_start
     )
+
+
+def _kernel_truncated_candidates(
+    hidden, weight, bias, params, rows, slots, vocab_start, vocab_size, group_name, per_chunk
+):  # fmt: skip
+    """``_truncated_shard_candidates`` through the kernels of ``tp_truncation``: the shard's
+    logits (cuBLAS, in the head's half dtype where the logits are rounded to it), their
+    ``slots`` largest (torch.topk), then one kernel each for the message, the threshold and
+    the draw, and one all-gather of the messages; no torch op on [B, V_r] but the topk (and
+    the soft-cap, where one is on)."""
+    batch, device = hidden.shape[0], hidden.device
+    logits = _shard_logits(hidden, weight, bias, params.logits_dtype, native=True)
+    if params.softcap:
+        logits = softcap_logits(logits.float(), params.softcap)
+    # (torch.topk ranks NaN above everything; the kernels read NaN as -inf themselves)
+    logits = logits.nan_to_num_(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    if logits.shape[1]:
+        top = logits.topk(min(slots, logits.shape[1])).values
+        message = tp_truncation.shard_message(logits, top, slots)
+    else:  # a shard of padding rows only: nothing sent, no ties (0.0's bits are 0)
+        message = torch.full((batch, slots + 1), float("-inf"), device=device)
+        message[:, slots] = 0.0
+    received = gather_messages(message, group_name)
+    bound = tp_truncation.threshold(
+        received, batch, slots, vocab_size, rows.temperature, rows.top_k, rows.top_p,
+        rows.min_p, params.scalar_top_k > 0,
+    )  # fmt: skip
+    if logits.shape[1] == 0:  # a shard of padding rows only: it sent, it has no token
+        score = torch.full((batch, params.num_samples), float("-inf"), device=device)
+        return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
+    score, index = tp_truncation.masked_draw(
+        logits, bound, rows.temperature, params.seed, params.num_samples, vocab_start
+    )
+    if per_chunk:
+        return score, index
+    best = score.amax(-1, keepdim=True)
+    winner = torch.where(score == best, index, NO_INDEX).amin(-1)
+    return best[..., 0], winner.to(torch.int64)
 
 
 def _draw_seed(device: torch.device) -> torch.Tensor:

@@ -579,9 +579,8 @@ def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
             or (is_call(node, torch.ops.flashsampling.sample_logits.default) and _truncates(node))
         ):
             return node, (
-                "tensor-parallel top-k / top-p / min-p materialize each shard's logits "
-                "(exact, but not yet timed against gathering the logits on GPUs): left to "
-                "stock Inductor on CUDA until they are"
+                "tensor-parallel top-k / top-p / min-p on CUDA are turned off "
+                "(patterns.tp_gather.TRUNCATION_ON_CUDA = False)"
             )
         if is_call(node, aten.topk.default):
             if not isinstance(node.args[1], int):
@@ -601,10 +600,11 @@ def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
     return None
 
 
-# Let the pass lower top-k / top-p / min-p after a gather on CUDA too (off until that path
-# is timed on GPUs; benchmarks/bench_tp.py turns it on to time it). Part of the catalog's
-# hash, so graphs compiled either way are cached apart.
-TRUNCATION_ON_CUDA = False
+# Let the pass lower top-k / top-p / min-p after a gather on CUDA (on: the TP op's kernels,
+# ``tp_truncation.py``, beat gathering the logits for FlashInfer or stock Inductor, docs/tp.md;
+# False leaves them to stock Inductor on CUDA). Part of the catalog's hash, so graphs
+# compiled either way are cached apart.
+TRUNCATION_ON_CUDA = True
 
 
 def _on_cuda(logits: Node) -> bool:

@@ -80,23 +80,25 @@ def _truncated_worker(rank, world, batch):
     shard = -(-VOCAB // world)
     start = rank * shard
     out = {}
-    for seed, top_p in ((5, None), (6, 0.9)):
-        knobs = dict(top_k=50, top_p=top_p, logits_dtype=torch.bfloat16, seed=seed)
+    for seed, top_p, min_p in ((5, None, None), (6, 0.9, None), (7, 0.95, 0.05)):
+        knobs = dict(top_k=50, top_p=top_p, min_p=min_p, logits_dtype=torch.bfloat16, seed=seed)
         tokens = tp_fused_sample(
             hidden, weight[start : start + shard], vocab_start=start, vocab_size=VOCAB, **knobs
         )
         out[seed] = tokens.cpu()
         if rank == 0:
-            # TP = 1's reference: the same distribution; the logits' bf16 rounding after
-            # cuBLAS's and the reference's fp32 sums may differ by an ulp in rare columns.
-            expected = fused_sample(hidden, weight, impl="torch", **knobs)
-            differ = int((tokens != expected).sum())
-            assert differ <= max(1, batch // 100), (differ, batch)
+            # TP = 1's reference and its kernels: the same distribution; the logits' bf16
+            # rounding after cuBLAS's, the kernel's and the reference's fp32 sums may differ
+            # by an ulp in rare columns.
+            for impl in ("torch", "auto"):
+                expected = fused_sample(hidden, weight, impl=impl, **knobs)
+                differ = int((tokens != expected).sum())
+                assert differ <= max(1, batch // 50), (impl, differ, batch)
     return out
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("batch", [1, 64, 256])
 def test_symmetric_exchange_truncated_tokens_equal_on_ranks_and_tp1(batch):
     per_rank = run_ranks(world_size(), _truncated_worker, batch, backend="nccl")
     for other in per_rank[1:]:
@@ -276,3 +278,48 @@ def test_a_missing_rank_fails_the_symmetric_exchange_after_the_timeout():
     finally:
         del os.environ["FLASHSAMPLING_TP_TIMEOUT_MS"]
     assert first != "returned tokens", first
+
+
+def _compiled_top_k_worker(rank, world):
+    """gpt-fast's top-k after the gathered logits, compiled with backend="flashsampling" on
+    CUDA: rewritten into the TP op, the tokens of TP = 1's compiled step (same seed)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch._dynamo.utils import counters
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    hidden, weight = make_problem(16, VOCAB, 512, torch.bfloat16, device=device)
+    hidden = hidden * 4
+    shard = -(-VOCAB // world)
+    weight_shard = weight[rank * shard :][:shard].contiguous()
+    group = torch.distributed.group.WORLD
+
+    def top_k_probs(logits):
+        pivot = torch.topk(logits, 50)[0][..., -1:]
+        logits = torch.where(logits < pivot, -float("inf"), logits)
+        return torch.multinomial(torch.softmax(logits.float() / 0.8, dim=-1), 1)
+
+    def step(h, w):
+        full = funcol.all_gather_tensor(torch.nn.functional.linear(h, w), gather_dim=1,
+                                        group=group)  # fmt: skip
+        return top_k_probs(full[:, :VOCAB])
+
+    counters.clear()
+    torch.manual_seed(3)
+    tokens = torch.compile(step, backend="flashsampling", fullgraph=True)(hidden, weight_shard)
+    rewrites = dict(counters["flashsampling"])
+    torch.manual_seed(3)
+    single = torch.compile(
+        lambda h, w: top_k_probs(torch.nn.functional.linear(h, w)), backend="flashsampling"
+    )(hidden, weight)
+    return tokens.cpu(), single.cpu(), rewrites
+
+
+@pytest.mark.multigpu
+def test_compiled_top_k_after_the_gather_is_fused_on_cuda():
+    per_rank = run_ranks(world_size(), _compiled_top_k_worker, backend="nccl")
+    tokens, single, rewrites = per_rank[0]
+    assert rewrites.get("tp_all_gather") == 1, rewrites
+    for other, _, _ in per_rank[1:]:
+        assert torch.equal(other, tokens)
+    assert int((tokens != single).sum()) <= 1

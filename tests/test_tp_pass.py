@@ -290,14 +290,16 @@ def test_the_cuda_switch_is_part_of_the_catalogs_hash(monkeypatch):
     from flashsampling_inductor import patterns
 
     before = patterns.source_hash()
-    monkeypatch.setattr(tp_gather, "TRUNCATION_ON_CUDA", True)
+    monkeypatch.setattr(tp_gather, "TRUNCATION_ON_CUDA", not tp_gather.TRUNCATION_ON_CUDA)
     assert patterns.source_hash() != before
 
 
-def _as_if_on_cuda_worker(rank, world, name):
-    """The pass's decision for a step as if its logits were on a GPU."""
-    tp_gather._on_cuda = lambda logits: True
-    return _graph_worker(rank, world, name), _explain_worker(rank, world, name)
+def _as_if_on_cuda_worker(rank, world, names, truncation_on_cuda=True):
+    """The pass's decisions for steps as if their logits were on a GPU, with the switch."""
+    tp_gather.TRUNCATION_ON_CUDA = truncation_on_cuda
+    tp_gather._on_cuda = lambda logits: not tp_gather.TRUNCATION_ON_CUDA
+    return [(_graph_worker(rank, world, name), _explain_worker(rank, world, name))
+            for name in names]  # fmt: skip
 
 
 def _tokens_worker(rank, world):
@@ -410,19 +412,23 @@ graph():
         self.assertIn("all_gather_into_tensor", graph)
         self.assertNotIn("tp_gathered_weight", graph)
 
-    def test_truncation_after_the_gather_on_cuda_is_left_to_stock_inductor(self):
-        """On GPUs the TP op's top-k / top-p / min-p path (torch ops on the shard's logits)
-        is not yet timed faster than the gathered logits: left alone, and said so; plain
-        sampling and the soft-cap are still rewritten there."""
-        for name in ("top_k", "hf_top_k_top_p", "min_p"):
-            (graph, rewrites), (site,) = run_ranks(2, _as_if_on_cuda_worker, name)[0]
-            self.assertNotIn("tp_all_gather", rewrites)
-            self.assertIn("all_gather_into_tensor", graph)
-            self.assertNotIn("tp_gathered_weight", graph)
-            assert "stock Inductor on CUDA until they are" in site.reason, site
-        for name in ("sliced", "softcap"):
-            (graph, rewrites), _ = run_ranks(2, _as_if_on_cuda_worker, name)[0]
-            self.assertEqual(rewrites.get("tp_all_gather"), 1, name)
+    def test_truncation_after_the_gather_on_cuda_follows_the_switch(self):
+        """On GPUs top-k / top-p / min-p after the gather are rewritten (the TP op's kernels
+        beat the gathered logits there); with ``TRUNCATION_ON_CUDA`` off they are left
+        alone, and said so, while plain sampling and the soft-cap are still rewritten."""
+        truncating = ("top_k", "hf_top_k_top_p", "min_p")
+        for (_, rewrites), _ in run_ranks(2, _as_if_on_cuda_worker, truncating)[0]:
+            self.assertEqual(rewrites.get("tp_all_gather"), 1, rewrites)
+        names = (*truncating, "sliced", "softcap")
+        decisions = run_ranks(2, _as_if_on_cuda_worker, names, False)[0]
+        for name, ((graph, rewrites), sites) in zip(names, decisions, strict=True):
+            if name in truncating:
+                self.assertNotIn("tp_all_gather", rewrites)
+                self.assertIn("all_gather_into_tensor", graph)
+                self.assertNotIn("tp_gathered_weight", graph)
+                assert "TRUNCATION_ON_CUDA = False" in sites[0].reason, sites
+            else:
+                self.assertEqual(rewrites.get("tp_all_gather"), 1, name)
 
     def test_top_p_without_top_k_after_the_gather_is_left_to_stock_inductor(self):
         """The nucleus of a whole row needs every token's mass: the gather is not lifted (a
