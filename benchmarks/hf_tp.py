@@ -81,14 +81,16 @@ def write_checkpoint(shape: str, layers: int | None, path: Path, device: torch.d
 
 
 def generate(model, prompt, new_tokens: int, fused: bool):
+    """-> the tokens and, when fused, ``hf.is_fused``'s word on the call."""
     if fused:
         fs_hf.enable(model)
     try:
         torch.manual_seed(1234)
-        return model.generate(
+        out = model.generate(
             prompt, do_sample=True, temperature=TEMPERATURE, top_k=TOP_K,
             max_new_tokens=new_tokens, cache_implementation="static",
         )  # fmt: skip
+        return out, str(fs_hf.is_fused(model)) if fused else ""
     finally:
         fs_hf.disable(model)
 
@@ -153,11 +155,13 @@ def main() -> int:
             note, times, equal, fusion = "", [], None, ""
             try:
                 started = time.perf_counter()
-                out = generate(model, prompt, args.new_tokens, fused)
+                out, fusion = generate(model, prompt, args.new_tokens, fused)
                 first = time.perf_counter() - started
-                if fused:
-                    fusion = str(fs_hf.is_fused(model))
-                rewrites = dict(counters["flashsampling"])
+                mine = dict(counters["flashsampling"])
+                every = [None] * world
+                dist.all_gather_object(every, mine)
+                # (what the pass rewrote, the same on every rank, or each rank's)
+                rewrites = mine if all(r == mine for r in every) else every
                 gathered = [torch.empty_like(out) for _ in range(world)]
                 dist.all_gather(gathered, out)
                 equal = all(torch.equal(g, gathered[0]) for g in gathered)

@@ -182,7 +182,7 @@ class _Sampling:
     top_p: float = 1.0  # 1.0: off
     min_p: float = 0.0  # 0.0: off
 
-    def as_tensors(self, device: torch.device) -> dict:
+    def as_tensors(self, device: torch.device, python_top_k: bool = False) -> dict:
         """The temperature as a 0-d device tensor (greedy is temperature 0: the same graph as
         sampling), and each truncation knob that is on as one too: new values never
         recompile. A truncation knob that is off is None, so plain sampling and greedy take
@@ -190,17 +190,30 @@ class _Sampling:
         once more per on/off state (at most 2^3). Passing an off-valued tensor instead would
         save that compile but send every call down the truncating kernels, which cannot tell
         at launch that the knob is off: 2.7-3.0x the plain kernels' time on an H200
-        (bench_off_knobs_nvidia-h200_20261127.csv), paid at every step."""
+        (bench_off_knobs_nvidia-h200_20261127.csv), paid at every step. With
+        ``python_top_k`` (an LM head sharded by vocabulary: ``_vocabulary_sharded``) top-k
+        stays a Python int: tensor-parallel sampling sends k scores a row to every rank, a
+        size the graph must hold (another k compiles the step again)."""
 
         def scalar(value, dtype):
             return torch.tensor(value, dtype=dtype, device=device)
 
         return dict(
             temperature=scalar(self.temperature, torch.float32),
-            top_k=scalar(self.top_k, torch.int64) if self.top_k else None,
+            top_k=(self.top_k if python_top_k else scalar(self.top_k, torch.int64))
+            if self.top_k
+            else None,
             top_p=scalar(self.top_p, torch.float32) if self.top_p < 1.0 else None,
             min_p=scalar(self.min_p, torch.float32) if self.min_p > 0.0 else None,
         )
+
+
+def _vocabulary_sharded(model) -> bool:
+    """Whether the model's LM head is sharded by vocabulary over ranks (a DTensor weight
+    with a Shard placement: transformers' ``tp_plan``), so that its logits are gathered."""
+    head = model.get_output_embeddings()
+    placements = getattr(getattr(head, "weight", None), "placements", ())
+    return any(getattr(placement, "dim", None) == 0 for placement in placements)
 
 
 def _sampling_settings(logits_processor, generation_config) -> _Sampling | str:
@@ -308,7 +321,7 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     pad_token_id = generation_config._pad_token_tensor
     has_eos_stopping_criteria = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=device)
-    knobs = sampling.as_tensors(model.device)
+    knobs = sampling.as_tensors(model.device, python_top_k=_vocabulary_sharded(model))
     step = _reporting_first_call(model, _compiled_step(model, generation_config))
     cache_key = _cache_key()
     cache = kw[cache_key]

@@ -589,6 +589,11 @@ def _blocker(logits: Node, limit: int = 64) -> tuple[Node, str] | None:
         elif is_call(node, *_SORTS) and sort is None:
             sort = node
         elif is_call(node, torch.ops.flashsampling.sample_logits.default) and not _lowerable(node):
+            if _argument(node, "top_k", None) is not None:
+                return node, (
+                    "tensor-parallel top-k takes a k fixed in the graph (a Python int), not a "
+                    "tensor: each rank sends k scores a row"
+                )
             return node, "tensor-parallel sampling takes top-p only after a top-k"
         frontier.extend(node.users)
     if sort is not None and not top_k:
