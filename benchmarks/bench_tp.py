@@ -23,7 +23,7 @@ them): ``fused_tp_topk50`` (tp_fused_sample(top_k=50): each rank's 50 largest sc
 exchanged, the shard's logits materialized), ``allgather_fi1_topk50`` (the logits gathered,
 then FlashInfer's top_k_top_p_sampling_from_logits), ``allgather_compiled_topk50`` (the
 logits gathered, then gpt-fast's top-k, softmax and multinomial compiled by stock Inductor),
-each also ``_topp90`` (then top-p 0.9; the compiled one with HF's top-p warper), and
+each also ``_topp90`` (then top-p 0.9; the compiled one as a sort, cumsum and threshold), and
 ``step_topk50_flashsampling`` / ``step_topk50_inductor`` (gpt-fast's top-k after the gather,
 the whole step compiled).
 
@@ -167,16 +167,16 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         top_p = 0.9 if "topp90" in provider else 1.0
 
         def sample_top(full):
-            # gpt-fast's top-k, then HF's top-p warper, softmax and multinomial
+            # gpt-fast's top-k, then top-p, softmax and multinomial
             pivot = torch.topk(full, 50)[0][..., -1:]
             full = torch.where(full < pivot, -float("inf"), full.float())
             if top_p < 1.0:
-                ordered, order = full.sort(dim=-1, descending=False)
-                mass = ordered.softmax(dim=-1).cumsum(dim=-1)
-                drop = mass <= 1 - top_p
-                drop[..., -1:] = False
-                drop = drop.scatter(-1, order, drop)
-                full = full.masked_fill(drop, -float("inf"))
+                # (the nucleus as a threshold: torch 2.11's Inductor failed on HF's scatter
+                # form, "list indices must be integers or slices, not NoneType")
+                ordered = full.sort(dim=-1, descending=True).values
+                probs = ordered.softmax(dim=-1)
+                inside = (probs.cumsum(dim=-1) - probs < top_p).sum(dim=-1, keepdim=True)
+                full = torch.where(full < ordered.gather(-1, inside - 1), -float("inf"), full)
             return torch.multinomial(torch.softmax(full, dim=-1), 1)
 
         sample = torch.compile(sample_top, dynamic=False)

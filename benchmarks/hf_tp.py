@@ -51,7 +51,7 @@ import flashsampling_inductor.hf as fs_hf  # noqa: E402
 
 SHAPES = {
     "tiny": dict(
-        vocab_size=32003, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
     ),
     "llama-3.1-8b": dict(
