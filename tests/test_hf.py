@@ -398,3 +398,27 @@ def test_sampling_on_cuda():
     busy = expected >= 5  # the other tokens pooled into one cell
     observed = np.append(counts[busy], counts[~busy].sum())
     assert stats.chisquare(observed, np.append(expected[busy], expected[~busy].sum())).pvalue > 1e-4
+
+
+def test_a_vocabulary_sharded_head_keeps_top_k_a_python_int():
+    """Under a tp_plan (the LM head's weight a DTensor sharded by vocabulary rows) the fused
+    step's top-k stays a Python int: tensor-parallel sampling sends k scores a row, a size
+    the graph must hold (benchmarks/hf_tp.py runs such a model)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import Replicate, Shard
+
+    def model_with(placements):
+        head = SimpleNamespace(weight=SimpleNamespace(placements=placements))
+        return SimpleNamespace(get_output_embeddings=lambda: head)
+
+    assert hf._vocabulary_sharded(model_with((Shard(0),)))
+    assert not hf._vocabulary_sharded(model_with((Replicate(),)))
+    assert not hf._vocabulary_sharded(model_with((Shard(1),)))
+    assert not hf._vocabulary_sharded(SimpleNamespace(get_output_embeddings=lambda: None))
+    sampling = hf._Sampling(temperature=0.7, top_k=50, top_p=0.9)
+    cpu = torch.device("cpu")
+    assert sampling.as_tensors(cpu, python_top_k=True)["top_k"] == 50
+    assert isinstance(sampling.as_tensors(cpu, python_top_k=True)["top_k"], int)
+    assert isinstance(sampling.as_tensors(cpu)["top_k"], torch.Tensor)
+    assert hf._Sampling(temperature=0.7).as_tensors(cpu, python_top_k=True)["top_k"] is None
