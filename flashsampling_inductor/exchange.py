@@ -427,7 +427,26 @@ def _on(device: torch.device):
 
 @functools.cache
 def symmetric_exchange(group_name: str, device: torch.device) -> SymmetricExchange:
-    return SymmetricExchange(group_name, device)
+    return outside_graph_pools(device, lambda: SymmetricExchange(group_name, device))
+
+
+def outside_graph_pools(device: torch.device, make):
+    """``make()``, whose CUDA tensors are kept across calls, with its allocations outside any
+    CUDA graph's private memory pool. A group's first TP call may come in the warm-up run of
+    a cudagraph tree (``mode="reduce-overhead"``: hf.enable's decode step), whose allocations
+    on the current stream all go to the graph's pool and must be its outputs ("Detected 6
+    tensor(s) in the cudagraph pool not tracked as outputs", transformers 5.17 + torch 2.11
+    on two H200s); the pool takes the current stream's allocations only, so they are made on
+    a side stream, which the current one then waits for."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()  # (a capture joins what the side stream does: nothing to gain)
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        made = make()
+    current.wait_stream(side)
+    return made
 
 
 def use_symmetric_memory(group_name: str, device: torch.device) -> bool:

@@ -25,6 +25,7 @@ from .exchange import (
     NO_INDEX,
     SYMMETRIC_CAPACITY,
     gather_messages,
+    outside_graph_pools,
     pack_message,
     reduce_messages,
     resolve_group,
@@ -260,10 +261,12 @@ def _tp_fused_sample_impl(
 
 @functools.cache
 def _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device) -> torch.Tensor:
-    """The header's fields other than the seed, made once per shape (no copy per call)."""
+    """The header's fields other than the seed, made once per shape (no copy per call), kept
+    out of CUDA graphs' pools (``exchange.outside_graph_pools``)."""
     assert HEADER == ("batch", "num_samples", "vocab_size", "seed", "shard_start", "shard_stop")
-    return torch.tensor(
-        [batch, num_samples, vocab_size, vocab_start, stop], dtype=torch.int64, device=device
+    fields = [batch, num_samples, vocab_size, vocab_start, stop]
+    return outside_graph_pools(
+        device, lambda: torch.tensor(fields, dtype=torch.int64, device=device)
     )
 
 

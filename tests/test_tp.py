@@ -217,15 +217,22 @@ def test_truncated_tp_draws_the_tokens_of_tp1(world_size):
     assert_same_as_tp1(per_rank, TRUNCATING_CASES)
 
 
-def test_truncated_tp_through_the_kernel_draws_the_tokens_of_tp1():
-    """The same through the Triton kernels (interpreter): each shard's draw in one pass over
-    its logits (``masked_gumbel_argmax``), at TP 3 with uneven shards."""
+@pytest.mark.parametrize(
+    "world_size, names",
+    [
+        pytest.param(2, ("top_k_ties_top_p", "min_p"), id="tp2"),
+        pytest.param(3, ("top_k_top_p_min_p", "tie_wall", "top_k_bf16_head"), id="tp3-uneven"),
+    ],
+)
+def test_truncated_tp_through_the_kernels_draws_the_tokens_of_tp1(world_size, names):
+    """The same through the Triton kernels (interpreter, ``tp_truncation.py``): the shard's
+    message, the threshold from every rank's, the draw over the shard's logits."""
     cases = {
         name: {**TRUNCATING_CASES[name], "kwargs": {**TRUNCATING_CASES[name]["kwargs"],
                                                      "impl": "triton"}}
-        for name in ("top_k_top_p_min_p", "tie_wall", "top_k_bf16_head")
+        for name in names
     }  # fmt: skip
-    assert_same_as_tp1(run_ranks(3, _pathwise_worker, ("chunk",), cases), cases)
+    assert_same_as_tp1(run_ranks(world_size, _pathwise_worker, ("chunk",), cases), cases)
 
 
 @pytest.mark.parametrize(

@@ -323,3 +323,28 @@ def test_compiled_top_k_after_the_gather_is_fused_on_cuda():
     for other, _, _ in per_rank[1:]:
         assert torch.equal(other, tokens)
     assert int((tokens != single).sum()) <= 1
+
+
+def _first_call_in_a_cudagraph_tree_worker(rank, world):
+    """The process's first TP call inside a step compiled with mode="reduce-overhead" (as
+    hf.enable's decode step under a tp_plan): the exchange's state, made at that call, must
+    stay out of the cudagraph tree's pool (exchange.outside_graph_pools)."""
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    hidden, weight = make_problem(4, 4096, 64, torch.bfloat16, device=device)
+    shard = 4096 // world
+    weight_shard = weight[rank * shard :][:shard].contiguous()
+
+    def step(h):
+        return tp_fused_sample(h, weight_shard, vocab_start=rank * shard, vocab_size=4096, seed=5)
+
+    compiled = torch.compile(step, mode="reduce-overhead")
+    return torch.stack([compiled(hidden).clone() for _ in range(3)]).cpu()
+
+
+@pytest.mark.multigpu
+def test_the_first_call_inside_a_cudagraph_tree_keeps_its_state_out_of_the_pool():
+    per_rank = run_ranks(world_size(), _first_call_in_a_cudagraph_tree_worker, backend="nccl")
+    for other in per_rank[1:]:
+        assert torch.equal(other, per_rank[0])
+    assert all(torch.equal(per_rank[0][i], per_rank[0][0]) for i in range(3))  # one seed
