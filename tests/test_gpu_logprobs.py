@@ -15,13 +15,11 @@ import torch
 from flashsampling_inductor import fused_sample
 from flashsampling_inductor.reference import reference_logits
 
+from .gpu_problems import CUDA, VOCAB, masked_bias, per_row, temperature_rows
 from .sampling_oracle import make_exact_problem, make_problem
 from .test_logprobs import ATOL, RTOL, expected_logprobs
 
 pytestmark = pytest.mark.gpu
-
-VOCAB = 151936
-CUDA = torch.device("cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,27 +57,17 @@ GPU_CASES = [
 
 
 def _knob(value, batch: int, cycle: list):
-    if value != "rows":
-        return value
-    return torch.tensor(cycle, device=CUDA).repeat(batch)[:batch]
+    return per_row(cycle, batch) if value == "rows" else value
 
 
 def _arguments(case: GpuCase) -> dict:
     problem = make_exact_problem if case.exact else make_problem
     hidden, weight = problem(case.batch, VOCAB, 4096, torch.bfloat16, device=CUDA)
-    if case.temperature == "rows":
-        temperature = torch.linspace(0.5, 1.5, case.batch, device=CUDA)
-        temperature[::4] = 0.0
-    else:
-        temperature = case.temperature
-    bias = None
-    if case.bias:
-        bias = torch.randn(VOCAB, device=CUDA)
-        bias[::3] = float("-inf")
+    temperature = temperature_rows(case.batch) if case.temperature == "rows" else case.temperature
     return dict(
         hidden=hidden,
         weight=weight,
-        bias=bias,
+        bias=masked_bias() if case.bias else None,
         temperature=temperature,
         seed=1234,
         num_samples=case.num_samples,

@@ -16,6 +16,7 @@ from scipy import stats
 
 from flashsampling_inductor import fused_sample
 
+from .gpu_problems import CUDA, VOCAB, masked_bias, temperature_rows
 from .sampling_oracle import (
     ALPHA,
     assert_pathwise_equal,
@@ -26,9 +27,6 @@ from .sampling_oracle import (
 )
 
 pytestmark = pytest.mark.gpu
-
-VOCAB = 151936
-CUDA = torch.device("cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,18 +68,13 @@ def gpu_case_arguments(case: GpuCase) -> dict:
     hidden, weight = make_problem(
         case.batch, VOCAB, case.hidden_size, case.dtype, strided=case.strided, device=CUDA
     )
-    if case.temperature == "rows":
-        temperature = torch.linspace(0.5, 1.5, case.batch, device=CUDA)
-        temperature[::4] = 0.0
-    else:
-        temperature = 0.9
+    temperature = temperature_rows(case.batch) if case.temperature == "rows" else 0.9
     seed = 1234
     if case.row_seeds:
         seed = torch.randint(-(2**63), 2**63 - 1, (case.batch,), device=CUDA)
     bias = None
     if case.bias:
-        bias = torch.randn(VOCAB, device=CUDA)
-        bias[::3] = float("-inf")
+        bias = masked_bias()
         bias[(hidden.float() @ weight.float().T).argmax(dim=-1)] = float("-inf")
     return dict(
         hidden=hidden,

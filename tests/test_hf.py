@@ -27,46 +27,23 @@ from transformers.generation.utils import ALL_CACHE_NAMES  # noqa: E402
 
 from flashsampling_inductor import hf  # noqa: E402
 
-VOCAB = 48  # small enough for a full chi-square over the vocabulary
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _run_the_pass():
-    """A cached graph is the rewritten one, but the pass (and its counters) would not run."""
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    hf._warned.clear()
-
-
-def _tiny(kind: str, layers: int = 2):
-    dims = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    if kind == "llama":
-        config, cls = transformers.LlamaConfig(**dims), transformers.LlamaForCausalLM
-    else:
-        config, cls = transformers.Qwen3Config(head_dim=8, **dims), transformers.Qwen3ForCausalLM
-    torch.manual_seed(0)
-    model = cls(config).eval()
-    with torch.no_grad():  # logits with a spread of a few units: every cell of a test is busy
-        model.lm_head.weight.mul_(8)
-    return model
+from .catalog_checks import chi_square_p  # noqa: E402
+from .hf_models import (  # noqa: E402, F401  (the fixtures: the pass runs, warnings anew)
+    VOCAB,
+    fresh_warnings,
+    our_warnings,
+    rewrites,
+    run_the_pass,
+    stock,
+    tiny_model,
+    token_probs,
+)
 
 
 @pytest.fixture(scope="module")
 def models():
     """The tiny models, enabled, made once: each compiles its decode step once per graph."""
-    return {kind: hf.enable(_tiny(kind)) for kind in ("llama", "qwen3")}
+    return {kind: hf.enable(tiny_model(kind)) for kind in ("llama", "qwen3")}
 
 
 @pytest.fixture
@@ -76,19 +53,8 @@ def model(models):
 
 def _stock(model, *args, **kwargs):
     """generate without the fused loop."""
-    hf.disable(model)
-    try:
+    with stock(model):
         return model.generate(*args, **kwargs)
-    finally:
-        hf.enable(model)
-
-
-def _our_warnings(caplog) -> str:
-    return "".join(r.getMessage() for r in caplog.records if r.name == "flashsampling_inductor")
-
-
-def _rewrites() -> int:
-    return sum(counters["flashsampling"].values())
 
 
 class _Collect(BaseStreamer):
@@ -115,8 +81,8 @@ def test_greedy_equals_generate(models, kind, caplog):
     counters.clear()
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         got = model.generate(prompt, streamer=got_stream, **settings)
-    assert _rewrites() >= 1, "the decode step was not rewritten"
-    assert not _our_warnings(caplog)
+    assert rewrites() >= 1, "the decode step was not rewritten"
+    assert not our_warnings(caplog)
     assert got[ALL_CACHE_NAMES[0]] is not None  # past_key_values up to 5.23, cache from 5.24
     torch.testing.assert_close(got.sequences, expected.sequences, rtol=0, atol=0)
     assert len(got_stream.chunks) == len(expected_stream.chunks)
@@ -153,22 +119,15 @@ def _warped(logits: torch.Tensor, temperature, top_k, top_p, min_p) -> torch.Ten
     return torch.softmax(warpers(None, logits.float()).double(), dim=-1)
 
 
-@torch.no_grad()
-def _token_probs(model, prompt, temperature, top_k, top_p, min_p, chunk=2048):
+def _token_probs(model, prompt, temperature, top_k, top_p, min_p):
     """-> generate's distributions [V] float64 of the first and the second new token after
-    prompt [1, L] (the second's summed over the first; a row that drew the eos is padded with
-    it, the pad token defaulting to the eos)."""
-    first = _warped(model(prompt).logits[:, -1], temperature, top_k, top_p, min_p)[0]
-    vocab, eos = first.numel(), model.generation_config.eos_token_id
-    second = torch.zeros_like(first)
-    for start in range(0, vocab, chunk):
-        tokens = torch.arange(start, min(start + chunk, vocab), device=prompt.device)
-        both = torch.cat([prompt.expand(len(tokens), -1), tokens[:, None]], dim=1)
-        after = _warped(model(both).logits[:, -1], temperature, top_k, top_p, min_p)
-        if eos is not None and start <= eos < start + chunk:
-            after[eos - start] = torch.nn.functional.one_hot(torch.tensor(eos), vocab)
-        second += first[tokens] @ after
-    return first, second
+    prompt [1, L] (the pad token defaulting to the eos)."""
+    return token_probs(
+        model,
+        prompt,
+        lambda logits: _warped(logits, temperature, top_k, top_p, min_p),
+        model.generation_config.eos_token_id,
+    )
 
 
 # 40_000 rows, two new tokens each: the first is the prompt's (drawn from the prefill's logits),
@@ -197,20 +156,16 @@ def test_sampling_keeps_the_distribution(models, kind, caplog, temperature, top_
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         out = model.generate(prompt.expand(rows, 4), generation_config=config, max_new_tokens=2)
     # Rewritten now, or the graph an earlier call compiled (and a test checked) reused.
-    assert _rewrites() >= 1 or counters["stats"]["unique_graphs"] == 0
-    assert not _our_warnings(caplog)
+    assert rewrites() >= 1 or counters["stats"]["unique_graphs"] == 0
+    assert not our_warnings(caplog)
     for position, probs in ((4, first), (5, second)):
-        observed = np.bincount(out[:, position].numpy(), minlength=VOCAB)
-        kept = probs.numpy() > 0
-        assert observed[~kept].sum() == 0, f"token {position}: a truncated token was drawn"
-        expected = probs.numpy()[kept] * rows
-        assert stats.chisquare(observed[kept], expected).pvalue > 1e-4, f"token {position}"
+        assert chi_square_p(out[:, position], probs) > 1e-4, f"token {position}"
 
 
 def test_new_prompts_and_settings_reuse_the_compiled_step():
     # A model of its own: the shared ones carry graphs that earlier tests specialized on their
     # batch sizes and cache lengths, so which of them a call here reuses would depend on order.
-    model = hf.enable(_tiny("llama"))
+    model = hf.enable(tiny_model("llama"))
 
     def run(length, **settings):
         model.generate(
@@ -230,7 +185,7 @@ def test_greedy_sampling_and_new_values_share_one_graph():
     """Greedy and plain sampling at any temperature share one graph (greedy is temperature
     0); a truncation knob turned on compiles one more (off knobs are None, so plain calls keep
     the plain kernels), whose new values then reuse it."""
-    model = hf.enable(_tiny("llama"))
+    model = hf.enable(tiny_model("llama"))
     prompt = torch.randint(0, VOCAB, (2, 5))
 
     def run(**settings):
@@ -269,7 +224,7 @@ def test_what_is_not_fused_runs_generates_own_loop(model, caplog, settings, why)
             torch.manual_seed(2)
             got = model.generate(prompt, **settings)
     assert not counters["flashsampling"]
-    warned = _our_warnings(caplog)
+    warned = our_warnings(caplog)
     assert warned.count("generate runs transformers' own loop") == 1 and why in warned
     assert not hf.is_fused(model) and why in hf.is_fused(model).reason
     if isinstance(got, torch.Tensor):
@@ -286,13 +241,13 @@ def test_the_first_generate_says_whether_the_step_is_fused(caplog, monkeypatch):
 
     def fresh_model():
         torch._dynamo.reset()  # as in a new process
-        return hf.enable(_tiny("llama", layers=1))  # (one layer: four compiles, kept short)
+        return hf.enable(tiny_model("llama", layers=1))  # (one layer: four compiles, kept short)
 
     def generate(model):
         prompt = torch.randint(0, VOCAB, (2, 5))
         model.generate(prompt, do_sample=False, max_new_tokens=2, pad_token_id=0)
 
-    assert "enable(model) was not called" in hf.is_fused(_tiny("llama")).reason
+    assert "enable(model) was not called" in hf.is_fused(tiny_model("llama")).reason
     with (
         fresh_cache(),
         torch._inductor.config.patch(fx_graph_cache=True),
@@ -307,7 +262,7 @@ def test_the_first_generate_says_whether_the_step_is_fused(caplog, monkeypatch):
             generate(model)
             generate(model)  # (said once)
             assert bool(counters["inductor"]["fxgraph_cache_hit"]) == cached
-            assert _our_warnings(caplog).count("the decode step is fused") == 1
+            assert our_warnings(caplog).count("the decode step is fused") == 1
             assert hf.is_fused(model) and str(hf.is_fused(model)).startswith("the decode step")
         monkeypatch.delenv("FLASHSAMPLING_CPU")
         for cached in (False, True):
@@ -328,7 +283,7 @@ def test_beam_search_runs_generates_own(model, caplog):
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         got = model.generate(prompt, **settings)
         custom = model.generate(prompt, custom_generate=hf.fused_generate, **settings)
-    assert _our_warnings(caplog).count("beam_search is not fused") == 1
+    assert our_warnings(caplog).count("beam_search is not fused") == 1
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     torch.testing.assert_close(custom, expected, rtol=0, atol=0)
 
@@ -340,14 +295,10 @@ def test_custom_generate_is_fused_with_a_static_cache(models, caplog):
     prompt = torch.randint(0, VOCAB, (3, 5))
     settings = dict(do_sample=False, max_new_tokens=4, pad_token_id=0)
     expected = _stock(model, prompt, **settings)
-    hf.disable(model)
     counters.clear()
-    try:
-        with caplog.at_level("WARNING", logger="flashsampling_inductor"):
-            got = model.generate(prompt, custom_generate=hf.fused_generate, **settings)
-    finally:
-        hf.enable(model)
-    assert not _our_warnings(caplog)
+    with stock(model), caplog.at_level("WARNING", logger="flashsampling_inductor"):
+        got = model.generate(prompt, custom_generate=hf.fused_generate, **settings)
+    assert not our_warnings(caplog)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
@@ -360,7 +311,7 @@ def test_another_transformers_version_runs_its_own_loop(model, caplog, monkeypat
     torch.manual_seed(3)
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         got = model.generate(prompt, **settings)
-    assert "transformers 6.0.0 is not supported" in _our_warnings(caplog)
+    assert "transformers 6.0.0 is not supported" in our_warnings(caplog)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
@@ -390,7 +341,7 @@ def test_sampling_on_cuda():
     out = model.generate(
         prompt.expand(16_384, 6), do_sample=True, temperature=0.8, top_k=0, max_new_tokens=2
     )
-    assert _rewrites() >= 1
+    assert rewrites() >= 1
     assert probs.max() < 0.05  # the cells of the test are not one token's
     draws = out[:, 7].cpu()
     counts = torch.bincount(draws, minlength=vocab).double().numpy()

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
-from scipy import stats
 from torch._dynamo.utils import counters
 
 transformers = pytest.importorskip("transformers", minversion="5.17")
@@ -28,7 +26,17 @@ from transformers.generation.logits_process import (  # noqa: E402
 
 from flashsampling_inductor import hf  # noqa: E402
 
-VOCAB = 48
+from .catalog_checks import chi_square_p  # noqa: E402
+from .hf_models import (  # noqa: E402, F401  (the fixtures: the pass runs, warnings anew)
+    fresh_warnings,
+    our_warnings,
+    rewrites,
+    run_the_pass,
+    stock,
+    tiny_model,
+    token_probs,
+)
+
 PROMPT = [3, 14, 15, 9]
 # The manager's generation config: its warpers are the per-request ones each request sets.
 SAMPLING = dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9)
@@ -40,34 +48,9 @@ GROUPS = (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _run_the_pass():
-    """A cached graph is the rewritten one, but the pass (and its counters) would not run."""
-    with torch._inductor.config.patch(fx_graph_cache=False):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    hf._warned.clear()
-
-
 @pytest.fixture(scope="module")
 def model():
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # logits with a spread of a few units: every cell of a test is busy
-        model.lm_head.weight.mul_(8)
-    return hf.enable(model)
+    return hf.enable(tiny_model("llama", layers=1))
 
 
 def _generation_config(**settings) -> GenerationConfig:
@@ -115,19 +98,8 @@ def _serve_results(model, requests, generation_config, **batching) -> list:
 
 
 def _stock(model, *args, **kwargs):
-    hf.disable(model)
-    try:
+    with stock(model):
         return _serve(model, *args, **kwargs)
-    finally:
-        hf.enable(model)
-
-
-def _our_warnings(caplog) -> str:
-    return "".join(r.getMessage() for r in caplog.records if r.name == "flashsampling_inductor")
-
-
-def _rewrites() -> int:
-    return sum(counters["flashsampling"].values())
 
 
 def _engine_probs(logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tensor:
@@ -141,14 +113,11 @@ def _engine_probs(logits: torch.Tensor, temperature, top_k, top_p) -> torch.Tens
     return torch.softmax(scores.double(), dim=-1)
 
 
-@torch.no_grad()
 def _token_probs(model, settings) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> the distributions [V] of the first and second new token after PROMPT (the second's
-    summed over the first)."""
-    prompt = torch.tensor([PROMPT])
-    first = _engine_probs(model(prompt).logits[:, -1], **settings)[0]
-    both = torch.cat([prompt.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
-    return first, first @ _engine_probs(model(both).logits[:, -1], **settings)
+    """-> the distributions [V] of the first and second new token after PROMPT (no eos)."""
+    return token_probs(
+        model, torch.tensor([PROMPT]), lambda logits: _engine_probs(logits, **settings)
+    )
 
 
 def test_requests_with_mixed_settings_are_drawn_fused(model, caplog):
@@ -163,19 +132,14 @@ def test_requests_with_mixed_settings_are_drawn_fused(model, caplog):
     counters.clear()
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         tokens = _serve(model, requests, _generation_config(**SAMPLING))
-    assert _rewrites() >= 1, "the step was not rewritten"
-    assert not _our_warnings(caplog)
+    assert rewrites() >= 1, "the step was not rewritten"
+    assert not our_warnings(caplog)
     assert hf.is_fused(model), hf.is_fused(model)
-    drawn = np.array(tokens[: 2 * per_group])
+    drawn = torch.tensor(tokens[: 2 * per_group])
     for group, settings in enumerate(GROUPS[:2]):
         rows = drawn[group * per_group : (group + 1) * per_group]
         for position, probs in enumerate(_token_probs(model, settings)):
-            observed = np.bincount(rows[:, position], minlength=VOCAB)
-            kept = probs.numpy() > 0
-            assert observed[~kept].sum() == 0, f"{settings}: a truncated token was drawn"
-            expected = probs.numpy()[kept] * per_group
-            pvalue = stats.chisquare(observed[kept], expected).pvalue
-            assert pvalue > 1e-4, f"{settings}, token {position}"
+            assert chi_square_p(rows[:, position], probs) > 1e-4, f"{settings}, token {position}"
     greedy = _stock(model, [(p, {}) for p in greedy_prompts], _generation_config(do_sample=False))
     assert tokens[2 * per_group :] == greedy
 
@@ -194,7 +158,7 @@ def test_a_greedy_manager_equals_stock(model, caplog):
     counters.clear()
     with caplog.at_level("WARNING", logger="flashsampling_inductor"):
         got = _serve(model, [(p, {}) for p in prompts], config)
-    assert _rewrites() >= 1 and not _our_warnings(caplog)
+    assert rewrites() >= 1 and not our_warnings(caplog)
     assert got == expected
 
 
@@ -209,7 +173,7 @@ def test_what_is_not_fused_runs_transformers_step(model, caplog):
         for _ in range(2):
             got = _serve(model, requests, config)
     assert not counters["flashsampling"]
-    assert _our_warnings(caplog).count("TypicalLogitsWarper") == 1
+    assert our_warnings(caplog).count("TypicalLogitsWarper") == 1
     assert got == expected
     assert "TypicalLogitsWarper" in hf.is_fused(model).reason
 
@@ -223,7 +187,7 @@ def test_logprobs_are_the_engines(model, caplog):
         results = _serve_results(
             model, requests, _generation_config(**SAMPLING), return_logprobs=True
         )
-    assert not _our_warnings(caplog)
+    assert not our_warnings(caplog)
     assert counters["flashsampling"]["sample_logits"] >= 1
     logits = model(torch.tensor([PROMPT])).logits[:, -1].detach()
     for (_, settings), result in zip(requests, results, strict=True):

@@ -194,24 +194,28 @@ def _one_row_problem(seed, scale=3.0):
     return weight, row, (weight @ row).double()
 
 
-def test_x_transformers_top_k_keeps_the_distribution():
-    weight, row, logits = _one_row_problem(3)
-
-    def step(x):
-        return xt_step(x, xt_top_k, 0.8, weight, k=5)
-
-    tokens = compiled_draws(step, row.expand(30_000, 1, D).contiguous(), idiom="multinomial")
-    assert chi_square_p(tokens, top_k_probs(logits / 0.8, 5)) > 1e-4
-
-
-def test_x_transformers_top_p_keeps_the_distribution():
-    weight, row, logits = _one_row_problem(4)
-
-    def step(x):
-        return xt_step(x, xt_top_p, 1.0, weight, thres=0.8)
-
-    tokens = compiled_draws(step, row.expand(30_000, 1, D).contiguous(), idiom="multinomial")
-    assert chi_square_p(tokens, top_p_probs(logits, 0.8)) > 1e-4
+@pytest.mark.parametrize(
+    "seed, step, oracle",
+    [
+        pytest.param(
+            3,
+            lambda x, weight: xt_step(x, xt_top_k, 0.8, weight, k=5),
+            lambda logits: top_k_probs(logits / 0.8, 5),
+            id="top-k",
+        ),
+        pytest.param(
+            4,
+            lambda x, weight: xt_step(x, xt_top_p, 1.0, weight, thres=0.8),
+            lambda logits: top_p_probs(logits, 0.8),
+            id="top-p",
+        ),
+    ],
+)
+def test_x_transformers_filters_keep_the_distribution(seed, step, oracle):
+    weight, row, logits = _one_row_problem(seed)
+    rows = row.expand(30_000, 1, D).contiguous()
+    tokens = compiled_draws(lambda x: step(x, weight), rows, idiom="multinomial")
+    assert chi_square_p(tokens, oracle(logits)) > 1e-4
 
 
 def test_llama_per_row_p_keeps_every_rows_distribution():
