@@ -162,6 +162,20 @@ def test_sampling_keeps_the_distribution(models, kind, caplog, temperature, top_
         assert chi_square_p(out[:, position], probs) > 1e-4, f"token {position}"
 
 
+def test_custom_generate_is_fused_with_a_static_cache(models, caplog):
+    """``custom_generate=fused_generate`` on a model without ``enable``: the same loop, the
+    dynamic cache generate made for the call swapped for a static one."""
+    model = models["qwen3"]
+    prompt = torch.randint(0, VOCAB, (3, 5))
+    settings = dict(do_sample=False, max_new_tokens=4, pad_token_id=0)
+    expected = _stock(model, prompt, **settings)
+    counters.clear()
+    with stock(model), caplog.at_level("WARNING", logger="flashsampling_inductor"):
+        got = model.generate(prompt, custom_generate=hf.fused_generate, **settings)
+    assert not our_warnings(caplog)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_new_prompts_and_settings_reuse_the_compiled_step():
     # A model of its own: the shared ones carry graphs that earlier tests specialized on their
     # batch sizes and cache lengths, so which of them a call here reuses would depend on order.
@@ -286,20 +300,6 @@ def test_beam_search_runs_generates_own(model, caplog):
     assert our_warnings(caplog).count("beam_search is not fused") == 1
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     torch.testing.assert_close(custom, expected, rtol=0, atol=0)
-
-
-def test_custom_generate_is_fused_with_a_static_cache(models, caplog):
-    """``custom_generate=fused_generate`` on a model without ``enable``: the same loop, the
-    dynamic cache generate made for the call swapped for a static one."""
-    model = models["qwen3"]
-    prompt = torch.randint(0, VOCAB, (3, 5))
-    settings = dict(do_sample=False, max_new_tokens=4, pad_token_id=0)
-    expected = _stock(model, prompt, **settings)
-    counters.clear()
-    with stock(model), caplog.at_level("WARNING", logger="flashsampling_inductor"):
-        got = model.generate(prompt, custom_generate=hf.fused_generate, **settings)
-    assert not our_warnings(caplog)
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_another_transformers_version_runs_its_own_loop(model, caplog, monkeypatch):
