@@ -4,6 +4,8 @@ then a sampling idiom, becomes one ``tp_fused_sample`` call (gloo ranks on the C
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -258,18 +260,29 @@ STEPS = {
 }
 
 
-def _graph_worker(rank, world, name):
+def _graph_worker(rank, world, names):
+    """name -> (the step's graph after the pass, its rewrites), or the traceback of its
+    failure: a step that fails fails its own test only."""
     hidden, _, padded, shard = _problem(world)
     weight_shard = padded[rank * shard : (rank + 1) * shard]
-    return graph_after_pass(STEPS[name], hidden, weight_shard)
+    graphs = {}
+    for name in names:
+        try:
+            graphs[name] = graph_after_pass(STEPS[name], hidden, weight_shard)
+        except Exception:
+            graphs[name] = traceback.format_exc()
+    return graphs
 
 
-def _explain_worker(rank, world, name):
+def _explain_worker(rank, world, names):
     from flashsampling_inductor import explain
 
     hidden, _, padded, shard = _problem(world)
-    torch._dynamo.reset()
-    return explain(STEPS[name], hidden, padded[rank * shard : (rank + 1) * shard])
+    sites = {}
+    for name in names:
+        torch._dynamo.reset()
+        sites[name] = explain(STEPS[name], hidden, padded[rank * shard : (rank + 1) * shard])
+    return sites
 
 
 TOKEN_STEPS = ("sliced", "into_tensor", "megatron", "all_gather_list", "three_d", "softcap",
@@ -298,8 +311,8 @@ def _as_if_on_cuda_worker(rank, world, names, truncation_on_cuda=True):
     """The pass's decisions for steps as if their logits were on a GPU, with the switch."""
     tp_gather.TRUNCATION_ON_CUDA = truncation_on_cuda
     tp_gather._on_cuda = lambda logits: not tp_gather.TRUNCATION_ON_CUDA
-    return [(_graph_worker(rank, world, name), _explain_worker(rank, world, name))
-            for name in names]  # fmt: skip
+    graphs, sites = _graph_worker(rank, world, names), _explain_worker(rank, world, names)
+    return [(graphs[name], sites[name]) for name in names]
 
 
 def _tokens_worker(rank, world):
@@ -317,12 +330,28 @@ def _tokens_worker(rank, world):
     return out
 
 
+# The steps whose graphs TestTpPass reads, per world size: each set is traced in one run of
+# the ranks, on first use. A rank is a fresh process, whose first trace costs seconds
+# (imports, Dynamo's set-up) where the next ones cost a tenth of one.
+GRAPHS = {
+    2: ("functional", "into_tensor", "single_row", "top_k", "hf_top_k_top_p", "min_p",
+        "temperature_before", "softcap_before", "noise_before", "top_p_alone", "softcap",
+        "last_position_one_row", "three_d_unsliced", "logits_returned"),
+    3: ("sliced", "last_position"),
+}  # fmt: skip
+
+
 class TestTpPass(TestCase):
+    traced: dict[int, list[dict]] = {}  # world -> each rank's {name: graph, rewrites}
+
     def graph(self, name, world=2):
-        per_rank = run_ranks(world, _graph_worker, name)
-        graph, rewrites = per_rank[0]
+        if world not in self.traced:
+            self.traced[world] = run_ranks(world, _graph_worker, GRAPHS[world])
+        per_rank = [graphs[name] for graphs in self.traced[world]]
+        if isinstance(per_rank[0], str):
+            raise AssertionError(f"rank 0 failed to trace {name}:\n{per_rank[0]}")
         assert per_rank[1] == per_rank[0], "ranks traced different graphs"
-        return graph, rewrites
+        return per_rank[0]
 
     def test_functional_gather_then_multinomial(self):
         graph, rewrites = self.graph("functional")
@@ -452,7 +481,7 @@ graph():
     def test_a_gather_left_alone_says_why(self):
         """explain() (and the warning) name the gather and the step the TP op cannot take,
         not the re-layout the walk from the sampling op stops at."""
-        (site,) = run_ranks(2, _explain_worker, "top_p_alone")[0]
+        (site,) = run_ranks(2, _explain_worker, ("top_p_alone",))[0]["top_p_alone"]
         assert not site.rewritten, site
         assert "gathered across tensor-parallel ranks" in site.reason, site
         assert "(aten.sort.default): a sort of the whole row (top-p without" in site.reason, site

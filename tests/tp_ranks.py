@@ -21,8 +21,12 @@ NO_MULTICAST = {
 }
 
 
-def run_ranks(world_size: int, worker, *args, backend: str = "gloo", timeout_s: float = 60.0):
-    """``worker(rank, world_size, *args)`` on each rank -> the list of their return values."""
+def run_ranks(world_size: int, worker, *args, backend: str = "gloo", timeout_s: float = 300.0):
+    """``worker(rank, world_size, *args)`` on each rank -> the list of their return values.
+
+    ``timeout_s`` bounds each collective's wait and (plus a minute) each rank's whole run: a
+    loaded CI machine (2 cores, test workers beside the ranks) can keep one rank compiling
+    for minutes while the other waits."""
     os.environ.update(NO_MULTICAST)
     context = _context(backend, worker)
     results = context.Queue()
