@@ -142,6 +142,26 @@ def constant(node) -> float | None:
     return None
 
 
+def writes_zero(src, target: Node | None = None, view=None) -> bool:
+    """``src``, what a ``select_scatter`` / ``slice_scatter`` writes, is 0 (False) everywhere:
+    aten's ``copy`` or ``fill`` with 0 of a ``view`` node (``select``/``slice``) of ``target``
+    (torch <= 2.14), or a ``full`` of 0 (torch 2.15 decomposes ``mask[..., 0] = False`` so;
+    the scatter itself requires its shape to be the written region's)."""
+    if is_call(src, aten.full.default):
+        return constant(src) == 0
+    if not (is_call(src, aten.copy.default, aten.fill.Scalar) and constant(src.args[1]) == 0):
+        return False
+    return target is None or (is_call(src.args[0], view) and src.args[0].args[0] is target)
+
+
+def take_zero(walk: Walk, src: Node) -> None:
+    """Own what ``writes_zero`` accepted."""
+    walk.take(src)
+    if not is_call(src, aten.full.default):
+        walk.take(src.args[0])
+        take_constant(walk, src.args[1])
+
+
 def take_constant(walk: Walk, node) -> None:
     """Own a constant made in the graph; the lifted tensor it reads (a ``get_attr``) goes
     with it unless something else reads that."""

@@ -61,8 +61,9 @@ from ._walk import (
     over_last_dim,
     same_shape,
     strip_converts,
-    take_constant,
+    take_zero,
     val,
+    writes_zero,
 )
 
 IDIOM = "min_p_mask"
@@ -241,14 +242,13 @@ def _sorted_keeps_the_first(walk: Walk, scatter: Node, source: Node) -> Node | N
         raise NoMatch(f"{scatter.name} does not move the mask along the vocabulary dim")
     into = arguments(sorted_removed, "src", "dim", "start", "end", "step")
     zeros = into["src"]
-    if not (is_call(zeros, aten.copy.default, aten.fill.Scalar) and constant(zeros.args[1]) == 0):
+    if not writes_zero(zeros):
         raise NoMatch(f"{sorted_removed.name} writes something else than False into the mask")
     if not (
         last_dim(into.get("dim", 0), ndim)
         and into.get("start") in (0, None)
         and into.get("step", 1) == 1
-        and is_call(zeros.args[0], aten.slice.Tensor)
-        and zeros.args[0].args[0] is gathered
+        and writes_zero(zeros, gathered, aten.slice.Tensor)
     ):
         raise NoMatch(f"{sorted_removed.name} does not write the first entries of the sorted mask")
     if into.get("end") != 1:
@@ -256,8 +256,8 @@ def _sorted_keeps_the_first(walk: Walk, scatter: Node, source: Node) -> Node | N
             f"{sorted_removed.name} keeps the {into.get('end')} most likely tokens:"
             " min_tokens_to_keep != 1"
         )
-    for node in (scatter, sorted_removed, zeros, zeros.args[0], gathered, indices):
+    for node in (scatter, sorted_removed, gathered, indices):
         walk.take(node)
-    take_constant(walk, zeros.args[1])
+    take_zero(walk, zeros)
     take_outputs(walk, sort)
     return gathered.args[0]

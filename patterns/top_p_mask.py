@@ -60,9 +60,10 @@ from ._walk import (
     same,
     same_shape,
     strip_converts,
-    take_constant,
+    take_zero,
     to_the_end,
     val,
+    writes_zero,
 )
 
 IDIOM = "top_p_mask"
@@ -190,49 +191,37 @@ def _keep_largest(walk: Walk, removed: Node, vocab_size) -> Node:
         if not (
             last_dim(dim, val(base).dim())
             and (index == -1 or same(index, vocab_size - 1))
-            and _zero_of(zero, base)
+            and writes_zero(zero, base, aten.select.int)
         ):
             raise NoMatch(f"{removed.name} writes something else than False at the largest token")
-        for node in (removed, zero, zero.args[0]):
-            walk.take(node)
-        take_constant(walk, zero.args[1])
+        walk.take(removed)
+        take_zero(walk, zero)
         return base
     if not is_call(removed, aten.slice_scatter.default):
         raise NoMatch(f"{removed.name} does not keep the largest token (min_tokens_to_keep)")
     base, args = removed.args[0], arguments(removed, "src", "dim", "start", "end", "step")
     zeros, dim, start = args["src"], args.get("dim", 0), args.get("start")
     end, step, ndim = args.get("end"), args.get("step", 1), val(base).dim()
-    if not (is_call(zeros, aten.copy.default, aten.fill.Scalar) and constant(zeros.args[1]) == 0):
+    if not writes_zero(zeros):
         raise NoMatch(f"{removed.name} writes something else than False into the sorted mask")
     if not (last_dim(dim, ndim) and step == 1 and to_the_end(end, vocab_size)):
         raise NoMatch(f"{removed.name} does not write the last entries of the vocabulary dim")
     if not (start == -1 or same(start, vocab_size - 1)):
         raise NoMatch(f"{removed.name} keeps tokens from {start} on: min_tokens_to_keep != 1")
-    for node in (removed, zeros, zeros.args[0]):
-        walk.take(node)
-    take_constant(walk, zeros.args[1])
+    walk.take(removed)
+    take_zero(walk, zeros)
     return base
-
-
-def _zero_of(zero, base: Node) -> bool:
-    """``zero`` is False written over ``base[..., i]`` (aten: ``copy`` or ``fill`` of its
-    ``select``)."""
-    return (
-        is_call(zero, aten.copy.default, aten.fill.Scalar)
-        and constant(zero.args[1]) == 0
-        and is_call(zero.args[0], aten.select.int)
-        and zero.args[0].args[0] is base
-    )
 
 
 def _keep_first(walk: Walk, removed: Node) -> Node:
     """``removed[..., 0] = False`` -> ``removed`` before it."""
     base, zero, dim, index = removed.args
-    if not (last_dim(dim, val(base).dim()) and index == 0 and _zero_of(zero, base)):
+    if not (
+        last_dim(dim, val(base).dim()) and index == 0 and writes_zero(zero, base, aten.select.int)
+    ):
         raise NoMatch(f"{removed.name} writes something else than False at the largest token")
-    for node in (removed, zero, zero.args[0]):
-        walk.take(node)
-    take_constant(walk, zero.args[1])
+    walk.take(removed)
+    take_zero(walk, zero)
     return base
 
 
@@ -252,19 +241,12 @@ def _shifted_right(walk: Walk, removed: Node) -> Node:
         raise NoMatch(f"{removed.name} does not keep the largest token (min_tokens_to_keep)")
     shifted, zero, dim, index = removed.args
     ndim = val(shifted).dim()
-    if not (
-        last_dim(dim, ndim)
-        and index == 0
-        and is_call(zero, aten.copy.default, aten.fill.Scalar)
-        and constant(zero.args[1]) == 0
-        and is_call(zero.args[0], aten.select.int)
-        and zero.args[0].args[0] is shifted
-    ):
+    if not (last_dim(dim, ndim) and index == 0 and writes_zero(zero, shifted, aten.select.int)):
         raise NoMatch(f"{removed.name} writes something else than False at the largest token")
     if not is_call(shifted, aten.slice_scatter.default):
         raise NoMatch(f"{shifted.name} is not the removal mask shifted right by one")
     base, into = shifted.args[0], arguments(shifted, "src", "dim", "start", "end", "step")
-    owned = [removed, zero, zero.args[0], shifted]
+    owned = [removed, shifted]
     moved = into["src"]
     if is_call(moved, aten.copy.default):  # ``r[..., 1:] = x``: a copy of x into the slice
         if not (is_call(moved.args[0], aten.slice.Tensor) and moved.args[0].args[0] is base):
@@ -291,7 +273,7 @@ def _shifted_right(walk: Walk, removed: Node) -> Node:
         raise NoMatch(f"{shifted.name} is not the removal mask shifted right by one")
     for node in (*owned, moved):
         walk.take(node)
-    take_constant(walk, zero.args[1])
+    take_zero(walk, zero)
     return base
 
 
