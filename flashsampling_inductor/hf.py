@@ -188,12 +188,13 @@ class _Sampling:
         recompile. A truncation knob that is off is None, so plain sampling and greedy take
         the op's plain kernels; turning top-k, top-p or min-p on or off compiles the step
         once more per on/off state (at most 2^3). Passing an off-valued tensor instead would
-        save that compile but send every call down the truncating kernels, which cannot tell
-        at launch that the knob is off: 2.7-3.0x the plain kernels' time on an H200
-        (bench_off_knobs_nvidia-h200_20261127.csv), paid at every step. With
-        ``python_top_k`` (an LM head sharded by vocabulary: ``_vocabulary_sharded``) top-k
-        stays a Python int: tensor-parallel sampling sends k scores a row to every rank, a
-        size the graph must hold (another k compiles the step again)."""
+        save that compile; the kernels read it per row on the device and skip the
+        truncation for rows it leaves off, but still pay 2-13% of the plain kernels' time
+        on an H200 for it (B <= 128; bench_off_knobs_nvidia-h200_new_20261127-1118.csv),
+        at every step. With ``python_top_k`` (an LM head sharded by vocabulary:
+        ``_vocabulary_sharded``) top-k stays a Python int: tensor-parallel sampling sends k
+        scores a row to every rank, a size the graph must hold (another k compiles the step
+        again)."""
 
         def scalar(value, dtype):
             return torch.tensor(value, dtype=dtype, device=device)

@@ -50,6 +50,7 @@ from .sampling_device import (
     restore_low_bits,
     rows_for_tma,
     tma_compatible,
+    truncates,
 )
 
 try:  # Gluon is experimental: its API moves between Triton releases (written for 3.6).
@@ -312,17 +313,41 @@ if AVAILABLE:
                  mask=row_mask)  # fmt: skip
 
     @gluon.jit
+    def _rows_knob(ptr, rows, row_mask, off, MODE: gl.constexpr):
+        """``sampling_device.rows_knob`` in the rows' layout."""
+        if MODE == 1:
+            return gl.where(row_mask, gl.load(ptr), off)
+        elif MODE == 2:
+            return gl.load(ptr + rows, mask=row_mask, other=off)
+        else:
+            return gl.where(row_mask, off, off)
+
+    @gluon.jit
+    def _truncating_rows(top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale, V,
+                         TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr,
+                         MIN_P_MODE: gl.constexpr):  # fmt: skip
+        """``sampling_device.truncating_rows`` in the rows' layout."""
+        top_k = _rows_knob(top_k_ptr, rows, row_mask, 0, TOP_K_MODE).to(gl.int64)
+        top_p = _rows_knob(top_p_ptr, rows, row_mask, 1.0, TOP_P_MODE).to(gl.float32)
+        min_p = _rows_knob(min_p_ptr, rows, row_mask, 0.0, MIN_P_MODE).to(gl.float32)
+        return row_mask & truncates(top_k, top_p, min_p, noise_scale, V)
+
+    @gluon.jit
     def _consume_tiles(
         parity, h_bufs, w_bufs, ready, empty, turn, staging,
         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
         top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+        top_k_ptr, top_p_ptr, min_p_ptr,
         B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         PLAIN: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
-        KEY_LOW_BITS: gl.constexpr,
+        KEY_LOW_BITS: gl.constexpr, TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr,
+        MIN_P_MODE: gl.constexpr,
     ):  # fmt: skip
-        """One consumer warpgroup: the program's tiles number parity, parity + 2, ..."""
+        """One consumer warpgroup: the program's tiles number parity, parity + 2, ...
+        With both epilogues (per-row knobs that may be off), each runs only where a row of
+        the tile needs it (``truncating_rows``), as in the Triton kernel."""
         BLOCK_B: gl.constexpr = h_bufs.shape[1]
         BLOCK_D: gl.constexpr = h_bufs.shape[2]
         BLOCK_V: gl.constexpr = w_bufs.shape[1]
@@ -377,14 +402,35 @@ if AVAILABLE:
                 noise_scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
             else:
                 noise_scale = gl.zeros([BLOCK_B], gl.float32, row_layout)  # unused: greedy
-            if TOP_M > 0:
+            if PLAIN and TOP_M > 0:
+                # Per-row knobs that may be off: each epilogue where a row of the tile
+                # needs it.
+                truncating = _truncating_rows(
+                    top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale, V,
+                    TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+                )  # fmt: skip
+                if gl.max(truncating.to(gl.int32), axis=0) > 0:
+                    _keep_top_m(
+                        acc_lo, acc_hi, rows, row_mask, pid_v * BLOCK_V,
+                        rows.to(gl.int64) * num_v_tiles + pid_v, V, bias_ptr, noise_scale,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                    )  # fmt: skip
+                if gl.max((row_mask & ~truncating).to(gl.int32), axis=0) > 0:
+                    _draw_noise(
+                        acc_lo, acc_hi, staging, b_start, rows, row_mask, pid_v, num_v_tiles, V,
+                        bias_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo,
+                        seed_hi, num_samples, quad_offset,
+                        HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+                    )  # fmt: skip
+            elif TOP_M > 0:
                 _keep_top_m(
                     acc_lo, acc_hi, rows, row_mask, pid_v * BLOCK_V,
                     rows.to(gl.int64) * num_v_tiles + pid_v, V, bias_ptr, noise_scale,
                     top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
                     HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                 )  # fmt: skip
-            if PLAIN:
+            else:
                 _draw_noise(
                     acc_lo, acc_hi, staging, b_start, rows, row_mask, pid_v, num_v_tiles, V,
                     bias_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo,
@@ -466,6 +512,9 @@ if AVAILABLE:
         TOP_M: gl.constexpr = 0,  # > 0: the truncating epilogue (_keep_top_m)
         ROW_MASS: gl.constexpr = False,
         KEY_LOW_BITS: gl.constexpr = 0,
+        # With PLAIN and TOP_M: the knobs' tensors (modes as in sampling_kernel's stage 1)
+        top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
+        TOP_K_MODE: gl.constexpr = 0, TOP_P_MODE: gl.constexpr = 0, MIN_P_MODE: gl.constexpr = 0,
     ):  # fmt: skip
         h_bufs = gl.allocate_shared_memory(
             h_desc.dtype, [STAGES] + h_desc.block_type.shape, h_desc.layout
@@ -511,6 +560,9 @@ if AVAILABLE:
                         top_m_index_ptr,
                         hidden_key_ptr,
                         mass_ptr,
+                        top_k_ptr,
+                        top_p_ptr,
+                        min_p_ptr,
                         B,
                         V,
                         D,
@@ -529,6 +581,9 @@ if AVAILABLE:
                         TOP_M,
                         ROW_MASS,
                         KEY_LOW_BITS,
+                        TOP_K_MODE,
+                        TOP_P_MODE,
+                        MIN_P_MODE,
                     ),
                 ),
                 (
@@ -550,6 +605,9 @@ if AVAILABLE:
                         top_m_index_ptr,
                         hidden_key_ptr,
                         mass_ptr,
+                        top_k_ptr,
+                        top_p_ptr,
+                        min_p_ptr,
                         B,
                         V,
                         D,
@@ -568,6 +626,9 @@ if AVAILABLE:
                         TOP_M,
                         ROW_MASS,
                         KEY_LOW_BITS,
+                        TOP_K_MODE,
+                        TOP_P_MODE,
+                        MIN_P_MODE,
                     ),
                 ),
                 (_load_tiles, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, STAGES)),
@@ -597,13 +658,14 @@ def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
     temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
-    key_low_bits=0,
+    key_low_bits=0, row_knobs=None,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``sampling_kernel.triton_fused_sample``, which calls this and then stage 2
     (``vocab_offset``, a multiple of 4: a tensor-parallel shard's first global index). The
     sampling epilogue runs where ``cand_score`` is given; with ``top_m`` the truncating one
-    writes ``stage1``'s buffers (``sampling_kernel._truncation_buffers``)."""
+    writes ``stage1``'s buffers (``sampling_kernel._truncation_buffers``); ``row_knobs``:
+    the knobs' tensors and modes where both run (``sampling_kernel._row_knobs``)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
@@ -634,5 +696,11 @@ def launch_stage1(
         TOP_M=top_m,
         ROW_MASS=row_mass,
         KEY_LOW_BITS=key_low_bits,
+        **(row_knobs or _NO_ROW_KNOBS),
         num_warps=4,
     )  # fmt: skip
+
+
+_NO_ROW_KNOBS = dict(
+    top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TOP_K_MODE=0, TOP_P_MODE=0, MIN_P_MODE=0
+)

@@ -230,10 +230,20 @@ def _normalize_call(
         raise ValueError(
             "impl='triton' on CPU tensors needs the Triton interpreter (TRITON_INTERPRET=1)"
         )
-    temperature = _to_tensor_scalar(temperature, TEMPERATURE, rows)
-    top_k = _to_tensor_scalar(top_k, TOP_K, rows)
-    top_p = _to_tensor_scalar(top_p, TOP_P, rows)
-    min_p = _to_tensor_scalar(min_p, MIN_P, rows)
+    deferred = {}
+    temperature = _to_tensor_scalar(temperature, TEMPERATURE, rows, deferred)
+    top_k = _to_tensor_scalar(top_k, TOP_K, rows, deferred)
+    top_p = _to_tensor_scalar(top_p, TOP_P, rows, deferred)
+    min_p = _to_tensor_scalar(min_p, MIN_P, rows, deferred)
+    if deferred:
+        from .knob_check import assert_knobs_valid
+
+        message = "; ".join(
+            f"{knob.name} must be {knob.rule} in every row"
+            for knob in (TEMPERATURE, TOP_K, TOP_P, MIN_P)
+            if knob.name in deferred
+        )
+        assert_knobs_valid(deferred, f"flashsampling: {message}")
     softcap = _normalize_softcap(softcap)
     seed_tensor, scalar_seed = _to_tensor_scalar(seed, SEED, rows)
     if rows.shape[0] == 0:
@@ -369,11 +379,13 @@ MIN_P = PerRowKnob(
 
 
 def _to_tensor_scalar(
-    value, knob: PerRowKnob, rows: torch.Tensor
+    value, knob: PerRowKnob, rows: torch.Tensor, deferred: dict | None = None
 ) -> tuple[torch.Tensor | None, float | int]:
     """A knob -> (device tensor or None, scalar used when the tensor is None), as FlashInfer's
     ``_to_tensor_scalar_tuple``. Python values are checked on the host (ValueError); CPU
-    tensors in eager calls too; CUDA tensors and traced ones get an assert op (no host sync)."""
+    tensors in eager calls too; CUDA tensors and traced ones get an assert op (no host sync).
+    With ``deferred``, an eager CUDA tensor is left in it (by name) unchecked, for the
+    caller to check with the call's other knobs in one kernel (``knob_check.py``)."""
     batch = rows.shape[0]
     if value is None and knob.off is not None:
         return None, knob.off
@@ -391,7 +403,14 @@ def _to_tensor_scalar(
                     f"{knob.name} must be 0-d or [B] = ({batch},), got {tuple(value.shape)}"
                 )
             value = _on_device(value, rows, knob.name)
-            if knob.valid is not None:
+            if (
+                knob.valid is not None
+                and deferred is not None
+                and value.is_cuda
+                and _plain_eager_call(value)
+            ):
+                deferred[knob.name] = value
+            elif knob.valid is not None:
                 valid = knob.valid(value).all()
                 message = f"{knob.name} must be {knob.rule} in every row"
                 if value.device.type == "cpu" and _plain_eager_call(value):

@@ -44,6 +44,8 @@ __all__ = [
     "tile_mass",
     "tma_compatible",
     "token_gumbel",
+    "truncates",
+    "truncating_rows",
 ]
 
 PHILOX_ROUND_A = tl.constexpr(0xD2511F53)
@@ -269,6 +271,41 @@ def knob_per_row(ptr, row, scalar, MODE: tl.constexpr, DTYPE: tl.constexpr):
         return tl.load(ptr + row).to(DTYPE)
     else:
         return tl.full((), scalar, DTYPE)
+
+
+@triton.jit
+def rows_knob(ptr, rows, row_mask, off, MODE: tl.constexpr):
+    """A per-row knob of the tile's ``rows`` (those in ``row_mask``; the others get ``off``):
+    MODE 1 a 0-d tensor, 2 a [B] tensor, any other the scalar ``off``."""
+    if MODE == 1:
+        return tl.where(row_mask, tl.load(ptr), off)
+    elif MODE == 2:
+        return tl.load(ptr + rows, mask=row_mask, other=off)
+    else:
+        return tl.where(row_mask, off, off)
+
+
+@triton.jit
+def truncates(top_k, top_p, min_p, temperature, V):
+    """Whether a row with these knobs is truncated: a sampled row (T > 0) with top-k on (0 <
+    k < V), top-p on (p < 1) or min-p on (min_p > 0). Stage 2 reads the same conditions; a
+    row they leave untruncated is drawn exactly by the plain Gumbel-max (greedy rows too,
+    whose noise scale is 0)."""
+    k_on = (top_k > 0) & (top_k < V)
+    return (temperature > 0) & (k_on | (top_p < 1.0) | (min_p > 0.0))
+
+
+@triton.jit
+def truncating_rows(top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale, V,
+                    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr,
+                    MIN_P_MODE: tl.constexpr):  # fmt: skip
+    """Which of a tile's ``rows`` are truncated (``truncates``), from the knobs' tensors (a
+    mode 0 knob is off: stage 1 reads knobs only where every scalar one is off); rows
+    outside ``row_mask`` are not. ``noise_scale`` is T ln 2 per row."""
+    top_k = rows_knob(top_k_ptr, rows, row_mask, 0, TOP_K_MODE).to(tl.int64)
+    top_p = rows_knob(top_p_ptr, rows, row_mask, 1.0, TOP_P_MODE).to(tl.float32)
+    min_p = rows_knob(min_p_ptr, rows, row_mask, 0.0, MIN_P_MODE).to(tl.float32)
+    return row_mask & truncates(top_k, top_p, min_p, noise_scale, V)
 
 
 @triton.jit

@@ -57,6 +57,7 @@ from .sampling_device import (
     tile_log_mass,
     tile_mass,
     tma_compatible,
+    truncating_rows,
 )
 
 __all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
@@ -147,6 +148,111 @@ def _tile_values(logits, v_mask, EVEN_V: tl.constexpr):
     return values
 
 
+@triton.jit
+def _top_m_epilogue(
+    logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
+    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+    EVEN_V: tl.constexpr, BLOCK_V: tl.constexpr, TOP_M: tl.constexpr,
+    ROW_MASS: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
+):  # fmt: skip
+    """Stage 1's truncating epilogue (``_sample_stage1`` with TOP_M)."""
+    # Truncation needs no noise here: the tile's TOP_M largest scores (ties to the
+    # lowest index), then the largest one left out, which bounds what it hides.
+    keys = ordered_key(logits)
+    if not EVEN_V:
+        keys = tl.where(v_mask[None, :], keys, KEY_PAD)
+    tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
+    columns = tl.arange(0, BLOCK_V)[None, :]
+    if KEY_LOW_BITS > 0:
+        # The key's low bits are its sign's (rounded logits, restore_low_bits): they
+        # carry the reversed column instead, so one int32 max finds the largest key
+        # and, among equal ones, the lowest column (an argmax reduces two values).
+        low = (1 << KEY_LOW_BITS) - 1
+        packed = (keys & -(1 << KEY_LOW_BITS)) | (BLOCK_V - 1 - columns)
+        for slot in tl.static_range(TOP_M):
+            top = tl.max(packed, axis=1)
+            key = restore_low_bits(top & -(1 << KEY_LOW_BITS), KEY_LOW_BITS)
+            arg = BLOCK_V - 1 - (top & low)
+            tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
+            tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
+                     mask=b_mask)  # fmt: skip
+            packed = tl.where(packed == top[:, None], KEY_PAD, packed)
+        left_out = tl.max(packed, axis=1) & -(1 << KEY_LOW_BITS)
+        tl.store(hidden_key_ptr + tile_slot, restore_low_bits(left_out, KEY_LOW_BITS),
+                 mask=b_mask)  # fmt: skip
+    else:
+        for slot in tl.static_range(TOP_M):
+            key, arg = tl.max(keys, axis=1, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
+            tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
+                     mask=b_mask)  # fmt: skip
+            keys = tl.where(columns == arg[:, None], KEY_PAD, keys)
+        tl.store(hidden_key_ptr + tile_slot, tl.max(keys, axis=1), mask=b_mask)
+    if ROW_MASS:
+        # softmax(l / T) mass of the tile relative to its maximum (the reference's
+        # weights); stage 2 rescales the partials to the row maximum.
+        inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
+        tile_max, tile_sum = tile_mass(_tile_values(logits, v_mask, EVEN_V), inv_temperature)
+        tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
+        tl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=b_mask)
+
+
+@triton.jit
+def _plain_epilogue(
+    logits, logprob_values, noise_start, noise_stop, noise_scale, row_counter, k0, k1,
+    offs_b, b_mask, pid_v, num_v_tiles, num_samples, cand_score_ptr, cand_index_ptr,
+    cand_value_ptr,
+    TEMPERATURE_MODE: tl.constexpr, EVEN_V: tl.constexpr, INTERPRETER: tl.constexpr,
+    LOGPROBS: tl.constexpr, EPILOGUE_CHUNKS: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Stage 1's sampling epilogue (``_sample_stage1`` with PLAIN): per row and sample the
+    tile's best perturbed score, its global index and (LOGPROBS) its logit."""
+    for sample_index in range(num_samples):
+        # The epilogue in vocabulary chunks keeps fewer noise values live at once (a
+        # whole 128 x 256 tile of them spills registers); the tile's best is the best
+        # chunk's best.
+        if EPILOGUE_CHUNKS == 1:
+            tile_score, tile_index, tile_value = _best_of_chunk(
+                logits, logprob_values, noise_start, noise_stop, noise_scale,
+                row_counter, sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                BLOCK_B, BLOCK_V,
+            )  # fmt: skip
+        elif EPILOGUE_CHUNKS == 2:
+            tile_score, tile_index, tile_value = _best_of_two_chunks(
+                logits, logprob_values, noise_start, noise_stop, noise_scale,
+                row_counter, sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                BLOCK_B, BLOCK_V,
+            )  # fmt: skip
+        else:
+            lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
+            if LOGPROBS > 0:
+                values_lo, values_hi = _split_columns(logprob_values, BLOCK_B, BLOCK_V)
+            else:
+                values_lo, values_hi = lo, hi
+            half: tl.constexpr = BLOCK_V // 2
+            s0, i0, v0 = _best_of_two_chunks(
+                lo, values_lo, noise_start, noise_stop, noise_scale, row_counter,
+                sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                BLOCK_B, half,
+            )  # fmt: skip
+            s1, i1, v1 = _best_of_two_chunks(
+                hi, values_hi, noise_start + half, noise_stop, noise_scale, row_counter,
+                sample_index, k0, k1,
+                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+                BLOCK_B, half,
+            )  # fmt: skip
+            tile_score, tile_index, tile_value = _better(s0, i0, v0, s1, i1, v1)
+        out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
+        tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
+        tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
+        if LOGPROBS > 0:
+            tl.store(cand_value_ptr + out, tile_value, mask=b_mask)
+
+
 @triton.jit(
     do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "vocab_offset", "softcap"]
 )
@@ -174,15 +280,22 @@ def _sample_stage1(
     ROW_MASS: tl.constexpr = False,  # with TOP_M: per-tile (max, sum of exp2) for top-p
     KEY_LOW_BITS: tl.constexpr = 0,  # with TOP_M: key bits the sign fixes (key_low_bits)
     LOGPROBS: tl.constexpr = 0,  # 1 "raw", 2 "processed": the log-probability partials
+    # With PLAIN and TOP_M (per-row knobs that may be off): where top-k, top-p and min-p
+    # are, 0 a scalar that is off, 1 a 0-d tensor, 2 a [B] tensor at these pointers.
+    top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
+    TOP_K_MODE: tl.constexpr = 0, TOP_P_MODE: tl.constexpr = 0, MIN_P_MODE: tl.constexpr = 0,
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
     perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
     scores as ordered keys with their indices and the largest key left out (truncation,
-    truncation_kernel.py). With LOGPROBS also per row the tile's (max, sum of exp2) of the
-    logits a log-probability is taken over (``tile_mass``: the raw logits at T = 1, or the
-    scores at the row's temperature) and, with PLAIN, each candidate's logit there. Each
-    program takes tiles pid, pid + num_programs, ...: one tile per program on a full grid,
-    several on a persistent one."""
+    truncation_kernel.py). With both and the knobs' tensors (``_row_knobs``), each epilogue
+    runs only where a row of the batch tile needs it (``truncating_rows``, read on the
+    device): a tile whose rows all have their knobs off, or are greedy, draws noise alone,
+    one whose rows all truncate the top-m alone. With LOGPROBS also per row the tile's
+    (max, sum of exp2) of the logits a log-probability is taken over (``tile_mass``: the
+    raw logits at T = 1, or the scores at the row's temperature) and, with PLAIN, each
+    candidate's logit there. Each program takes tiles pid, pid + num_programs, ...: one
+    tile per program on a full grid, several on a persistent one."""
     num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         # Batch tiles vary fastest, so the programs that share a weight tile run together and
@@ -278,50 +391,6 @@ def _sample_stage1(
         # candidates' indices are those of the whole vocabulary.
         noise_start = v_start + vocab_offset
         noise_stop = V + vocab_offset
-        if TOP_M > 0:
-            # Truncation needs no noise here: the tile's TOP_M largest scores (ties to the
-            # lowest index), then the largest one left out, which bounds what it hides.
-            keys = ordered_key(logits)
-            if not EVEN_V:
-                keys = tl.where(v_mask[None, :], keys, KEY_PAD)
-            tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
-            columns = tl.arange(0, BLOCK_V)[None, :]
-            if KEY_LOW_BITS > 0:
-                # The key's low bits are its sign's (rounded logits, restore_low_bits): they
-                # carry the reversed column instead, so one int32 max finds the largest key
-                # and, among equal ones, the lowest column (an argmax reduces two values).
-                low = (1 << KEY_LOW_BITS) - 1
-                packed = (keys & -(1 << KEY_LOW_BITS)) | (BLOCK_V - 1 - columns)
-                for slot in tl.static_range(TOP_M):
-                    top = tl.max(packed, axis=1)
-                    key = restore_low_bits(top & -(1 << KEY_LOW_BITS), KEY_LOW_BITS)
-                    arg = BLOCK_V - 1 - (top & low)
-                    tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
-                    tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
-                             mask=b_mask)  # fmt: skip
-                    packed = tl.where(packed == top[:, None], KEY_PAD, packed)
-                left_out = tl.max(packed, axis=1) & -(1 << KEY_LOW_BITS)
-                tl.store(hidden_key_ptr + tile_slot, restore_low_bits(left_out, KEY_LOW_BITS),
-                         mask=b_mask)  # fmt: skip
-            else:
-                for slot in tl.static_range(TOP_M):
-                    key, arg = tl.max(
-                        keys, axis=1, return_indices=True, return_indices_tie_break_left=True
-                    )
-                    tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
-                    tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
-                             mask=b_mask)  # fmt: skip
-                    keys = tl.where(columns == arg[:, None], KEY_PAD, keys)
-                tl.store(hidden_key_ptr + tile_slot, tl.max(keys, axis=1), mask=b_mask)
-            if ROW_MASS:
-                # softmax(l / T) mass of the tile relative to its maximum (the reference's
-                # weights); stage 2 rescales the partials to the row maximum.
-                inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
-                tile_max, tile_sum = tile_mass(
-                    _tile_values(logits, v_mask, EVEN_V), inv_temperature
-                )
-                tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
-                tl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=b_mask)
         logprob_values = logits
         if LOGPROBS > 0:
             if LOGPROBS == 1:
@@ -339,50 +408,55 @@ def _sample_stage1(
             mass_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
             tl.store(log_mass_ptr + mass_slot * 2, tile_max, mask=b_mask)
             tl.store(log_mass_ptr + mass_slot * 2 + 1, tile_sum, mask=b_mask)
-        if PLAIN:
-            for sample_index in range(num_samples):
-                # The epilogue in vocabulary chunks keeps fewer noise values live at once (a
-                # whole 128 x 256 tile of them spills registers); the tile's best is the best
-                # chunk's best.
-                if EPILOGUE_CHUNKS == 1:
-                    tile_score, tile_index, tile_value = _best_of_chunk(
-                        logits, logprob_values, noise_start, noise_stop, noise_scale,
-                        row_counter, sample_index, k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                        BLOCK_B, BLOCK_V,
+        if PLAIN and TOP_M > 0 and TOP_K_MODE + TOP_P_MODE + MIN_P_MODE > 0:
+            # Per-row knobs that may be off, read here: each epilogue only where a row of the
+            # tile needs it; a tile that needs both runs them in one region.
+            truncating = truncating_rows(
+                top_k_ptr, top_p_ptr, min_p_ptr, offs_b, b_mask, noise_scale, V,
+                TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+            )  # fmt: skip
+            tile_plain = tl.max((b_mask & ~truncating).to(tl.int32)) > 0
+            if tl.max(truncating.to(tl.int32)) > 0:
+                if tile_plain:
+                    _top_m_epilogue(
+                        logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                     )  # fmt: skip
-                elif EPILOGUE_CHUNKS == 2:
-                    tile_score, tile_index, tile_value = _best_of_two_chunks(
+                    _plain_epilogue(
                         logits, logprob_values, noise_start, noise_stop, noise_scale,
-                        row_counter, sample_index, k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                        BLOCK_B, BLOCK_V,
+                        row_counter, k0, k1, offs_b, b_mask, pid_v, num_v_tiles, num_samples,
+                        cand_score_ptr, cand_index_ptr, cand_value_ptr, TEMPERATURE_MODE, EVEN_V,
+                        INTERPRETER, LOGPROBS, EPILOGUE_CHUNKS, BLOCK_B, BLOCK_V,
                     )  # fmt: skip
                 else:
-                    lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
-                    if LOGPROBS > 0:
-                        values_lo, values_hi = _split_columns(logprob_values, BLOCK_B, BLOCK_V)
-                    else:
-                        values_lo, values_hi = lo, hi
-                    half: tl.constexpr = BLOCK_V // 2
-                    s0, i0, v0 = _best_of_two_chunks(
-                        lo, values_lo, noise_start, noise_stop, noise_scale, row_counter,
-                        sample_index, k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                        BLOCK_B, half,
+                    _top_m_epilogue(
+                        logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                     )  # fmt: skip
-                    s1, i1, v1 = _best_of_two_chunks(
-                        hi, values_hi, noise_start + half, noise_stop, noise_scale, row_counter,
-                        sample_index, k0, k1,
-                        TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                        BLOCK_B, half,
-                    )  # fmt: skip
-                    tile_score, tile_index, tile_value = _better(s0, i0, v0, s1, i1, v1)
-                out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
-                tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
-                tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
-                if LOGPROBS > 0:
-                    tl.store(cand_value_ptr + out, tile_value, mask=b_mask)
+            else:
+                _plain_epilogue(
+                    logits, logprob_values, noise_start, noise_stop, noise_scale,
+                    row_counter, k0, k1, offs_b, b_mask, pid_v, num_v_tiles, num_samples,
+                    cand_score_ptr, cand_index_ptr, cand_value_ptr, TEMPERATURE_MODE, EVEN_V,
+                    INTERPRETER, LOGPROBS, EPILOGUE_CHUNKS, BLOCK_B, BLOCK_V,
+                )  # fmt: skip
+        else:
+            # (both in turn where both are compiled in and the knobs are not read here)
+            if TOP_M > 0:
+                _top_m_epilogue(
+                    logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                )  # fmt: skip
+            if PLAIN:
+                _plain_epilogue(
+                    logits, logprob_values, noise_start, noise_stop, noise_scale,
+                    row_counter, k0, k1, offs_b, b_mask, pid_v, num_v_tiles, num_samples,
+                    cand_score_ptr, cand_index_ptr, cand_value_ptr, TEMPERATURE_MODE, EVEN_V,
+                    INTERPRETER, LOGPROBS, EPILOGUE_CHUNKS, BLOCK_B, BLOCK_V,
+                )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["scalar_temperature"])
@@ -660,6 +734,7 @@ def triton_fused_sample(
             BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
             PLAIN=plain, TOP_M=top_m, ROW_MASS=row_mass, KEY_LOW_BITS=key_low_bits,
             LOGPROBS=logprobs_code,
+            **_row_knobs(params, plain and top_m > 0 and not config.programs_per_sm),
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )  # fmt: skip
@@ -713,6 +788,25 @@ def _truncation_buffers(
         "mass": torch.empty((batch, num_v_tiles, 2), device=device) if row_mass else None,
     }
     return stage1, plain, top_m, row_mass, key_low_bits
+
+
+def _row_knobs(params: SamplingParams, per_row: bool) -> dict:
+    """Stage 1's knob arguments: with ``per_row`` (both epilogues: every knob a tensor or
+    off) the knobs' tensors, from which each tile decides on the device which epilogues its
+    rows need; else none (where both epilogues are compiled in, every tile runs both).
+
+    The Triton kernel's persistent configurations (B > 64 there, ``programs_per_sm``) run
+    both on every tile: on an H200 (B = 256, a fourth of the rows truncated) the choice cost
+    mixed batches 2-6% (two branches) or 27% (one region for both, D = 2048, 128 registers
+    a thread), though it saves all-plain and all-truncated ones much more
+    (bench_off_knobs_nvidia-h200_*_20261127-1103/1118.csv). Elsewhere mixed batches were even
+    (Gluon, B = 64) or within 1% (Triton, B = 16, one region for both)."""
+    tensors = (params.top_k, params.top_p, params.min_p) if per_row else (None,) * 3
+    modes = [0 if t is None else (1 if t.dim() == 0 else 2) for t in tensors]
+    return dict(
+        top_k_ptr=tensors[0], top_p_ptr=tensors[1], min_p_ptr=tensors[2],
+        TOP_K_MODE=modes[0], TOP_P_MODE=modes[1], MIN_P_MODE=modes[2],
+    )  # fmt: skip
 
 
 def _finish_truncation(
@@ -835,6 +929,7 @@ def _hopper_fused_sample(
             cand_score, cand_index, config.warp_specialized_rows, _num_sms(hidden.device),
             temperature_mode, seed_mode, vocab_offset,
             stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
+            row_knobs=_row_knobs(params, plain and top_m > 0),
         )  # fmt: skip
         if not params.truncates:
             if tile_candidates:

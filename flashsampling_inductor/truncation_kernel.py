@@ -64,6 +64,7 @@ from .sampling_device import (
     row_seeds,
     softcap_logits,
     token_gumbel,
+    truncates,
 )
 
 __all__ = [
@@ -456,6 +457,42 @@ def _truncated_stage2(
     p_on = (top_p < 1.0) & (temperature > 0)
     min_p_on = (min_p > 0.0) & (temperature > 0)
 
+    if HAS_PLAIN:
+        if not truncates(top_k, top_p, min_p, temperature, V):
+            # Nothing truncates this row (or it is greedy): stage 1's plain candidates, as
+            # the plain stage 2, before any truncation candidate is read (stage 1 writes
+            # those only for the tiles that hold a truncated row).
+            plain_log_mass_ptr = log_mass_ptr
+            if LOGPROBS > 0:
+                plain_log_mass_ptr += row64 * num_mass_tiles * 2
+            offs = tl.arange(0, BLOCK)
+            for sample_index in range(num_samples):
+                base = (row64 * num_samples + sample_index) * num_plain_tiles
+                best = tl.full((), float("-inf"), tl.float32)
+                best_index = tl.zeros((), tl.int32)
+                best_value = tl.zeros((), tl.float32)
+                for start in range(0, num_plain_tiles, BLOCK):
+                    mask = start + offs < num_plain_tiles
+                    scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
+                                     other=float("-inf"))  # fmt: skip
+                    chunk_best, arg = tl.max(scores, axis=0, return_indices=True,
+                                             return_indices_tie_break_left=True)  # fmt: skip
+                    index = tl.load(plain_index_ptr + base + start + arg)
+                    take = (chunk_best > best) | (start == 0)
+                    best = tl.where(take, chunk_best, best)
+                    best_index = tl.where(take, index, best_index)
+                    if LOGPROBS > 0:
+                        value = tl.load(plain_value_ptr + base + start + arg)
+                        best_value = tl.where(take, value, best_value)
+                tl.store(out_ptr + row64 * num_samples + sample_index, best_index.to(tl.int64))
+                if LOGPROBS > 0:
+                    logprob = _logprob_of(
+                        best_value, plain_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
+                        RAW_LOGIT_LATER, BLOCK,
+                    )  # fmt: skip
+                    tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
+            return
+
     # With SINGLE every candidate of the row stays in registers from here on.
     row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, False, COMPLETE, BLOCK)
     if PATCHED:
@@ -495,37 +532,6 @@ def _truncated_stage2(
                 )  # fmt: skip
                 tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
         return
-    if HAS_PLAIN:
-        if not (k_on | p_on | min_p_on):
-            # Nothing truncates this row: stage 1's plain candidates, as the plain stage 2.
-            offs = tl.arange(0, BLOCK)
-            for sample_index in range(num_samples):
-                base = (row64 * num_samples + sample_index) * num_plain_tiles
-                best = tl.full((), float("-inf"), tl.float32)
-                best_index = tl.zeros((), tl.int32)
-                best_value = tl.zeros((), tl.float32)
-                for start in range(0, num_plain_tiles, BLOCK):
-                    mask = start + offs < num_plain_tiles
-                    scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
-                                     other=float("-inf"))  # fmt: skip
-                    chunk_best, arg = tl.max(scores, axis=0, return_indices=True,
-                                             return_indices_tie_break_left=True)  # fmt: skip
-                    index = tl.load(plain_index_ptr + base + start + arg)
-                    take = (chunk_best > best) | (start == 0)
-                    best = tl.where(take, chunk_best, best)
-                    best_index = tl.where(take, index, best_index)
-                    if LOGPROBS > 0:
-                        value = tl.load(plain_value_ptr + base + start + arg)
-                        best_value = tl.where(take, value, best_value)
-                tl.store(out_ptr + row64 * num_samples + sample_index, best_index.to(tl.int64))
-                if LOGPROBS > 0:
-                    logprob = _logprob_of(
-                        best_value, row_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
-                        RAW_LOGIT_LATER, BLOCK,
-                    )  # fmt: skip
-                    tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
-            return
-
     # The fallback over V tokens read in chunks: every kept token (and, with top-k, every
     # top-k survivor) is at or above the floor that stage 2 proved for the row when it
     # flagged it, so when at most PACK tokens are, they are packed once (their logits and

@@ -247,13 +247,21 @@ def test_gpu_memory_is_far_below_materialized_logits(batch, hidden_size):
     assert extra < 0.05 * logits_bytes, (extra, logits_bytes)
 
 
-def test_gpu_negative_temperature_tensor_fails_loudly():
-    """A bad CUDA temperature tensor trips a device-side assert instead of sampling from a
-    wrong distribution. It poisons the CUDA context, so it runs in a child process."""
+@pytest.mark.parametrize(
+    "knob", ["temperature=torch.tensor([1.0, -1.0], device='cuda')",
+             "top_k=torch.zeros(2, device='cuda', dtype=torch.int64), min_p=torch.zeros(2,"
+             " device='cuda'), top_p=torch.tensor([1.0, 0.0], device='cuda')"],
+    ids=["temperature", "top-p-beside-off-knobs"],
+)  # fmt: skip
+def test_gpu_bad_knob_tensor_fails_loudly(knob):
+    """A bad CUDA temperature or top-p tensor (beside valid ones: all of a call's knob
+    tensors are checked in one kernel, knob_check.py) trips a device-side assert instead of
+    sampling from a wrong distribution. It poisons the CUDA context, so it runs in a child
+    process."""
     script = (
         "import torch; from flashsampling_inductor import fused_sample;"
         "h = torch.randn(2, 64, device='cuda'); w = torch.randn(1000, 64, device='cuda');"
-        "fused_sample(h, w, temperature=torch.tensor([1.0, -1.0], device='cuda'));"
+        f"fused_sample(h, w, {knob});"
         "torch.cuda.synchronize()"
     )
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

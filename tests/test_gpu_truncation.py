@@ -60,6 +60,39 @@ def test_gpu_truncated_kernel_matches_reference_pathwise(batch, hidden_size, log
     assert torch.equal(sample_logits(logits, impl="torch", **arguments), expected)
 
 
+@pytest.mark.parametrize("batch", [1, 16, 100, 256])
+def test_gpu_off_valued_knobs_draw_the_plain_tokens_and_truncate_only_their_rows(batch):
+    """Knob tensors at their "off" values (k 0, p 1, min-p 0) draw exactly the plain call's
+    tokens, greedy rows too: stage 1 skips the top-m epilogue of tiles with no truncated
+    row (at B = 100 the Gluon kernel's two 64-row tiles) and stage 2 reads their plain
+    candidates. With every third row truncated from row 64 on (from row 0 below 64 rows),
+    the other rows still draw those tokens and the truncated ones the reference's."""
+    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
+    temperature = torch.tensor([0.7, 1.2, 0.0], device=CUDA).repeat(batch)[:batch]
+    seed = torch.arange(batch, device=CUDA) * 7919 + 11
+    common = dict(temperature=temperature, seed=seed, num_samples=2, logits_dtype=torch.bfloat16)
+    plain = fused_sample(hidden, weight, impl="triton", **common)
+    off = dict(
+        top_k=torch.zeros(batch, dtype=torch.int64, device=CUDA),
+        top_p=torch.ones(batch, device=CUDA),
+        min_p=torch.zeros(batch, device=CUDA),
+    )
+    assert torch.equal(fused_sample(hidden, weight, impl="triton", **common, **off), plain)
+    rows = torch.arange(batch, device=CUDA)
+    truncated = (rows % 3 == 0) & (rows >= (64 if batch > 64 else 0))
+    off["top_k"][truncated & (rows % 2 == 0)] = 50
+    off["top_p"][truncated] = 0.9
+    off["min_p"][truncated & (rows % 2 == 1)] = 0.05
+    tokens = fused_sample(hidden, weight, impl="triton", **common, **off)
+    expected = fused_sample(hidden, weight, impl="torch", **common, **off)
+    untruncated = ~truncated | (temperature == 0)
+    assert torch.equal(tokens[untruncated], plain[untruncated])
+    assert_pathwise_equal(
+        tokens, expected, hidden, weight, temperature=temperature, seed=seed,
+        logits_dtype=torch.bfloat16,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("batch", [1, 64, 200])
 @pytest.mark.parametrize(
     "knobs",

@@ -98,6 +98,31 @@ def test_per_row_top_k_top_p_temperature_match_the_contract_pathwise(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent(impl):
+    """Per-row knob tensors at their "off" values (k 0, p 1, min-p 0; greedy rows too) draw
+    exactly the tokens of the call without them; in a batch where some rows turn knobs on,
+    every other row still draws those tokens, and the truncated rows draw the contract's."""
+    batch = 6
+    hidden, weight = make_exact_problem(batch, 1000, 64, seed=5)
+    logits = exact_logits(hidden, weight)
+    temperature = torch.tensor([0.7, 1.3, 0.0], device=DEVICE).repeat(2)
+    seed = torch.arange(batch, device=DEVICE) * 5 + 1
+    common = dict(temperature=temperature, seed=seed, num_samples=2, impl=impl)
+    plain = fused_sample(hidden, weight, **common)
+    top_k = torch.zeros(batch, dtype=torch.int64, device=DEVICE)
+    top_p = torch.ones(batch, device=DEVICE)
+    min_p = torch.zeros(batch, device=DEVICE)
+    off = fused_sample(hidden, weight, top_k=top_k, top_p=top_p, min_p=min_p, **common)
+    assert torch.equal(off, plain)
+    top_k[1], top_p[3], min_p[4], top_k[2] = 20, 0.9, 0.2, 5  # (row 2 is greedy)
+    mixed = fused_sample(hidden, weight, top_k=top_k, top_p=top_p, min_p=min_p, **common)
+    untruncated = torch.tensor([True, False, True, False, False, True], device=DEVICE)
+    assert torch.equal(mixed[untruncated], plain[untruncated])
+    expected = contract_sample(logits, temperature, top_k, top_p, seed, 2, min_p=min_p)
+    assert torch.equal(mixed, expected)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("top_k, top_p", [(50, None), (None, 0.9), (20, 0.95), (1000, None)])
 def test_scalar_knobs_match_the_contract_pathwise(impl, top_k, top_p):
     """Python k / p for every row (odd B); k >= V is off: plain sampling's tokens."""

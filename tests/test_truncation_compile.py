@@ -112,9 +112,20 @@ stage1_constants = dict(
     LOGITS_DTYPE=None, DOT_PRECISION="ieee", SWAP_AB=True, USE_TMA=False, EPILOGUE_CHUNKS=1,
     EVEN_D=True, EVEN_V=False, INTERPRETER=False, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128,
     PLAIN=False, TOP_M=4, ROW_MASS=True, KEY_LOW_BITS=0, cand_value_ptr=None, log_mass_ptr=None,
-    LOGPROBS=0,
+    LOGPROBS=0, top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TOP_K_MODE=0, TOP_P_MODE=0,
+    MIN_P_MODE=0,
 )
 compile_kernel(sampling_kernel._sample_stage1, stage1, stage1_constants, num_warps=4, num_stages=4)
+# Per-row knobs that may be off: both epilogues, each where a row of the tile needs it.
+compile_kernel(
+    sampling_kernel._sample_stage1,
+    {**stage1, "cand_score_ptr": "*fp32", "cand_index_ptr": "*i32", "top_k_ptr": "*i64",
+     "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"},
+    {key: value for key, value in stage1_constants.items()
+     if key not in ("cand_score_ptr", "cand_index_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr")}
+    | dict(PLAIN=True, TOP_M=8, TOP_K_MODE=2, TOP_P_MODE=1, MIN_P_MODE=2),
+    num_warps=4, num_stages=4,
+)
 # bf16 logits without a soft-cap: the top-m search on keys packed with their column.
 compile_kernel(
     sampling_kernel._sample_stage1, stage1,
@@ -155,6 +166,17 @@ compile_kernel(
          temperature_ptr=None, HAS_SCORE=False, BLOCK_C=4096, PDL=True, LOGPROBS=0,
          TEMPERATURE_MODE=0), num_warps=4,
 )
+# Every knob tensor of a call checked in one kernel (op.py, knob_check.py).
+from flashsampling_inductor import knob_check
+
+compile_kernel(
+    knob_check._all_in_range,
+    {"temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
+     "ok_ptr": "*i32", "temperature_count": "i32", "top_k_count": "i32", "top_p_count": "i32",
+     "min_p_count": "i32", "temperature_stride": "i32", "top_k_stride": "i32",
+     "top_p_stride": "i32", "min_p_stride": "i32", "longest": "i32"},
+    dict(BLOCK=1024), num_warps=4,
+)
 print("compiled")
 """
 
@@ -177,7 +199,9 @@ from flashsampling_inductor import hopper_kernel as hk
 
 kernel = hk._hopper_stage1
 pointers = {"seed_ptr": "*i64", "cand_index_ptr": "*i32", "top_m_key_ptr": "*i32",
-            "top_m_index_ptr": "*i32", "hidden_key_ptr": "*i32"}
+            "top_m_index_ptr": "*i32", "hidden_key_ptr": "*i32", "top_k_ptr": "*i64"}
+no_knobs = dict(top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TOP_K_MODE=0, TOP_P_MODE=0,
+                MIN_P_MODE=0)
 layout_64 = hk._shared_layout(64, torch.bfloat16)
 layout_v = hk._shared_layout(hk.BLOCK_V, torch.bfloat16)
 base = dict(
@@ -186,8 +210,10 @@ base = dict(
     LOADER_REGISTERS=hk.LOADER_REGISTERS,
 )
 variants = [
-    dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16),  # generate's top-k 50
-    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None),  # per row
+    dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, **no_knobs),  # top-k 50
+    # per row: each epilogue where a row of the tile needs it
+    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=2,
+         TOP_P_MODE=2, MIN_P_MODE=1),
 ]
 for variant in variants:
     constants = {**base, **variant}

@@ -1,0 +1,72 @@
+"""One kernel that checks every per-row knob tensor of a call on the device.
+
+``op.py`` checks CUDA knob tensors without a host sync: a device-side assert when the graph
+or the eager call runs. Written with torch ops that is two to five small kernels per knob
+(the comparisons, ``.all()``, the assert): with top-k, top-p, min-p and the temperature
+as tensors, 16 launches, about 25 us of a CUDA-graph replay on an H200, more than the
+sampling kernels' own difference between plain and off-valued knobs. This kernel checks
+them all in one launch, and one ``_assert_async`` reads its verdict.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import launch
+
+__all__ = ["assert_knobs_valid"]
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _all_in_range(
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, ok_ptr,
+    temperature_count, top_k_count, top_p_count, min_p_count,
+    temperature_stride, top_k_stride, top_p_stride, min_p_stride, longest,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """ok_ptr[0] = 1 if every given knob value is in its range (op.py's PerRowKnob rules:
+    temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]; NaN is out),
+    else 0. A knob whose pointer is None is not read."""
+    bad = tl.zeros((BLOCK,), tl.int32)
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, longest, BLOCK):
+        index = start + offs
+        if temperature_ptr is not None:
+            mask = index < temperature_count
+            t = tl.load(temperature_ptr + index * temperature_stride, mask=mask, other=1.0)
+            bad |= (mask & ~((t >= 0) & (t < float("inf")))).to(tl.int32)
+        if top_k_ptr is not None:
+            mask = index < top_k_count
+            k = tl.load(top_k_ptr + index * top_k_stride, mask=mask, other=0)
+            bad |= (mask & (k < 0)).to(tl.int32)
+        if top_p_ptr is not None:
+            mask = index < top_p_count
+            p = tl.load(top_p_ptr + index * top_p_stride, mask=mask, other=1.0)
+            bad |= (mask & ~((p > 0) & (p <= 1))).to(tl.int32)
+        if min_p_ptr is not None:
+            mask = index < min_p_count
+            p = tl.load(min_p_ptr + index * min_p_stride, mask=mask, other=0.0)
+            bad |= (mask & ~((p >= 0) & (p <= 1))).to(tl.int32)
+    tl.store(ok_ptr, 1 - tl.max(bad))
+
+
+def assert_knobs_valid(knobs: dict[str, torch.Tensor], message: str) -> None:
+    """A device-side assert (``torch._assert_async``) that every value of the CUDA tensors
+    ``knobs`` (0-d or [B], of the names temperature, top_k, top_p, min_p) is in range, in two
+    launches whatever their number; no host sync."""
+    device = next(iter(knobs.values())).device
+    ok = torch.empty(1, dtype=torch.int32, device=device)
+    names = ("temperature", "top_k", "top_p", "min_p")
+    tensors = [knobs.get(name) for name in names]
+    counts = [0 if t is None else t.numel() for t in tensors]
+    strides = [0 if t is None or t.dim() == 0 else t.stride(0) for t in tensors]
+    with torch.cuda.device(device):
+        launch(
+            _all_in_range, (1,), *tensors, ok, *counts, *strides, max(counts), BLOCK=_BLOCK,
+            num_warps=4,
+        )  # fmt: skip
+    torch._assert_async(ok, message)
