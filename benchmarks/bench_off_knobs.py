@@ -1,14 +1,21 @@
-"""What a plain-sampling batch pays for carrying its truncation knobs as per-row tensors at
-their "off" values (top_k 0, top_p 1.0, min_p 0.0), as one compiled serving step does so that
-no setting is a graph of its own. Kernel level, one GPU call (CUDA only; without CUDA it
-says so and exits 0).
+"""What a batch pays for carrying its truncation knobs as per-row tensors, as one compiled
+serving step does so that no setting is a graph of its own. Kernel level, CUDA graphs, one
+GPU call (CUDA only; without CUDA it says so and exits 0).
 
-Per shape and batch size B: ``fused_sample(hidden [B, D], weight [V, D])`` bf16 with a [B]
-temperature tensor and a device seed, then the same call with ``top_k=zeros[B]``,
-``top_p=ones[B]``, ``min_p=zeros[B]`` (which the op cannot tell from truncating knobs at
-launch: it takes the truncating kernels, which draw those rows untruncated). Times are
-``triton.testing.do_bench`` medians, the two calls interleaved over --rounds rounds.
-Goal of issue 35: <= 1% at B <= 64.
+Per shape and batch size B, ``fused_sample(hidden [B, D], weight [V, D])`` bf16 with a [B]
+temperature tensor (0.7) and a device seed, and the knobs as
+
+* ``plain``: None (the plain kernels);
+* ``off``: [B] tensors at their "off" values, top_k 0, top_p 1.0, min_p 0.0 (the kernels
+  read them on the device: stage 1 draws noise alone, stage 2 picks the plain candidates);
+* ``mixed``: the same with every fourth row (0, 4, ...) at top_k 50, top_p 0.9;
+* ``all``: every row at top_k 50, top_p 0.9, as [B] tensors.
+
+Each call is captured in a CUDA graph and timed by ``triton.testing.do_bench_cudagraph``
+(median), the configurations interleaved over --rounds rounds. ``--label`` names the code
+measured (run the script once per checkout to compare two on one card). ``--warmup-only``
+compiles the kernels and times nothing (run several at once, one batch each, to fill
+Triton's cache before a timed run). Goal of issue 35: ``off`` <= 1.01x ``plain`` at B <= 64.
 
     python benchmarks/bench_off_knobs.py --out benchmarks/results
 """
@@ -27,7 +34,20 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout
 
-SHAPES = {"qwen3-1.7b": (2048, 151936), "llama-3.1-8b": (4096, 128256)}
+SHAPES = {"d2048-v151936": (2048, 151936), "d4096-v151936": (4096, 151936)}
+KNOBS = ("plain", "off", "mixed", "all")
+
+
+def knob_arguments(name: str, batch: int) -> dict:
+    if name == "plain":
+        return {}
+    top_k = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    top_p = torch.ones(batch, device="cuda")
+    on = torch.arange(batch, device="cuda") % 4 == 0 if name == "mixed" else slice(None)
+    if name != "off":
+        top_k[on] = 50
+        top_p[on] = 0.9
+    return dict(top_k=top_k, top_p=top_p, min_p=torch.zeros(batch, device="cuda"))
 
 
 def main() -> None:
@@ -35,9 +55,13 @@ def main() -> None:
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("--shapes", default="qwen3-1.7b,llama-3.1-8b", help="of " + str(SHAPES))
-    parser.add_argument("--batches", default="1,16,32,64,128,256")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="of " + str(SHAPES))
+    parser.add_argument("--batches", default="1,16,64,128,256")
+    parser.add_argument("--knobs", default=",".join(KNOBS), help="of " + str(KNOBS))
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    parser.add_argument("--rep", type=int, default=30, help="ms of replays per timing")
+    parser.add_argument("--label", default="this", help="the code measured (CSV column)")
+    parser.add_argument("--warmup-only", action="store_true")
     parser.add_argument("--out", default="benchmarks/results", help="folder of the CSV")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -49,45 +73,52 @@ def main() -> None:
 
     device_name = torch.cuda.get_device_name().lower().replace(" ", "-")
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"bench_off_knobs_{device_name}_{stamp}.csv")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} -> {path}", flush=True)
-    fields = ["shape", "batch", "plain_us", "off_tensors_us", "ratio"]
-    with open(path, "w", newline="") as handle:
+    writer = None
+    if not args.warmup_only:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, f"bench_off_knobs_{device_name}_{args.label}_{stamp}.csv")
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__} -> {path}", flush=True)
+        handle = open(path, "w", newline="")  # noqa: SIM115 (closed at exit)
+        fields = ["gpu", "code", "shape", "batch", "knobs", "us", "ratio_to_plain"]
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
-        for shape in args.shapes.split(","):
-            hidden_size, vocab = SHAPES[shape]
-            weight = torch.randn(vocab, hidden_size, device="cuda", dtype=torch.bfloat16)
-            for batch in (int(b) for b in args.batches.split(",")):
-                hidden = torch.randn(batch, hidden_size, device="cuda", dtype=torch.bfloat16)
-                common = dict(
-                    temperature=torch.full((batch,), 0.7, device="cuda"),
-                    seed=torch.tensor(7, device="cuda"),
+    for shape in args.shapes.split(","):
+        hidden_size, vocab = SHAPES[shape]
+        weight = torch.randn(vocab, hidden_size, device="cuda", dtype=torch.bfloat16)
+        for batch in (int(b) for b in args.batches.split(",")):
+            hidden = torch.randn(batch, hidden_size, device="cuda", dtype=torch.bfloat16)
+            common = dict(
+                temperature=torch.full((batch,), 0.7, device="cuda"),
+                seed=torch.tensor(7, device="cuda"),
+            )
+            names = [n for n in args.knobs.split(",") if not (n == "mixed" and batch == 1)]
+            calls = {
+                name: functools.partial(
+                    fused_sample, hidden, weight, **common, **knob_arguments(name, batch)
                 )
-                off = dict(
-                    top_k=torch.zeros(batch, dtype=torch.int64, device="cuda"),
-                    top_p=torch.ones(batch, device="cuda"),
-                    min_p=torch.zeros(batch, device="cuda"),
-                )
-                calls = {
-                    "plain_us": functools.partial(fused_sample, hidden, weight, **common),
-                    "off_tensors_us": functools.partial(
-                        fused_sample, hidden, weight, **common, **off
-                    ),
-                }
-                if not torch.equal(calls["plain_us"](), calls["off_tensors_us"]()):
-                    print(f"{shape} B={batch}: the two calls drew different tokens", flush=True)
-                times = {name: [] for name in calls}
-                for _ in range(args.rounds):
-                    for name, call in calls.items():
-                        times[name].append(1e3 * triton.testing.do_bench(call, rep=50))
-                row = dict(shape=shape, batch=batch)
-                row.update({name: round(statistics.median(t), 1) for name, t in times.items()})
-                row["ratio"] = round(row["off_tensors_us"] / row["plain_us"], 3)
+                for name in names
+            }
+            tokens = {name: call() for name, call in calls.items()}
+            torch.cuda.synchronize()
+            if "plain" in tokens and "off" in tokens:
+                if not torch.equal(tokens["plain"], tokens["off"]):
+                    print(f"{shape} B={batch}: off knobs drew other tokens than plain", flush=True)
+            if args.warmup_only:
+                continue
+            times = {name: [] for name in calls}
+            for _ in range(args.rounds):
+                for name, call in calls.items():
+                    times[name].append(1e3 * triton.testing.do_bench_cudagraph(call, rep=args.rep))
+            medians = {name: statistics.median(t) for name, t in times.items()}
+            for name, us in medians.items():
+                row = dict(
+                    gpu=torch.cuda.get_device_name(), code=args.label, shape=shape, batch=batch,
+                    knobs=name, us=round(us, 1),
+                    ratio_to_plain=round(us / medians["plain"], 4) if "plain" in medians else "",
+                )  # fmt: skip
                 writer.writerow(row)
-                handle.flush()
                 print(row, flush=True)
+            handle.flush()
 
 
 if __name__ == "__main__":
