@@ -176,7 +176,8 @@ def match_noise(walk: Walk, node: Node, scores) -> bool:
     """True if ``node`` is Exp(1) noise of exactly ``scores``' shape, drawn by Inductor.
 
     Accepted: ``exponential_(1)`` as Inductor decomposes it, ``-log(U)``, ``-log(U + eps)``
-    and ``-log(1 - U)``, with ``U`` from ``rand``/``rand_like``/``uniform_`` (no generator),
+    and ``-log(1 - U)``, with ``U`` from ``rand``/``rand_like``/``uniform_(0, 1)`` of any
+    tensor (no generator),
     each maybe clamped from below at eps <= 1e-9 (``q.clamp_min_(1e-10)``,
     ``u.clamp(min=1e-20)``: ``MAX_NOISE_CLAMP``). Shared noise broadcast across rows would
     sample correlated rows: refused.
@@ -221,6 +222,17 @@ def _match_uniform(walk: Walk, node: Node) -> bool:
     elif is_call(node, aten.sub.Tensor) and node.args[0] == 1:
         node = walk.take(node).args[1]
     node = strip_converts(walk, node)
+    if is_call(node, aten.uniform.default):
+        # ``torch.zeros_like(t).uniform_(0, 1)`` (x-transformers): the values it overwrites
+        # are unread, and U is on [0, 1) as ``rand``'s
+        args = arguments(node, "from", "to")
+        if (args.get("from", 0), args.get("to", 1)) != (0, 1) or args.get("generator") is not None:
+            return False
+        check_noise_clamp(clamp_eps)
+        walk.take(node)
+        if isinstance(node.args[0], Node):
+            walk.leftovers.append(node.args[0])
+        return True
     if not is_call(node, aten.rand.default) or node.kwargs.get("generator") is not None:
         return False
     check_noise_clamp(clamp_eps)

@@ -74,12 +74,13 @@ def xt_min_p_step(x):
     return xt_step(x, xt_min_p)
 
 
-def xt_gumbel_step(x):  # x-transformers' gumbel_sample: its logs clamp their input at 1e-20
+def xt_gumbel_step(x, uniform_=False):  # x-transformers' gumbel_sample: clamped logs
     def log(t, eps=1e-20):
         return t.clamp(min=eps).log()
 
     def gumbel_noise(t):
-        noise = torch.rand_like(t)
+        # (its current spelling draws into zeros: ``torch.zeros_like(t).uniform_(0, 1)``)
+        noise = torch.zeros_like(t).uniform_(0, 1) if uniform_ else torch.rand_like(t)
         return -log(-log(noise))
 
     logits = xt_top_k(F.linear(x, WEIGHT)[:, -1], k=10)
@@ -158,6 +159,9 @@ x = torch.randn(B, T, D)
         pytest.param(xt_top_p_step, (x,), "multinomial", id="x-transformers-top-p"),
         pytest.param(xt_min_p_step, (x,), "multinomial", id="x-transformers-min-p"),
         pytest.param(xt_gumbel_step, (x,), "gumbel", id="x-transformers-gumbel"),
+        pytest.param(
+            lambda x: xt_gumbel_step(x, uniform_=True), (x,), "gumbel", id="x-transformers-uniform"
+        ),
         pytest.param(litgpt_step, (x[:1],), "exponential_race", id="litgpt"),
         pytest.param(llama_per_row_p, (x, torch.rand(B)), "sorted_top_p", id="llama-per-row-p"),
         pytest.param(
