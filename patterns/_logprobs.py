@@ -167,6 +167,14 @@ def _reader(walk: Walk, found: SamplingMatch, user: Node, tokens: Node) -> Logpr
         raise NoMatch(f"the logprob is computed in {val(rounded).dtype}, the op's in fp32")
     reader = LogprobReader(output, _mode(probe, found, x, table), squeeze)
     _check_shape(found, x, tokens, output, squeeze, gathered=user.target == aten.gather.default)
+    inside = set(walk.owned) | set(probe.owned) | {walk.terminal, output}
+    for node in probe.owned:
+        outside = [user for user in node.users if user not in inside]
+        if outside:
+            raise NoMatch(
+                f"the log-probabilities are also read by {outside[0].name} (the token's rank,"
+                " the top-n logprobs, ...): the op returns the drawn token's logprob alone"
+            )
     for node in probe.owned:
         walk.take(node)
     return reader

@@ -150,11 +150,7 @@ class AllGatherMatch:
         """After the catalog: lower its fused call on the stand-in and erase the gather, or
         put the gather back. -> whether the gather was rewritten."""
         gathered_weight, transposed, logits, result, *replayed = self.stand_in
-        calls = [
-            user
-            for user in gathered_weight.users
-            if is_call(user, torch.ops.flashsampling.fused_sample.default)
-        ]
+        calls = [user for user in gathered_weight.users if is_call(user, *_FUSED_CALLS)]
         if (
             len(calls) == 1
             and len(gathered_weight.users) == 1
@@ -174,7 +170,8 @@ class AllGatherMatch:
             _erase_unused([*reversed(self.chain), *reversed(self.pre_ops), self.shard_logits])
             log.warning(
                 "flashsampling: a tensor-parallel sampling step at %s keeps the gathered "
-                "weight (a per-row k, or top-p without a top-k, is not fused across ranks)",
+                "weight (a per-row k, top-p without a top-k, or logprobs are not fused across"
+                " ranks)",
                 self.gathered.name,
             )
             return False
@@ -218,9 +215,18 @@ def _bias_is_private(gathered_bias: Node, call: Node) -> bool:
     return list(gathered_bias.users) == [call] and _argument(call, "bias", None) is gathered_bias
 
 
+# (a logprobs call keeps the gathered weight: the TP op returns no logprobs yet)
+_FUSED_CALLS = (
+    torch.ops.flashsampling.fused_sample.default,
+    torch.ops.flashsampling.fused_sample_logprobs.default,
+)
+
+
 def _lowerable(call: Node) -> bool:
     """A fused call the TP op takes: a k fixed in the graph (no per-row k tensor), and top-p
-    only after it (``tp.tp_fused_sample``)."""
+    only after it (``tp.tp_fused_sample``); no logprobs."""
+    if is_call(call, torch.ops.flashsampling.fused_sample_logprobs.default):
+        return False
     if _argument(call, "top_k", None) is not None:
         return False
     k = _argument(call, "scalar_top_k", 0)

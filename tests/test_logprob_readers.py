@@ -256,7 +256,12 @@ def other_tokens(h, t):  # the logprob of the argmax, not of the drawn token
         pytest.param(
             processed_with_greedy_rows, (X, T_ROWS, K_ROWS, P_ROWS), "greedy rows", id="greedy"
         ),
-        pytest.param(vllm_with_rank, (X, T_ROWS, K_ROWS, P_ROWS), "also read by", id="rank"),
+        pytest.param(
+            vllm_with_rank,
+            (X, T_ROWS, K_ROWS, P_ROWS),
+            "the drawn token's logprob alone",
+            id="rank",
+        ),
         pytest.param(raw_and_processed, (X, T_SAMPLED), "both raw and processed", id="both"),
         pytest.param(before_the_tails_top_k, (X, T_SAMPLED), "own truncation", id="tail-top-k"),
         pytest.param(other_tokens, (X, T_SAMPLED), "also read by", id="argmax-token"),
