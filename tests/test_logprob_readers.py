@@ -75,7 +75,7 @@ def categorical_log_prob(h, t):  # an RL rollout: Categorical(logits).sample() a
     return action, distribution.log_prob(action)
 
 
-def vllm_sampler(h, temperature, k, p):
+def vllm_sampler(h, temperature, k, p, rank=False):
     """vLLM's Sampler: raw logprobs, greedy rows, per-row top-k / top-p, the race."""
     logits = F.linear(h, WEIGHT)
     raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)
@@ -94,7 +94,10 @@ def vllm_sampler(h, temperature, k, p):
     q = torch.empty_like(probs).exponential_()
     sampled = probs.div_(q).argmax(dim=-1).view(-1)
     tokens = torch.where(temperature < _SAMPLING_EPS, greedy, sampled).long()
-    return tokens, raw_logprobs.gather(-1, tokens.unsqueeze(-1))
+    token_logprobs = raw_logprobs.gather(-1, tokens.unsqueeze(-1))
+    if rank:  # vLLM's gather_logprobs: the token's rank too
+        return tokens, token_logprobs, (raw_logprobs >= token_logprobs).sum(-1)
+    return tokens, token_logprobs
 
 
 def sample_logits_processed(h, t):
@@ -222,10 +225,7 @@ def processed_with_greedy_rows(h, temperature, k, p):  # log_softmax(l / T) of g
 
 
 def vllm_with_rank(h, temperature, k, p):  # vLLM's gather_logprobs: the token's rank too
-    tokens, _ = vllm_sampler(h, temperature, k, p)
-    raw = F.linear(h, WEIGHT).log_softmax(dim=-1, dtype=torch.float32)
-    token_logprobs = raw.gather(-1, tokens.unsqueeze(-1))
-    return tokens, token_logprobs, (raw >= token_logprobs).sum(-1)
+    return vllm_sampler(h, temperature, k, p, rank=True)
 
 
 def raw_and_processed(h, t):
