@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 model_manager = pytest.importorskip("transformers.cli.serving.model_manager")
 
 from flashsampling_inductor import hf, serve  # noqa: E402
 
+from .hf_models import tiny_model  # noqa: E402
+
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        architectures=["LlamaForCausalLM"],
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    tiny_model("llama").save_pretrained(tmp_path)  # save_pretrained records the architecture
     return str(tmp_path)
 
 
