@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.fx import Node
 
-from ._tails import logsumexp_of, match_softmax
+from ._tails import decomposed_log_softmax, logsumexp_of, match_softmax
 from ._walk import (
     CONVERTS,
     NoMatch,
@@ -214,14 +214,10 @@ def _log_softmax_input(walk: Walk, table) -> Node | None:
                 if isinstance(node, Node):
                     walk.take(node)
             return x
-    if not (is_call(table, aten.sub.Tensor) and is_call(table.args[1], aten.log.default)):
+    decomposed = decomposed_log_softmax(table)
+    if decomposed is None:
         return None
-    shifted, log_total = table.args
-    total = log_total.args[0]
-    if not (is_call(total, aten.sum.dim_IntList) and is_call(total.args[0], aten.exp.default)):
-        return None
-    if total.args[0].args[0] is not shifted:
-        return None
+    shifted, total, steps = decomposed
     if not over_last_dim(total.args[1], keepdim_of(total), val(total).dim()):
         return None
     if not (is_call(shifted, aten.sub.Tensor) and is_call(shifted.args[1], aten.amax.default)):
@@ -229,7 +225,7 @@ def _log_softmax_input(walk: Walk, table) -> Node | None:
     x, amax = shifted.args
     if amax.args[0] is not x or not over_last_dim(amax.args[1], keepdim_of(amax), val(x).dim()):
         return None
-    for node in (table, log_total, total, total.args[0], shifted, amax):
+    for node in (*steps, shifted, amax):
         walk.take(node)
     return x
 

@@ -50,20 +50,30 @@ def match_softmax(walk: Walk, probs: Node) -> Node:
         log_probs = walk.take(node).args[0]
         if is_call(log_probs, aten._log_softmax.default):
             return _softmax_input(walk, log_probs, log_probs.args[0], log_probs.args[1])
-        if is_call(log_probs, aten.sub.Tensor) and is_call(log_probs.args[1], aten.log.default):
-            shifted, log_total = log_probs.args
-            total = log_total.args[0]
-            if (
-                is_call(total, aten.sum.dim_IntList)
-                and is_call(total.args[0], aten.exp.default)
-                and total.args[0].args[0] is shifted
-            ):
-                if not over_last_dim(total.args[1], keepdim_of(total), val(total).dim()):
-                    raise NoMatch("the log_softmax does not normalize over the vocabulary dim")
-                for n in (log_probs, log_total, total, total.args[0]):
-                    walk.take(n)
-                return _unshift(walk, shifted)
+        decomposed = decomposed_log_softmax(log_probs)
+        if decomposed is not None:
+            shifted, total, steps = decomposed
+            if not over_last_dim(total.args[1], keepdim_of(total), val(total).dim()):
+                raise NoMatch("the log_softmax does not normalize over the vocabulary dim")
+            for n in steps:
+                walk.take(n)
+            return _unshift(walk, shifted)
     raise NoMatch(f"{probs.name} is not a softmax of the logits")
+
+
+def decomposed_log_softmax(node) -> tuple[Node, Node, list[Node]] | None:
+    """``shifted - log(sum(exp(shifted), dims))``, ``log_softmax`` as aten decomposes it ->
+    (``shifted``, the sum, the nodes of the normalization); None for anything else. Which
+    dims the sum runs over is the caller's to check."""
+    if not (is_call(node, aten.sub.Tensor) and is_call(node.args[1], aten.log.default)):
+        return None
+    shifted, log_total = node.args
+    total = log_total.args[0]
+    if not (is_call(total, aten.sum.dim_IntList) and is_call(total.args[0], aten.exp.default)):
+        return None
+    if total.args[0].args[0] is not shifted:
+        return None
+    return shifted, total, [node, log_total, total, total.args[0]]
 
 
 def _softmax_input(walk: Walk, node: Node, x: Node, dim) -> Node:
