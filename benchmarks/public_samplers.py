@@ -28,13 +28,11 @@ from transformers import (
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
-from transformers.generation.continuous_batching.cb_logits_processors import (
-    ContinuousBatchingTemperatureLogitsWarper,
-    ContinuousBatchingTopKLogitsWarper,
-    ContinuousBatchingTopPLogitsWarper,
-)
 
 from flashsampling_inductor.graph_pass import SITES
+
+# The programs the tests already type op for op, from one definition (tests/ is a package).
+from tests.test_serving_samplers import CB, apply_top_k_top_p, random_sample
 
 torch.manual_seed(0)
 V, D = 64, 16
@@ -45,34 +43,12 @@ LM.weight.data = W.clone()
 
 # ---------------- the corpus ----------------
 # 1. vLLM v1 Sampler (mixed greedy, apply_top_k_top_p, race), no logprobs
-def vllm_apply_top_k_top_p(logits, k, p):
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
-    if k is not None:
-        top_k_mask = logits_sort.size(1) - k.to(torch.long)
-        top_k_mask = logits_sort.gather(1, top_k_mask.unsqueeze(dim=1))
-        top_k_mask = logits_sort < top_k_mask
-        logits_sort.masked_fill_(top_k_mask, -float("inf"))
-    if p is not None:
-        probs_sort = logits_sort.softmax(dim=-1)
-        probs_sum = torch.cumsum(probs_sort, dim=-1, out=probs_sort)
-        top_p_mask = probs_sum <= 1 - p.unsqueeze(dim=1)
-        top_p_mask[:, -1] = False
-        logits_sort.masked_fill_(top_p_mask, -float("inf"))
-    return logits_sort.scatter(dim=-1, index=logits_idx, src=logits_sort)
-
-
-def vllm_random_sample(probs):
-    q = torch.empty_like(probs)
-    q.exponential_()
-    return probs.div_(q).argmax(dim=-1).view(-1)
-
-
 def vllm_sample(logits, T, k, p):
     greedy = logits.argmax(dim=-1).view(-1)
     logits = logits.div_(T.unsqueeze(dim=1))
-    logits = vllm_apply_top_k_top_p(logits, k, p)
+    logits = apply_top_k_top_p(logits, k, p)
     probs = logits.softmax(dim=-1, dtype=torch.float32)
-    sampled = vllm_random_sample(probs)
+    sampled = random_sample(probs)
     return torch.where(T < 1e-5, greedy, sampled)
 
 
@@ -152,12 +128,8 @@ def hf_min_p(h, ids):
     return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)
 
 
-# 7. transformers continuous batching warpers + return_logprobs (model_runner._sample)
-CB = [
-    ContinuousBatchingTemperatureLogitsWarper(TemperatureLogitsWarper(0.7)),
-    ContinuousBatchingTopKLogitsWarper(TopKLogitsWarper(50)),
-    ContinuousBatchingTopPLogitsWarper(TopPLogitsWarper(0.9)),
-]
+# 7. transformers continuous batching warpers (T 0.7, top-k 50, top-p 0.9: the tests' CB)
+# + return_logprobs (model_runner._sample)
 
 
 def hf_cb(h, args):
