@@ -8,7 +8,6 @@ left alone). Usage: PYTHONPATH=. python benchmarks/public_samplers.py [function 
 (about 15 minutes on two busy cores)."""
 
 import logging
-import math
 import os
 import sys
 
@@ -32,6 +31,7 @@ from transformers import (
 from flashsampling_inductor.graph_pass import SITES
 
 # The programs the tests already type op for op, from one definition (tests/ is a package).
+from tests.test_public_filters import litgpt_sample, xt_top_k, xt_top_p
 from tests.test_serving_samplers import CB, apply_top_k_top_p, random_sample
 
 torch.manual_seed(0)
@@ -214,42 +214,15 @@ def torchtune(h):
     return torch.argmax(probs / q, dim=-1, keepdim=True).to(dtype=torch.int)
 
 
-# 13. litgpt generate.sample (1-D logits, top-k scatter, top-p, compiled race)
-def litgpt_top_p(logits, top_p):
-    sorted_logits, sorted_indices = torch.sort(logits, descending=False)
-    cumulative_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    sorted_indices_to_remove = cumulative_probs <= (1 - top_p)
-    sorted_indices_to_remove[-1:] = 0
-    indices_to_remove = sorted_indices_to_remove.scatter(
-        0, sorted_indices, sorted_indices_to_remove
-    )
-    return logits.masked_fill(indices_to_remove, float("-inf"))
-
-
+# 13. litgpt generate.sample (1-D logits, top-k scatter, top-p; the race under compile,
+# multinomial in eager: the same distribution)
 def litgpt(h):
-    logits = LM(h)[0, -1]
-    v, i = torch.topk(logits, min(20, logits.size(-1)))
-    logits = torch.full_like(logits, float("-inf")).scatter_(-1, i, v)
-    logits = logits / 0.8
-    logits = litgpt_top_p(logits, 0.9)
-    probs = torch.nn.functional.softmax(logits, dim=-1)
-    distribution = torch.empty_like(probs).exponential_(1)
-    return torch.argmax(probs / distribution, dim=-1, keepdim=True)
+    return litgpt_sample(LM(h), temperature=0.8, top_k=20, top_p=0.9)
 
 
 # 14. x-transformers (top_k filter + gumbel_sample)
 def xt_log(t, eps=1e-20):
     return t.clamp(min=eps).log()
-
-
-def xt_top_k(logits, frac_num_tokens=0.1, k=None):
-    num_tokens = logits.shape[-1]
-    k = k or math.ceil(frac_num_tokens * num_tokens)
-    k = min(k, num_tokens)
-    val, ind = torch.topk(logits, k)
-    probs = torch.full_like(logits, float("-inf"))
-    probs.scatter_(1, ind, val)
-    return probs
 
 
 def xtransformers(h):
@@ -261,15 +234,6 @@ def xtransformers(h):
 
 
 # 15. x-transformers top_p + multinomial
-def xt_top_p(logits, thres=0.9):
-    sorted_logits, sorted_indices = torch.sort(logits, descending=True)
-    cum_probs = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
-    sorted_indices_to_remove = cum_probs > thres
-    sorted_indices_to_remove = F.pad(sorted_indices_to_remove, (1, -1), value=False)
-    sorted_logits[sorted_indices_to_remove] = float("-inf")
-    return sorted_logits.scatter(1, sorted_indices, sorted_logits)
-
-
 def xtransformers_top_p(h):
     logits = LM(h)[:, -1]
     probs = F.softmax(xt_top_p(logits) / 1.0, dim=-1)
