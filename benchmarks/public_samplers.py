@@ -33,6 +33,7 @@ from flashsampling_inductor.graph_pass import SITES
 # The programs the tests already type op for op, from one definition (tests/ is a package).
 from tests.test_public_filters import litgpt_sample, xt_top_k, xt_top_p
 from tests.test_serving_samplers import CB, apply_top_k_top_p, random_sample
+from tests.test_top_p_min_p import sample_top_p
 
 torch.manual_seed(0)
 V, D = 64, 16
@@ -171,16 +172,6 @@ def gemma(h, T, p, k):
 
 
 # 9. Llama (llama generation.py) sample_top_p
-def sample_top_p(probs, p):
-    probs_sort, probs_idx = torch.sort(probs, dim=-1, descending=True)
-    probs_sum = torch.cumsum(probs_sort, dim=-1)
-    mask = probs_sum - probs_sort > p
-    probs_sort[mask] = 0.0
-    probs_sort.div_(probs_sort.sum(dim=-1, keepdim=True))
-    next_token = torch.multinomial(probs_sort, num_samples=1)
-    return torch.gather(probs_idx, -1, next_token)
-
-
 def llama(h):
     logits = LM(h)[:, -1]
     probs = torch.softmax(logits / 0.6, dim=-1)
