@@ -1,0 +1,212 @@
+"""Top-k / top-p in the Triton kernel, under the interpreter on CPU: stage 1's candidates and
+the exact fallback.
+
+Stage 1 keeps each tile's m largest scores, stage 2 selects among them and proves it saw
+every kept token, and rows it cannot prove take the exact fallback. These tests draw on
+small tiles so that both the candidate path and the fallback run, record which rows
+overflowed, and require the contract's tokens (``test_truncation.contract_sample``) from
+every row either way. Stage 2's chunked and merged forms: test_truncation_stage2.py; its
+key searches: test_truncation_key_search.py; the sizes of the candidate tables:
+test_truncation_tables.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashsampling_inductor import fused_sample, truncation_kernel
+from flashsampling_inductor.params import SamplingParams
+from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
+
+from .sampling_oracle import DEVICE, make_exact_problem
+from .test_truncation import contract_sample, exact_logits, per_row_grid
+
+FULL = truncation_kernel.OVERFLOW_FULL.value
+PATCH = truncation_kernel.OVERFLOW_PATCH.value
+
+
+def masked_problem(batch: int):
+    """Exact hidden / weight over V = 1000 with every 11th token masked by the bias, and
+    per-row seeds."""
+    hidden, weight = make_exact_problem(batch, 1000, 64)
+    bias = torch.zeros(1000, device=DEVICE)
+    bias[7::11] = float("-inf")
+    seed = torch.arange(batch, device=DEVICE) * 7 + 3
+    return hidden, weight, bias, seed
+
+
+@pytest.mark.parametrize(
+    "config, codes",
+    [
+        pytest.param(SampleConfig(16, 16, 64), {0, FULL, PATCH}, id="16x16"),
+        pytest.param(
+            SampleConfig(32, 64, 32, swap_ab=False, epilogue_chunks=2), {0, PATCH}, id="32x64"
+        ),
+    ],
+)
+def test_candidates_and_fallback_match_the_contract(config, codes, overflowed):
+    """The 24-row (k, p) grid of test_truncation (k in {1, 2, 20, 50, 200, V}, p in {0.5,
+    0.9, 0.95, 1}, T in {0.7, 1.3, 0}), per-row seeds, two samples, a masked bias: every
+    row draws the contract's tokens, through the candidates where they prove complete and
+    through the fallback where not. On 16-wide tiles all three happen: a flagged row whose
+    left-out keys reach its floor in at most 16 tiles has only those recomputed
+    (OVERFLOW_PATCH), one with more its whole row (OVERFLOW_FULL)."""
+    top_k, top_p, temperature = per_row_grid()
+    batch = len(top_k)
+    hidden, weight, bias, seed = masked_problem(batch)
+    params = SamplingParams(temperature, 1.0, seed, 0, 2, None, top_k, 0, top_p, 1.0)
+    tokens = triton_fused_sample(hidden, weight, bias, params, config)
+    expected = contract_sample(
+        exact_logits(hidden, weight, bias), temperature, top_k, top_p, seed, 2
+    )
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    truncated = ((top_k < 1000) | (top_p < 1)).cpu() & (temperature > 0).cpu()
+    assert bool(flags[truncated].any()) and not bool(flags[truncated].all()), flags
+    assert not bool(flags[~truncated].any())
+    assert set(flags.tolist()) == codes, flags
+
+
+@pytest.mark.parametrize(
+    "top_k, top_p",
+    [(1, None), (2, None), (20, None), (50, 0.9), (200, 0.95), (None, 0.5), (999, None)],
+)
+def test_scalar_knobs_on_small_tiles(top_k, top_p, overflowed):
+    """Python k / p (odd B, V = 1000, 16-wide tiles): the contract's tokens."""
+    hidden, weight = make_exact_problem(5, 1000, 64, seed=3)
+    params = SamplingParams(None, 0.9, None, 21, 3, None, None, top_k or 0, None, top_p or 1.0)
+    tokens = triton_fused_sample(hidden, weight, None, params, SampleConfig(16, 16, 64))
+    knob = torch.ones(5)
+    expected = contract_sample(
+        exact_logits(hidden, weight), knob.to(DEVICE) * 0.9, knob * (top_k or 0),
+        knob * (top_p or 1.0), 21, 3,
+    )  # fmt: skip
+    assert torch.equal(tokens, expected)
+
+
+ADVERSARIAL = {
+    # every survivor in the first tile: it holds far more than m of them
+    "top-k-in-one-tile": lambda logits: logits.index_fill_(1, torch.arange(40), 50.0),
+    # a huge tie group at the k-th value, spread over every tile
+    "ties-everywhere": lambda logits: logits.fill_(1.0).index_fill_(1, torch.arange(3), 2.0),
+}
+
+
+@pytest.mark.parametrize("layout", [*ADVERSARIAL, "few-finite"])
+@pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_adversarial_layouts_take_the_fallback_exactly(layout, logits_dtype, overflowed):
+    """Logits built so that a tile hides kept tokens (top-k 20 / top-p 0.9 on 16-wide
+    tiles, m = 4): the flagged rows are resampled exactly; the others stay on the
+    candidates. hidden = the logits, weight = I: the kernel's logits are exact. "few-finite":
+    a bias leaves 5 finite tokens (fewer than k) in one tile, in every row."""
+    batch, vocab = 3, 200
+    logits = torch.linspace(-2, 2, batch * vocab).reshape(batch, vocab)
+    bias = None
+    if layout == "few-finite":
+        bias = torch.full((vocab,), float("-inf"))
+        bias[:5] = 0.0
+    else:
+        logits = ADVERSARIAL[layout](logits.clone())
+        # An ordinary row in the batch: its 20 best tokens are every 10th, two a tile.
+        logits[2] = -(torch.arange(vocab) % 10).float() + torch.arange(vocab) * 1e-3
+    hidden, weight = logits.to(DEVICE), torch.eye(vocab, device=DEVICE)
+    bias = None if bias is None else bias.to(DEVICE)
+    params = SamplingParams(None, 1.0, None, 4, 2, logits_dtype, None, 20, None, 0.9)
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    scores = logits if bias is None else logits + bias.cpu()
+    scores = scores if logits_dtype is None else scores.to(logits_dtype).float()
+    knob = torch.ones(batch)
+    expected = contract_sample(scores.to(DEVICE), knob.to(DEVICE), knob * 20, knob * 0.9, 4, 2)
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    assert bool(flags[0]), flags
+    # (a Python k up to 256 rarely overflows: a flagged row is recomputed whole, never
+    # patched, so no call pays the patched pass's launch: truncation_kernel.patching_pays)
+    assert PATCH not in set(flags.tolist()), flags
+    if layout != "few-finite":
+        assert not bool(flags[2]), flags
+
+
+def test_k_beyond_the_candidates_is_exact():
+    """k = 900 of V = 1000 (more than the candidates can prove on 256-wide tiles): exact."""
+    hidden, weight = make_exact_problem(2, 1000, 64, seed=4)
+    params = SamplingParams(None, 1.0, None, 8, 1, None, None, 900, None, 1.0)
+    tokens = triton_fused_sample(hidden, weight, None, params)
+    knob = torch.ones(2)
+    expected = contract_sample(
+        exact_logits(hidden, weight), knob.to(DEVICE), knob * 900, knob, 8, 1
+    )
+    assert torch.equal(tokens, expected)
+
+
+@pytest.mark.parametrize("knobs", [{"top_p": 0.9}, {"min_p": 0.1}], ids=["top-p", "min-p"])
+def test_a_flat_row_takes_the_fallback_exactly(knobs, overflowed):
+    """A flat row (every score equal up to 1e-3: top-p 0.9 and min-p 0.1 keep ~all of it)
+    overflows every tile and is resampled exactly; a peaked row beside it stays on the
+    candidates. hidden = the logits, weight = I."""
+    vocab = 200
+    flat = torch.arange(vocab).float() * 1e-3
+    peaked = -(torch.arange(vocab) % 10).float() * 3 + torch.arange(vocab) * 1e-3
+    logits = torch.stack([flat, peaked])
+    params = SamplingParams(
+        None, 1.0, None, 6, 2, None, None, 0, None, knobs.get("top_p", 1.0), None,
+        knobs.get("min_p", 0.0),
+    )  # fmt: skip
+    tokens = triton_fused_sample(
+        logits.to(DEVICE), torch.eye(vocab, device=DEVICE), None, params, SampleConfig(16, 16, 64)
+    )
+    knob = torch.ones(2)
+    expected = contract_sample(
+        logits.to(DEVICE), knob.to(DEVICE), knob * 0, knob * knobs.get("top_p", 1.0), 6, 2,
+        knob * knobs.get("min_p", 0.0),
+    )  # fmt: skip
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    assert (flags != 0).tolist() == [True, False]
+
+
+def test_more_flagged_rows_than_one_mma_holds_take_the_fallback_exactly(overflowed):
+    """19 flat rows interleaved with 19 peaked ones, top-p 0.9: the fallback gathers the
+    flagged rows 16 at a time (two MMA row groups, neither a block of adjacent rows) and
+    every row draws the contract's tokens. hidden = the logits, weight = I."""
+    vocab = 200
+    ramp = torch.arange(vocab).float()
+    rows = []
+    for i in range(19):
+        rows.append(ramp.roll(i) * 1e-3)  # flat
+        rows.append(-((ramp + i) % 10) * 3 + ramp * 1e-3)  # peaked
+    logits = torch.stack(rows).to(DEVICE)
+    params = SamplingParams(None, 1.0, None, 6, 2, None, None, 0, None, 0.9)
+    tokens = triton_fused_sample(
+        logits, torch.eye(vocab, device=DEVICE), None, params, SampleConfig(16, 16, 64)
+    )
+    knob = torch.ones(len(rows))
+    expected = contract_sample(logits, knob.to(DEVICE), knob * 0, knob * 0.9, 6, 2)
+    assert torch.equal(tokens, expected)
+    (flags,) = overflowed
+    assert (flags != 0).tolist() == [True, False] * 19
+
+
+@pytest.mark.parametrize("top_k, m", [(1, 1), (2, 2), (20, 3)])
+def test_fewest_candidates_draw_the_reference_tokens(top_k, m, monkeypatch):
+    """At V = 151936 a one-row call keeps as few as 1-3 candidates a tile (the interpreter's
+    256-wide tiles): still the reference's tokens, ties at the k-th value and all."""
+    chosen = []
+    choose = truncation_kernel.candidates_per_tile
+    monkeypatch.setattr(
+        truncation_kernel, "candidates_per_tile", lambda *a: chosen.append(choose(*a)) or chosen[-1]
+    )
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(151936, 16, generator=gen) * 0.5).to(torch.bfloat16).to(DEVICE)
+    hidden = torch.randn(1, 16, generator=gen).to(torch.bfloat16).to(DEVICE)
+    params = SamplingParams(
+        None, 0.8, torch.tensor(123, device=DEVICE), 0, 8, torch.bfloat16, scalar_top_k=top_k
+    )
+    tokens = triton_fused_sample(hidden, weight, None, params, SampleConfig(16, 256, 64))
+    assert chosen == [m]
+    expected = fused_sample(
+        hidden, weight, temperature=0.8, top_k=top_k, seed=params.seed, num_samples=8,
+        logits_dtype=torch.bfloat16, impl="torch",
+    )  # fmt: skip
+    assert torch.equal(tokens, expected)

@@ -1,0 +1,124 @@
+"""The sizes the truncating kernel picks on the host: candidates per tile, merge groups and
+their keep, tile widths; each against the overflow chance it must keep rare."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+
+from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor.params import SamplingParams
+
+
+@pytest.mark.parametrize(
+    "knobs, wide",
+    [
+        ({"scalar_top_k": 50}, False),
+        ({"scalar_top_k": 50, "scalar_top_p": 0.9}, False),
+        ({"scalar_min_p": 0.1}, False),
+        ({"scalar_top_p": 0.9}, False),
+        ({"scalar_top_k": 1000, "top_p": torch.tensor([0.9, 1.0])}, False),
+        ({"scalar_top_k": 2000}, True),
+        ({"scalar_top_k": 2000, "scalar_top_p": 0.9}, True),
+        ({"top_k": torch.tensor([50, 0])}, True),
+        ({"top_k": torch.tensor([50, 0]), "scalar_top_p": 0.9}, False),
+        ({}, False),
+    ],
+    ids=["top-k", "top-k+top-p", "min-p", "top-p", "k1000+p-tensor", "k2000", "k2000+top-p",
+         "k-tensor", "k-tensor+top-p", "plain"],
+)  # fmt: skip
+def test_wide_tiles_only_where_stage2_does_not_merge(knobs, wide):
+    """At B <= 32 on CUDA, a truncating call whose stage 2 merges its candidates per group of
+    tiles keeps 64-wide tiles (the merge makes stage 2's size independent of the width);
+    one that does not (k > 1024, per-row k) takes 128-wide tiles (half the candidates)
+    unless top-p may run without top-k on some row: a nucleus of hundreds of tokens would
+    overflow a 128-wide tile's 4 candidates far more often (sampling_kernel)."""
+    from flashsampling_inductor.sampling_kernel import _wide_truncation_tiles
+
+    params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
+    assert _wide_truncation_tiles(params, vocab_size=151936) is wide
+
+
+@pytest.mark.parametrize(
+    "knobs, keep",
+    [
+        ({"scalar_top_k": 50}, 16),
+        ({"scalar_top_k": 200}, 32),
+        ({"scalar_top_k": 600, "scalar_top_p": 0.9}, 64),
+        ({"scalar_top_k": 2000}, 0),
+        ({"top_k": torch.tensor([50, 0])}, 0),
+        ({"scalar_top_p": 0.9}, 32),
+        ({"min_p": torch.tensor([0.1, 0.0])}, 32),
+    ],
+    ids=["k50", "k200", "k600", "k2000", "k-tensor", "top-p", "min-p"],
+)
+def test_merge_keeps_enough_candidates_per_group(knobs, keep):
+    """Each of the 64 groups keeps 16 candidates up to k = 64, 32 up to k = 256 or without
+    top-k, 64 from k = 257 (k / 64 survivors per group on average), and nothing merges past
+    k = 1024 or with a per-row k of unknown size."""
+    params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
+    assert truncation_kernel.merge_keep(params, vocab_size=151936) == keep
+
+
+@pytest.mark.parametrize(
+    "top_k, block_v, batch, m",
+    [(1, 64, 1, 1), (20, 64, 1, 2), (50, 64, 1, 3), (256, 64, 1, 4), (50, 64, 16, 3),
+     (256, 64, 16, 5), (20, 128, 64, 3), (50, 128, 64, 4), (256, 128, 64, 6),
+     (50, 256, 256, 5), (256, 256, 256, 8), (257, 64, 1, 8), (1024, 128, 64, 8)],
+)  # fmt: skip
+def test_candidates_per_tile_are_the_fewest_that_rarely_overflow(top_k, block_v, batch, m):
+    """Up to k = 256 each tile keeps the fewest candidates with which at most one call in
+    1000 has a row overflow at V = 151936 (one fewer slot exceeds that); larger k keep the
+    table's."""
+    vocab = 151936
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
+    assert truncation_kernel.candidates_per_tile(params, block_v, vocab, batch) == m
+    if top_k <= 256:
+        assert batch * truncation_kernel.overflow_chance(top_k, block_v, vocab, m) <= 1e-3
+        assert batch * truncation_kernel.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-3
+
+
+@pytest.mark.parametrize("vocab, block_v", [(16, 16), (200, 16), (1000, 64)])
+def test_small_vocabularies_keep_the_tables_candidates(vocab, block_v):
+    """Where most tiles hold several of the k survivors, no m below the table's rarely
+    overflows: the table's stays (the chance is computed without underflowing to 0)."""
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=50)
+    assert truncation_kernel.overflow_chance(50, block_v, vocab, 3) > 0.5
+    assert truncation_kernel.candidates_per_tile(params, block_v, vocab, 1) == 4
+
+
+@pytest.mark.parametrize("top_k", [1, 20, 50, 64, 65, 128, 256, 257, 600, 1024])
+def test_merge_groups_rarely_hold_their_keep_of_the_survivors(top_k):
+    """A group overflows when it holds merge_keep of the row's k survivors (spread at random:
+    binomial over the groups); with the groups and slots chosen per k that stays < 1e-8."""
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
+    groups = truncation_kernel.merge_groups(params)
+    keep = truncation_kernel.merge_keep(params, vocab_size=151936)
+    assert groups == (32 if 64 < top_k <= 256 else 64)
+    share = 1.0 / groups
+    tail = sum(
+        math.comb(top_k, i) * share**i * (1 - share) ** (top_k - i) for i in range(keep, top_k + 1)
+    )
+    assert tail * groups < 1e-8, (groups, keep, tail)
+
+
+@pytest.mark.parametrize("batch", [1, 256])
+@pytest.mark.parametrize("block_v", [64, 128, 256])
+@pytest.mark.parametrize("top_k", [1, 50, 64, 65, 200, 256, 257, 1024])
+def test_wider_tiles_keep_more_candidates_per_tile(block_v, top_k, batch):
+    """m grows with the tile's width, so that a row's chance to overflow (some tile holding
+    more than m of its k survivors, spread at random: Poisson) stays <= 1e-3 a call up to
+    k = 256 (or, where the table caps m at B = 256, ~4e-6 a row) and ~5e-4 a row up to
+    k = 1024 at V = 151936 on every tile width the kernels use."""
+    vocab = 151936
+    params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
+    m = truncation_kernel.candidates_per_tile(params, block_v, vocab, batch)
+    mean = top_k * block_v / vocab
+    # P(X > m) for X ~ Poisson(mean), per tile, then over the row's tiles
+    tail = 1.0 - sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(m + 1))
+    per_row = tail * triton.cdiv(vocab, block_v)
+    bound = max(1e-3 / batch, 5e-6) if top_k <= 256 else 5e-4
+    assert per_row <= bound, (m, per_row)
