@@ -1,0 +1,95 @@
+"""Where the first call of ``generate`` spends its time, stock compiled against fused.
+
+Each configuration runs in a fresh process with empty Inductor and Triton caches (a new user's
+first call): one ``generate`` (the first call, compiles included), then a second one. It
+prints the total of each, Dynamo/Inductor's own phase times (``compile_times``), and every
+Triton compile that ran in the main process (Inductor compiles its own kernels in worker
+processes; the op's kernels compile in the main process at their first launch), with when it
+started relative to the call.
+
+Needs a CUDA GPU (without one it says so and exits 0) and transformers. Writes nothing; the
+output is the report.
+
+    python benchmarks/profile_first_call.py --configs hf_stock,hf_fused --batch 1 --top-k 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def child(config: str, batch: int, top_k: int, new_tokens: int) -> None:
+    import torch
+    import triton
+    import triton.compiler.compiler as triton_compiler
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_generate as bg
+
+    compiles: list[tuple[float, float, str]] = []
+    original = triton_compiler.compile
+    origin = [0.0]
+
+    def timed_compile(src, *args, **kwargs):
+        start = time.perf_counter()
+        kernel = original(src, *args, **kwargs)
+        name = getattr(getattr(src, "fn", None), "__name__", type(src).__name__)
+        compiles.append((start - origin[0], time.perf_counter() - start, name))
+        return kernel
+
+    triton_compiler.compile = timed_compile
+    triton.compiler.compile = timed_compile
+
+    model = bg.build("qwen3-1.7b")
+    prompt = torch.randint(0, 1000, (batch, bg.PROMPT), device="cuda")
+    torch.cuda.synchronize()
+    origin[0] = time.perf_counter()
+    first = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
+    in_first = list(compiles)
+    second = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
+    print(f"== {config} B={batch} top_k={top_k}: first call {first:.2f} s, second {second:.3f} s")
+    triton_s = sum(seconds for _, seconds, _ in in_first)
+    print(f"Triton compiles in the main process during the first call: {len(in_first)}, "
+          f"{triton_s:.2f} s")  # fmt: skip
+    for at, seconds, name in in_first:
+        print(f"  at {at:7.2f} s  {seconds:6.2f} s  {name}")
+    print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--configs", default="hf_stock,hf_fused", help="hf_stock and/or hf_fused")
+    parser.add_argument("--batch", type=int, default=1, help="rows per call (default 1)")
+    parser.add_argument("--top-k", type=int, default=50, help="generate's top_k (default 50)")
+    parser.add_argument("--new-tokens", type=int, default=16, help="tokens per call (default 16)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.batch, args.top_k, args.new_tokens)
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        print("profile_first_call.py times a GPU's first generate; there is no GPU here")
+        return
+    for config in args.configs.split(","):
+        with tempfile.TemporaryDirectory() as caches:
+            env = dict(
+                os.environ,
+                TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
+                TRITON_CACHE_DIR=os.path.join(caches, "triton"),
+            )
+            command = [sys.executable, __file__, "--child", config, "--batch", str(args.batch)]
+            command += ["--top-k", str(args.top_k), "--new-tokens", str(args.new_tokens)]
+            subprocess.run(command, env=env, check=False)
+
+
+if __name__ == "__main__":
+    main()
