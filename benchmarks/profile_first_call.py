@@ -5,7 +5,9 @@ first call): one ``generate`` (the first call, compiles included), then a second
 prints the total of each, Dynamo/Inductor's own phase times (``compile_times``), and every
 Triton compile that ran in the main process (Inductor compiles its own kernels in worker
 processes; the op's kernels compile in the main process at their first launch), with when it
-started relative to the call.
+started relative to the call, and how long transformers' eager prefill took; with
+``--cprofile``, cProfile's top functions of the first call (their shares, not their times:
+cProfile slows the Python-heavy phases). ``FLASHSAMPLING_*`` variables pass through to both.
 
 Needs a CUDA GPU (without one it says so and exits 0) and transformers. Writes nothing; the
 output is the report.
@@ -16,14 +18,16 @@ output is the report.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
 import time
 
 
-def child(config: str, batch: int, top_k: int, new_tokens: int) -> None:
+def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -> None:
     import torch
     import triton
     import triton.compiler.compiler as triton_compiler
@@ -47,9 +51,25 @@ def child(config: str, batch: int, top_k: int, new_tokens: int) -> None:
 
     model = bg.build("qwen3-1.7b")
     prompt = torch.randint(0, 1000, (batch, bg.PROMPT), device="cuda")
+    prefills: list[tuple[float, float]] = []
+    prefill = model._prefill
+
+    def timed_prefill(*args, **kwargs):
+        start = time.perf_counter()
+        out = prefill(*args, **kwargs)
+        torch.cuda.synchronize()
+        prefills.append((start - origin[0], time.perf_counter() - start))
+        return out
+
+    model._prefill = timed_prefill
     torch.cuda.synchronize()
+    profiler = cProfile.Profile() if profile else None
     origin[0] = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     first = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
+    if profiler is not None:
+        profiler.disable()
     in_first = list(compiles)
     second = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
     print(f"== {config} B={batch} top_k={top_k}: first call {first:.2f} s, second {second:.3f} s")
@@ -58,6 +78,10 @@ def child(config: str, batch: int, top_k: int, new_tokens: int) -> None:
           f"{triton_s:.2f} s")  # fmt: skip
     for at, seconds, name in in_first:
         print(f"  at {at:7.2f} s  {seconds:6.2f} s  {name}")
+    for at, seconds in prefills[:1]:
+        print(f"prefill (eager, transformers' own): at {at:.2f} s, {seconds:.2f} s")
+    if profiler is not None:  # (cProfile slows Python-heavy phases: read it as shares)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
     print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
 
 
@@ -69,10 +93,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="rows per call (default 1)")
     parser.add_argument("--top-k", type=int, default=50, help="generate's top_k (default 50)")
     parser.add_argument("--new-tokens", type=int, default=16, help="tokens per call (default 16)")
+    parser.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="also print cProfile's top functions of the first call",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.batch, args.top_k, args.new_tokens)
+        child(args.child, args.batch, args.top_k, args.new_tokens, args.cprofile)
         return
     import torch
 
@@ -88,6 +117,7 @@ def main() -> None:
             )
             command = [sys.executable, __file__, "--child", config, "--batch", str(args.batch)]
             command += ["--top-k", str(args.top_k), "--new-tokens", str(args.new_tokens)]
+            command += ["--cprofile"] if args.cprofile else []
             subprocess.run(command, env=env, check=False)
 
 
