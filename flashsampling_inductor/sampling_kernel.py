@@ -116,27 +116,36 @@ def _best_of_chunk(
 
 
 @triton.jit
-def _best_of_two_chunks(
+def _best_of_chunks(
     logits, values, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
     GREEDY: tl.constexpr, EVEN_V: tl.constexpr, FAST_MATH: tl.constexpr,
     WITH_VALUE: tl.constexpr, BLOCK_B: tl.constexpr, CHUNK_V: tl.constexpr,
+    CHUNKS: tl.constexpr,
 ):  # fmt: skip
-    """``_best_of_chunk`` over the two halves of logits, one after the other."""
-    lo, hi = _split_columns(logits, BLOCK_B, CHUNK_V)
-    if WITH_VALUE:
-        values_lo, values_hi = _split_columns(values, BLOCK_B, CHUNK_V)
+    """``_best_of_chunk`` over logits [BLOCK_B, CHUNK_V] cut into CHUNKS (1, 2 or 4) equal
+    vocabulary chunks, one after the other: fewer noise values live at once."""
+    if CHUNKS == 1:
+        score, index, value = _best_of_chunk(
+            logits, values, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+            GREEDY, EVEN_V, FAST_MATH, WITH_VALUE, BLOCK_B, CHUNK_V,
+        )  # fmt: skip
     else:
-        values_lo, values_hi = lo, hi
-    half: tl.constexpr = CHUNK_V // 2
-    s0, i0, v0 = _best_of_chunk(
-        lo, values_lo, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
-        GREEDY, EVEN_V, FAST_MATH, WITH_VALUE, BLOCK_B, half,
-    )  # fmt: skip
-    s1, i1, v1 = _best_of_chunk(
-        hi, values_hi, chunk_start + half, V, noise_scale, row_counter, sample_index, k0, k1,
-        GREEDY, EVEN_V, FAST_MATH, WITH_VALUE, BLOCK_B, half,
-    )  # fmt: skip
-    return _better(s0, i0, v0, s1, i1, v1)
+        lo, hi = _split_columns(logits, BLOCK_B, CHUNK_V)
+        if WITH_VALUE:
+            values_lo, values_hi = _split_columns(values, BLOCK_B, CHUNK_V)
+        else:
+            values_lo, values_hi = lo, hi
+        half: tl.constexpr = CHUNK_V // 2
+        s0, i0, v0 = _best_of_chunks(
+            lo, values_lo, chunk_start, V, noise_scale, row_counter, sample_index, k0, k1,
+            GREEDY, EVEN_V, FAST_MATH, WITH_VALUE, BLOCK_B, half, CHUNKS // 2,
+        )  # fmt: skip
+        s1, i1, v1 = _best_of_chunks(
+            hi, values_hi, chunk_start + half, V, noise_scale, row_counter, sample_index, k0,
+            k1, GREEDY, EVEN_V, FAST_MATH, WITH_VALUE, BLOCK_B, half, CHUNKS // 2,
+        )  # fmt: skip
+        score, index, value = _better(s0, i0, v0, s1, i1, v1)
+    return score, index, value
 
 
 @triton.jit
@@ -212,40 +221,11 @@ def _plain_epilogue(
         # The epilogue in vocabulary chunks keeps fewer noise values live at once (a
         # whole 128 x 256 tile of them spills registers); the tile's best is the best
         # chunk's best.
-        if EPILOGUE_CHUNKS == 1:
-            tile_score, tile_index, tile_value = _best_of_chunk(
-                logits, logprob_values, noise_start, noise_stop, noise_scale,
-                row_counter, sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                BLOCK_B, BLOCK_V,
-            )  # fmt: skip
-        elif EPILOGUE_CHUNKS == 2:
-            tile_score, tile_index, tile_value = _best_of_two_chunks(
-                logits, logprob_values, noise_start, noise_stop, noise_scale,
-                row_counter, sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                BLOCK_B, BLOCK_V,
-            )  # fmt: skip
-        else:
-            lo, hi = _split_columns(logits, BLOCK_B, BLOCK_V)
-            if LOGPROBS > 0:
-                values_lo, values_hi = _split_columns(logprob_values, BLOCK_B, BLOCK_V)
-            else:
-                values_lo, values_hi = lo, hi
-            half: tl.constexpr = BLOCK_V // 2
-            s0, i0, v0 = _best_of_two_chunks(
-                lo, values_lo, noise_start, noise_stop, noise_scale, row_counter,
-                sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                BLOCK_B, half,
-            )  # fmt: skip
-            s1, i1, v1 = _best_of_two_chunks(
-                hi, values_hi, noise_start + half, noise_stop, noise_scale, row_counter,
-                sample_index, k0, k1,
-                TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
-                BLOCK_B, half,
-            )  # fmt: skip
-            tile_score, tile_index, tile_value = _better(s0, i0, v0, s1, i1, v1)
+        tile_score, tile_index, tile_value = _best_of_chunks(
+            logits, logprob_values, noise_start, noise_stop, noise_scale, row_counter,
+            sample_index, k0, k1, TEMPERATURE_MODE == 3, EVEN_V, not INTERPRETER, LOGPROBS > 0,
+            BLOCK_B, BLOCK_V, EPILOGUE_CHUNKS,
+        )  # fmt: skip
         out = (offs_b * num_samples + sample_index) * num_v_tiles + pid_v
         tl.store(cand_score_ptr + out, tile_score, mask=b_mask)
         tl.store(cand_index_ptr + out, tile_index, mask=b_mask)
