@@ -50,7 +50,7 @@ from .sampling_device import (
     restore_low_bits,
     rows_for_tma,
     tma_compatible,
-    truncates,
+    truncating_rows,
 )
 
 try:  # Gluon is experimental: its API moves between Triton releases (written for 3.6).
@@ -313,26 +313,6 @@ if AVAILABLE:
                  mask=row_mask)  # fmt: skip
 
     @gluon.jit
-    def _rows_knob(ptr, rows, row_mask, off, MODE: gl.constexpr):
-        """``sampling_device.rows_knob`` in the rows' layout."""
-        if MODE == 1:
-            return gl.where(row_mask, gl.load(ptr), off)
-        elif MODE == 2:
-            return gl.load(ptr + rows, mask=row_mask, other=off)
-        else:
-            return gl.where(row_mask, off, off)
-
-    @gluon.jit
-    def _truncating_rows(top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale, V,
-                         TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr,
-                         MIN_P_MODE: gl.constexpr):  # fmt: skip
-        """``sampling_device.truncating_rows`` in the rows' layout."""
-        top_k = _rows_knob(top_k_ptr, rows, row_mask, 0, TOP_K_MODE).to(gl.int64)
-        top_p = _rows_knob(top_p_ptr, rows, row_mask, 1.0, TOP_P_MODE).to(gl.float32)
-        min_p = _rows_knob(min_p_ptr, rows, row_mask, 0.0, MIN_P_MODE).to(gl.float32)
-        return row_mask & truncates(top_k, top_p, min_p, noise_scale, V)
-
-    @gluon.jit
     def _consume_tiles(
         parity, h_bufs, w_bufs, ready, empty, turn, staging,
         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
@@ -405,7 +385,7 @@ if AVAILABLE:
             if PLAIN and TOP_M > 0:
                 # Per-row knobs that may be off: each epilogue where a row of the tile
                 # needs it.
-                truncating = _truncating_rows(
+                truncating = truncating_rows(
                     top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale, V,
                     TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
                 )  # fmt: skip

@@ -301,7 +301,9 @@ def truncating_rows(top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale
                     MIN_P_MODE: tl.constexpr):  # fmt: skip
     """Which of a tile's ``rows`` are truncated (``truncates``), from the knobs' tensors (a
     mode 0 knob is off: stage 1 reads knobs only where every scalar one is off); rows
-    outside ``row_mask`` are not. ``noise_scale`` is T ln 2 per row."""
+    outside ``row_mask`` are not. ``noise_scale`` is T ln 2 per row. Both stage-1 kernels
+    call it (the Gluon one with ``rows`` in its accumulators' row layout, which the loads
+    take on)."""
     top_k = rows_knob(top_k_ptr, rows, row_mask, 0, TOP_K_MODE).to(tl.int64)
     top_p = rows_knob(top_p_ptr, rows, row_mask, 1.0, TOP_P_MODE).to(tl.float32)
     min_p = rows_knob(min_p_ptr, rows, row_mask, 0.0, MIN_P_MODE).to(tl.float32)
