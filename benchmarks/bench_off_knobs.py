@@ -23,6 +23,7 @@ Triton's cache before a timed run). Goal of issue 35: ``off`` <= 1.01x ``plain``
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import functools
 import os
@@ -50,6 +51,21 @@ def knob_arguments(name: str, batch: int) -> dict:
     return dict(top_k=top_k, top_p=top_p, min_p=torch.zeros(batch, device="cuda"))
 
 
+def kernel_us(call, calls: int = 10) -> dict[str, float]:
+    """Mean device time per call of each kernel (by the first 24 characters of its name)."""
+    call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    totals = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:24]] += event.device_time / calls
+    return dict(totals)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
@@ -62,6 +78,10 @@ def main() -> None:
     parser.add_argument("--rep", type=int, default=30, help="ms of replays per timing")
     parser.add_argument("--label", default="this", help="the code measured (CSV column)")
     parser.add_argument("--warmup-only", action="store_true")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="also print each kernel's device time per call (eager, torch.profiler)",
+    )  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results", help="folder of the CSV")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -110,6 +130,10 @@ def main() -> None:
                 for name, call in calls.items():
                     times[name].append(1e3 * triton.testing.do_bench_cudagraph(call, rep=args.rep))
             medians = {name: statistics.median(t) for name, t in times.items()}
+            if args.profile:
+                for name, call in calls.items():
+                    kernels = " ".join(f"{k}={us:.1f}" for k, us in kernel_us(call).items())
+                    print(f"{shape} B={batch} {name}: {kernels}", flush=True)
             for name, us in medians.items():
                 row = dict(
                     gpu=torch.cuda.get_device_name(), code=args.label, shape=shape, batch=batch,
