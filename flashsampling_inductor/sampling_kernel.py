@@ -585,6 +585,7 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+_REGISTERS_PER_SM = 65536  # (sm_80 to sm_120)
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -687,6 +688,15 @@ def triton_fused_sample(
     dot_precision = "ieee" if hidden.dtype != torch.float32 else fp32_precision
     tl_logits_dtype = None if logits_dtype is None else _TL_DTYPES[logits_dtype]
     interpreter = hidden.device.type == "cpu"
+    per_row_knobs = plain and top_m > 0 and not config.programs_per_sm
+    maxnreg = config.maxnreg
+    if per_row_knobs and not maxnreg and hidden.is_cuda and config.block_b <= 32:
+        # Both epilogues compiled in took the small-batch tiles from 168 registers a thread
+        # (the plain kernel) to 210 (Triton 3.6, sm_90a): two programs of four warps per SM
+        # instead of three. Capped for three (160 bytes of spills): H200, D = 2048, B = 16,
+        # off-valued knobs' stage 1 148.5 -> 146.0 us (plain 145.1), batches with truncated
+        # rows within 0.6% (bench_off_knobs_nvidia-h200_*_20261127-1426.csv).
+        maxnreg = _REGISTERS_PER_SM // (3 * 32 * config.num_warps) // 8 * 8
     # Triton launches on the current device: make it the inputs' one.
     on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
     with on_device:
@@ -714,9 +724,9 @@ def triton_fused_sample(
             BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
             PLAIN=plain, TOP_M=top_m, ROW_MASS=row_mass, KEY_LOW_BITS=key_low_bits,
             LOGPROBS=logprobs_code,
-            **_row_knobs(params, plain and top_m > 0 and not config.programs_per_sm),
+            **_row_knobs(params, per_row_knobs),
             num_warps=config.num_warps, num_stages=config.num_stages,
-            **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
+            **({"maxnreg": maxnreg} if maxnreg else {}),
         )  # fmt: skip
         if tile_candidates and not truncates:
             return cand_score, cand_index

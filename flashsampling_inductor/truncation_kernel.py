@@ -432,6 +432,7 @@ def _truncated_stage2(
     # kept candidates, which hold every kept token where the row is drawn here).
     LOGPROBS: tl.constexpr = 0,
     RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
+    PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates."""
     await_previous_kernel(PDL)
@@ -465,13 +466,13 @@ def _truncated_stage2(
             plain_log_mass_ptr = log_mass_ptr
             if LOGPROBS > 0:
                 plain_log_mass_ptr += row64 * num_mass_tiles * 2
-            offs = tl.arange(0, BLOCK)
+            offs = tl.arange(0, PLAIN_BLOCK)
             for sample_index in range(num_samples):
                 base = (row64 * num_samples + sample_index) * num_plain_tiles
                 best = tl.full((), float("-inf"), tl.float32)
                 best_index = tl.zeros((), tl.int32)
                 best_value = tl.zeros((), tl.float32)
-                for start in range(0, num_plain_tiles, BLOCK):
+                for start in range(0, num_plain_tiles, PLAIN_BLOCK):
                     mask = start + offs < num_plain_tiles
                     scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
                                      other=float("-inf"))  # fmt: skip
@@ -1249,6 +1250,9 @@ def launch_stage2(
         PATCH_V=patch_width, KEY_LOW_BITS=0 if complete else key_low_bits(params),
         **pdl_launch(out.device), LOGPROBS=logprobs_code,
         RAW_LOGIT_LATER=raw_logit_later(params) if logprobs_code else False,
+        # (a row's plain candidates in one chunk, 2374 at V = 151936, instead of BLOCK's
+        # 16384 lanes, sized for the truncation candidates: 0.4-0.6 us less on an H200)
+        PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
         num_warps=16 if block >= 8192 else 8,
     )  # fmt: skip
 
