@@ -150,6 +150,8 @@ def serve(manager, config: str, load, concurrency: int, tag: str, profiler=None)
 def compile_settings() -> contextlib.ExitStack:
     """Dynamo's settings for the managers' compiles, entered in the thread that compiles (the
     manager's generation thread: torch's config overrides are per thread)."""
+    from torch.fx.experimental import _config as shapes_config
+
     stack = contextlib.ExitStack()
     # transformers' decorators (deprecation, output capturing) wrap many functions with one
     # code object each, whose graphs pass Dynamo's default limit of 8: room for them.
@@ -158,7 +160,7 @@ def compile_settings() -> contextlib.ExitStack:
     # tokens, max requests): with duck sizing, a first compile whose two sizes happen to be
     # equal makes them one symbol, and the first step where they differ compiles every graph
     # again (the fused step: minutes). Each size its own symbol: one compile serves all.
-    stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))
+    stack.enter_context(shapes_config.patch(use_duck_shape=False))
     return stack
 
 
