@@ -361,6 +361,8 @@ def plot(path: str) -> None:
         return
     with open(path) as handle:
         rows = list(csv.DictReader(handle))
+    if not rows:
+        return
     cell = {(r["shape"], int(r["concurrency"]), r["config"]): r for r in rows}
     shapes = sorted({r["shape"] for r in rows})
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
@@ -452,19 +454,21 @@ def main() -> None:
         f"{device}, torch {torch.__version__}, transformers {transformers.__version__} -> {path}",
         flush=True,
     )
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        for index, shape in enumerate(args.shapes.split(",")):
-            deadline = began + budgets[min(index, len(budgets) - 1)]
-            if time.perf_counter() > deadline:
-                print(f"deadline: {shape} skipped", flush=True)
-                continue
-            for row in run_shape(shape, args, deadline):
-                writer.writerow(row)
-                handle.flush()
-                print(row, flush=True)
-    plot(path)
+    try:
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=FIELDS)
+            writer.writeheader()
+            for index, shape in enumerate(args.shapes.split(",")):
+                deadline = began + budgets[min(index, len(budgets) - 1)]
+                if time.perf_counter() > deadline:
+                    print(f"deadline: {shape} skipped", flush=True)
+                    continue
+                for row in run_shape(shape, args, deadline):
+                    writer.writerow(row)
+                    handle.flush()
+                    print(row, flush=True)
+    finally:  # what ran, also when stopped by a time limit (SIGINT)
+        plot(path)
 
 
 if __name__ == "__main__":
