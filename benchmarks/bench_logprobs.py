@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a pl
 from profile_calls import graph_us, kernel_us  # noqa: E402
 
 import flashsampling_inductor as fs  # noqa: E402
+from flashsampling_inductor.dispatch import default_config, triton_fused_sample  # noqa: E402
 from flashsampling_inductor.params import SamplingParams  # noqa: E402
-from flashsampling_inductor.sampling_kernel import default_config, triton_fused_sample  # noqa: E402
 
 MODES = ("plain", "raw", "processed", "plain_triton", "topk50", "topk50_raw", "topk50_processed")
 

@@ -40,8 +40,8 @@ if __name__ == "__main__" and not __import__("torch").cuda.is_available():
 import torch
 
 from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor.dispatch import default_config, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
-from flashsampling_inductor.sampling_kernel import default_config, triton_fused_sample
 
 VOCAB = 151936
 ENTROPIES = (1.0, 2.0, 3.0, 4.0)

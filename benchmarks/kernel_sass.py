@@ -35,7 +35,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
-from flashsampling_inductor import sampling_kernel  # noqa: E402
+from flashsampling_inductor import dispatch, sampling_kernel  # noqa: E402
 
 NVIDIA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -52,7 +52,7 @@ RUNTIME_SIGNATURE = {
 }  # fmt: skip
 
 
-def compile_stage1(config: sampling_kernel.SampleConfig, hidden_size: int, greedy: bool):
+def compile_stage1(config: dispatch.SampleConfig, hidden_size: int, greedy: bool):
     """The compiled kernel for this config: one sample, a device seed, no bias."""
     kernel = sampling_kernel._sample_stage1
     signature = dict(RUNTIME_SIGNATURE)
@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=2048, help="D (default 2048)")
     parser.add_argument("--top", type=int, default=12, help="opcodes to list")
     args = parser.parse_args()
-    config = sampling_kernel.default_config(args.batch, args.hidden_size, torch.device("cuda"))
+    config = dispatch.default_config(args.batch, args.hidden_size, torch.device("cuda"))
     print(f"sm_90a, triton {triton.__version__}, B={args.batch} D={args.hidden_size}: {config}")
     counts = {}
     for name, greedy in (("sample", False), ("greedy", True)):

@@ -29,12 +29,12 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
-from flashsampling_inductor.params import SamplingParams  # noqa: E402
-from flashsampling_inductor.sampling_kernel import (  # noqa: E402
+from flashsampling_inductor.dispatch import (  # noqa: E402
     SampleConfig,
     default_config,
     triton_fused_sample,
 )
+from flashsampling_inductor.params import SamplingParams  # noqa: E402
 
 SHAPES = [(2048, 151936), (4096, 151936), (8192, 128256)]
 

@@ -641,11 +641,11 @@ def launch_stage1(
     key_low_bits=0, row_knobs=None,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
-    ``sampling_kernel.triton_fused_sample``, which calls this and then stage 2
+    ``dispatch.triton_fused_sample``, which calls this and then stage 2
     (``vocab_offset``, a multiple of 4: a tensor-parallel shard's first global index). The
     sampling epilogue runs where ``cand_score`` is given; with ``top_m`` the truncating one
-    writes ``stage1``'s buffers (``sampling_kernel._truncation_buffers``); ``row_knobs``:
-    the knobs' tensors and modes where both run (``sampling_kernel._row_knobs``)."""
+    writes ``stage1``'s buffers (``dispatch._truncation_buffers``); ``row_knobs``:
+    the knobs' tensors and modes where both run (``dispatch._row_knobs``)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]

@@ -568,7 +568,7 @@ def _fused_sample_run(
         _schema_softcap(softcap), logprobs,
     )  # fmt: skip
     if _use_triton(impl, hidden.device, params):
-        from .sampling_kernel import triton_fused_sample
+        from .dispatch import triton_fused_sample
 
         return triton_fused_sample(hidden, weight, bias, params)
     return reference_fused_sample(hidden, weight, bias, params)

@@ -23,6 +23,7 @@ __all__ = [
     "KEY_PAD",
     "LN2",
     "LOGPROB_CODES",
+    "TL_DTYPES",
     "await_previous_kernel",
     "bits_to_log2_gumbel",
     "drawn_logprob",
@@ -68,6 +69,8 @@ LN2 = tl.constexpr(0.6931471805599453)
 # The kernels' LOGPROBS constexpr for ``SamplingParams.logprobs`` (0: none, the kernels as
 # they compile without log-probabilities).
 LOGPROB_CODES = {None: 0, "raw": 1, "processed": 2}
+# A logits dtype (``SamplingParams.logits_dtype``) as the kernels' LOGITS_DTYPE.
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @triton.jit

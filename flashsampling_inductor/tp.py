@@ -285,7 +285,7 @@ def _shard_candidates(
         temperature, scalar_temperature, seed, 0, num_samples, logits_dtype, softcap=softcap
     )
     if _use_triton(impl, hidden.device, params) and vocab_start % 4 == 0:
-        from .sampling_kernel import triton_fused_sample
+        from .dispatch import triton_fused_sample
 
         if per_tile:
             return triton_fused_sample(

@@ -287,9 +287,9 @@ def test_gpu_warp_specialized_kernel_matches_reference_pathwise(case, block_b, m
     temperatures and seeds, several samples, rounded logits (fp32 and strided inputs fall
     back to the Triton kernel). It must also have compiled: a compile error would make it
     hand over to the Triton kernel, whose tokens are the same."""
-    from flashsampling_inductor import hopper_kernel, sampling_kernel
+    from flashsampling_inductor import dispatch, hopper_kernel
 
-    config = sampling_kernel.SampleConfig(64, 128, 64, warp_specialized_rows=block_b)
-    monkeypatch.setattr(sampling_kernel, "default_config", lambda *args: config)
+    config = dispatch.SampleConfig(64, 128, 64, warp_specialized_rows=block_b)
+    monkeypatch.setattr(dispatch, "default_config", lambda *args: config)
     assert_kernel_matches_reference(case)
     assert hopper_kernel._disabled_by is None

@@ -185,7 +185,7 @@ def test_truncated_kernel_logprobs_match_float64(name):
 def test_kernel_logprobs_do_not_depend_on_tiles(mode, chunks):
     """Many narrow tiles, the epilogue in one or four chunks: log-probabilities as
     float64's."""
-    from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
+    from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 
     hidden, weight = make_exact_problem(3, 250, 32, torch.float32, device=torch.device("cpu"))
     temperature = torch.tensor([0.0, 0.8, 1.3])
@@ -267,7 +267,7 @@ def test_truncation_paths(overflowed):
     recomputed (OVERFLOW_PATCH), a flat top-p 0.9 row from the whole recomputed row
     (OVERFLOW_FULL) and an ordinary row from the candidates: float64's log-probabilities.
     hidden = the logits, weight = I: the kernel's logits are exact."""
-    from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
+    from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 
     vocab_size = 400
     logits = torch.linspace(-2, 2, 3 * vocab_size).reshape(3, vocab_size)
@@ -296,7 +296,7 @@ def test_merged_and_chunked_stage2_with_softcap(monkeypatch, overflowed):
     """Top-k 20 with per-row top-p after a soft-cap, "raw": stage 2 over groups of merged
     tiles, reading its candidates (and the fallback its tokens) in chunks of 64, as at
     V = 151936; the drawn tokens' raw logits are recomputed (the candidates are capped)."""
-    from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
+    from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 
     monkeypatch.setattr(truncation_kernel, "STAGE2_LANES", 64)
     monkeypatch.setattr(truncation_kernel, "MERGE_GROUPS", 4)

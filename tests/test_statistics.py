@@ -15,8 +15,8 @@ import torch
 from scipy import stats
 
 from flashsampling_inductor import fused_sample
+from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
-from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
 
 from .sampling_oracle import (
     ALPHA,
@@ -346,7 +346,7 @@ def test_gluon_compile_error_hands_over_to_the_triton_kernel_once(monkeypatch):
     releases) gets the Triton kernel's tokens and one warning, and no second attempt."""
     from triton.compiler.errors import CompilationError
 
-    from flashsampling_inductor import hopper_kernel, sampling_kernel
+    from flashsampling_inductor import dispatch, hopper_kernel
 
     attempts = []
 
@@ -359,7 +359,7 @@ def test_gluon_compile_error_hands_over_to_the_triton_kernel_once(monkeypatch):
     monkeypatch.setattr(
         hopper_kernel, "supported", lambda *args: hopper_kernel._disabled_by is None
     )
-    monkeypatch.setattr(sampling_kernel, "_hopper_fused_sample", no_such_builtin)
+    monkeypatch.setattr(dispatch, "_hopper_fused_sample", no_such_builtin)
     hidden, weight = make_exact_problem(5, 300, 64)
     config = SampleConfig(64, 128, 64, swap_ab=False, warp_specialized_rows=64)
     expected = fused_sample(hidden, weight, seed=11, num_samples=2, impl="torch")

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from flashsampling_inductor import fused_sample, truncation_kernel
+from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
-from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
 
 from .sampling_oracle import DEVICE, make_exact_problem
 from .test_truncation import contract_sample, exact_logits, per_row_grid

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
-from flashsampling_inductor.sampling_kernel import SampleConfig, triton_fused_sample
 
 from .sampling_oracle import DEVICE, make_exact_problem
 from .test_min_p_softcap import assert_margins, min_p_grid

@@ -35,8 +35,8 @@ def test_wide_tiles_only_where_stage2_does_not_merge(knobs, wide):
     tiles keeps 64-wide tiles (the merge makes stage 2's size independent of the width);
     one that does not (k > 1024, per-row k) takes 128-wide tiles (half the candidates)
     unless top-p may run without top-k on some row: a nucleus of hundreds of tokens would
-    overflow a 128-wide tile's 4 candidates far more often (sampling_kernel)."""
-    from flashsampling_inductor.sampling_kernel import _wide_truncation_tiles
+    overflow a 128-wide tile's 4 candidates far more often (dispatch)."""
+    from flashsampling_inductor.dispatch import _wide_truncation_tiles
 
     params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
     assert _wide_truncation_tiles(params, vocab_size=151936) is wide

@@ -1,0 +1,422 @@
+"""The path a fused call takes through the kernels: the one place that chooses.
+
+``op.py`` validates a call and, for the Triton implementation, calls ``triton_fused_sample``
+here, which picks, from the shape, the device and the knobs:
+
+* the stage 1 kernel and its tiles (``default_config``): the Triton kernel
+  (``sampling_kernel.py``) with a full grid up to 64 rows and a persistent one above, or on
+  Hopper the warp-specialized Gluon kernel (``hopper_kernel.py``) where it is faster and can
+  run the call (no soft-cap, no log-probabilities, 16-bit TMA-readable tensors; a Gluon that
+  does not compile turns it off for the process);
+* stage 1's buffers: one candidate per (row, sample, vocabulary tile) for sampling, or for
+  top-k / top-p / min-p each tile's m largest keys (``truncation_kernel.candidates_per_tile``),
+  both where per-row knobs may leave rows untruncated;
+* stage 2: the plain argmax over the candidates (``sampling_kernel.launch_stage2``), or the
+  truncation's stage 2 and its exact fallback (``truncation_kernel.py``), and the raw logits
+  of soft-capped log-probabilities.
+
+The kernel files hold their kernels and launchers only; they import nothing from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+
+import torch
+import triton
+from triton.compiler.errors import CompilationError
+
+from . import sampling_kernel, truncation_kernel
+from .params import SamplingParams
+from .sampling_device import LOGPROB_CODES, TL_DTYPES, is_hopper
+
+__all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
+
+# FLASHSAMPLING_WARP_SPECIALIZED=0 keeps Hopper on the Triton kernel (default_config).
+_WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+    """Tile shape and launch parameters of stage 1. Results do not depend on them."""
+
+    block_b: int
+    block_v: int
+    block_d: int
+    swap_ab: bool = True
+    num_warps: int = 4
+    num_stages: int = 3
+    maxnreg: int | None = None  # register cap per thread, to fit more programs per SM
+    tma: bool = False  # tiles through the copy engine (TMA descriptors) where the layout allows
+    programs_per_sm: int = 0  # > 0: a persistent grid of this many programs per SM
+    epilogue_chunks: int = 1  # noise and argmax over 1, 2 or 4 vocabulary chunks in turn
+    # > 0: on Hopper, stage 1 is the warp-specialized Gluon kernel (hopper_kernel.py) with
+    # this many rows (64 or 128) per tile; calls it cannot run take the Triton kernel above.
+    warp_specialized_rows: int = 0
+
+
+def default_config(
+    batch: int, hidden_size: int, device: torch.device, truncates: bool = False
+) -> SampleConfig:
+    """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
+    from sweeps on an H200 and an H100 (benchmarks/results/kernel_sweep_*.json); ``truncates``
+    for a call with top-k / top-p / min-p, whose stage 1 keeps each tile's largest scores
+    instead of drawing noise."""
+    if device.type != "cuda":
+        # The interpreter runs one program at a time: few, large tiles are fastest.
+        return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
+    if batch <= 32:
+        # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
+        return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
+    # From 33 rows on Hopper: the warp-specialized kernel, whose loader warp keeps
+    # the copies going while a consumer warpgroup draws noise; 1-10% under the Triton
+    # kernel's time on an H200 (benchmarks/results/warp_specialized_h200_20261121.txt).
+    # 64-row tiles up to 128 rows too: 128-row ones are no faster there and spill with
+    # per-row seeds. FLASHSAMPLING_WARP_SPECIALIZED=0 turns it off.
+    # From 129 to 192 rows too (three 64-row blocks, W read from HBM once and from L2 by the
+    # other blocks), where it beats the Triton kernel's two 128-row blocks: H200, B = 144-192,
+    # D = 2048 265-275 us against 317-334; at D >= 4096 only above 160 rows (at 144-160 the
+    # two are even plain and Gluon is 5-12% slower with top-k 50); above 192 the Triton
+    # kernel wins (large_batch_stage1_padded_h200_20261127-0755.log).
+    gluon_rows_max = 192 if hidden_size <= 2048 or batch > 160 else 128
+    hopper_rows = 64 if _WARP_SPECIALIZED and batch <= gluon_rows_max and is_hopper(device) else 0
+    if batch <= 64 and truncates:
+        # The Gluon kernel's top-m epilogue at every D on Hopper. H200, B = 64, whole calls,
+        # seed given, Triton (64 x 64 x 128 tiles, the choice below without it) -> Gluon: D =
+        # 4096 top-k 50 356 -> 321 us, top-k 256 367 -> 327; D = 8192 top-k 50 650 -> 614
+        # (config_ab_h200_20261125-2355.log). On an H100 the two were even at D = 4096 (466 /
+        # 468 us) and Gluon 2% slower at D = 8192 (749 / 762); at D = 2048 Gluon is ahead on
+        # both (H100 top-k 50 260 -> 257 us: profile_calls_gluon_top_m_h100_20261125-2010.log).
+        # Without it, long reductions keep the vocabulary on M with eight warps (the Triton
+        # tiles' sweep: kernel_sweep_top_k50_nvidia-h100-80gb-hbm3_20261124-2000.json).
+        if hidden_size >= 4096 and not hopper_rows:
+            return SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
+        return SampleConfig(
+            64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=hopper_rows
+        )
+    if batch <= 64:
+        return SampleConfig(
+            64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
+        )
+    # Compute-bound from here: the copy engine feeds the MMAs (TMA), a persistent grid of two
+    # programs per SM (registers capped at 128) lets one program's noise overlap the other's
+    # MMAs, and the noise is drawn in four vocabulary chunks so that it does not spill.
+    triton_config = SampleConfig(
+        128, 128, 64, swap_ab=False, num_warps=8, num_stages=3, maxnreg=128,
+        tma=True, programs_per_sm=2, epilogue_chunks=4,
+    )  # fmt: skip
+    if batch > 128 and hidden_size >= 4096:
+        # Long reductions: wider vocabulary tiles feed the MMAs better than a second program
+        # per SM overlaps the noise (1-5% on H100 and H200; b256_tiles_and_host_h200_*).
+        triton_config = SampleConfig(
+            128, 256, 64, swap_ab=False, num_warps=8, num_stages=3,
+            tma=True, programs_per_sm=1, epilogue_chunks=4,
+        )  # fmt: skip
+    # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
+    return dataclasses.replace(triton_config, warp_specialized_rows=hopper_rows)
+
+
+def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
+    """Whether a truncating call at B <= 32 takes 128-wide tiles instead of 64 (see the call
+    site). Not when stage 2 merges its candidates per group of tiles (most calls): it then
+    sees the groups' largest (1024 or 2048) whatever the tile width, and 64-wide tiles cost
+    stage 1 less and overflow less. Otherwise for top-k on every row (k > 1024, m = 16
+    candidates per tile: half as many on 128-wide tiles), not for top-p without top-k, whose
+    nucleus may hold hundreds of tokens (433 in the zipf-4 rows of
+    benchmarks/fast_path_rate.py): spread at random, such a row overflows to the exact path
+    in ~4.5% of rows over 1187 tiles against ~0.3% over 2374 (Poisson estimate of a tile
+    holding more than 4)."""
+    if not params.truncates or truncation_kernel.merge_keep(params, vocab_size):
+        return False
+    top_k_on_every_row = params.top_k is None and 0 < params.scalar_top_k < vocab_size
+    top_p_may_be_on = params.top_p is not None or params.scalar_top_p < 1.0
+    return top_k_on_every_row or not top_p_may_be_on
+
+
+def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: float) -> int:
+    if temperature is not None:
+        return 1 if temperature.dim() == 0 else 2
+    # A scalar 0 is greedy for every row: skip the noise altogether.
+    return 3 if scalar_temperature == 0.0 else 0
+
+
+_REGISTERS_PER_SM = 65536  # (sm_80 to sm_120)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: a persistent grid is then programs_per_sm programs
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def triton_fused_sample(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    params: SamplingParams,
+    config: SampleConfig | None = None,
+    vocab_offset: int = 0,
+    out_score: torch.Tensor | None = None,
+    tile_candidates: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Launch both stages; arguments as validated by ``op.fused_sample``.
+
+    ``config`` overrides the tile shapes (tests use it to show the tokens do not depend on
+    them). A tensor-parallel shard (``tp.py``) passes ``vocab_offset``, the global index of
+    ``weight``'s first row (a multiple of 4), and ``out_score`` [B, num_samples] fp32, which
+    receives each winner's perturbed score; the returned indices are then global. With
+    ``tile_candidates`` (no truncation) stage 2 is left to the caller: the call returns
+    stage 1's per-tile candidates, scores [B, num_samples, T] fp32 and global indices
+    (int32), which the symmetric exchange reduces in its own kernel. With
+    ``params.logprobs`` (not on a shard) the call returns (tokens, log-probabilities
+    [B, num_samples] fp32).
+    """
+    if vocab_offset % 4:
+        raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
+    logprobs_code = LOGPROB_CODES[params.logprobs]
+    if logprobs_code and (vocab_offset or out_score is not None or tile_candidates):
+        raise ValueError("log-probabilities on a tensor-parallel shard are not supported")
+    temperature, scalar_temperature = params.temperature, params.scalar_temperature
+    seed, scalar_seed = params.seed, params.scalar_seed
+    num_samples = params.num_samples
+    batch, hidden_size = hidden.shape
+    vocab_size = weight.shape[0]
+    out = torch.empty((batch, num_samples), dtype=torch.int64, device=hidden.device)
+    logprobs = None
+    if logprobs_code:
+        logprobs = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
+    if batch == 0:
+        return out if logprobs is None else (out, logprobs)
+    if config is None:
+        config = default_config(batch, hidden_size, hidden.device, params.truncates)
+        if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
+            # Truncating calls that stage 2 does not merge keep m candidates per tile for
+            # stage 2, one program per row: 128-wide tiles halve them. H100, D = 2048, B = 1
+            # (before the merge): stage 2 40 -> 27 us (top-k 50); stage 1 7-9 us slower.
+            config = dataclasses.replace(config, block_v=128)
+    if config.block_v % 4 or config.block_v < 16:
+        raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")
+    if config.epilogue_chunks not in (1, 2, 4) or config.block_v // config.epilogue_chunks < 16:
+        raise ValueError(
+            f"epilogue_chunks must be 1, 2 or 4 with block_v / epilogue_chunks >= 16, got"
+            f" {config.epilogue_chunks} with block_v={config.block_v}"
+        )
+    seed_u64 = scalar_seed % 2**64
+    temperature_mode = _temperature_mode(temperature, scalar_temperature)
+    seed_mode = 0 if seed is None else (1 if seed.dim() == 0 else 2)
+    truncates = params.truncates
+    if truncates and (vocab_offset or out_score is not None):
+        raise ValueError("top-k / top-p on a tensor-parallel shard is not supported")
+    # The Gluon kernel has no soft-cap and no log-probabilities: those calls take this kernel.
+    if config.warp_specialized_rows and not params.softcap and not logprobs_code:
+        from . import hopper_kernel
+
+        if hopper_kernel.supported(hidden, weight):
+            try:
+                return _hopper_fused_sample(
+                    hidden, weight, bias, params, config, out, temperature_mode, seed_mode,
+                    seed_u64, vocab_offset, out_score, tile_candidates,
+                )  # fmt: skip
+            except CompilationError as error:  # raised before anything is launched
+                hopper_kernel.disable(error)
+    num_v_tiles = triton.cdiv(vocab_size, config.block_v)
+    stage1, plain, top_m, row_mass, key_low_bits = _truncation_buffers(
+        params, batch, vocab_size, num_v_tiles, config.block_v, hidden.device
+    )
+    cand_score = cand_index = cand_value = log_mass = None
+    if plain:
+        cand_score, cand_index = _candidates(batch, num_samples, num_v_tiles, hidden.device)
+        stage1.update(plain_score=cand_score, plain_index=cand_index)
+    if logprobs_code:
+        log_mass = torch.empty((batch, num_v_tiles, 2), device=hidden.device)
+        stage1.update(log_mass=log_mass)
+        if plain:
+            cand_value = torch.empty_like(cand_score)
+            stage1.update(plain_value=cand_value)
+    fp32_precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    # (the fallback recomputes logits with stage 1's precision, so they are stage 1's)
+    dot_precision = "ieee" if hidden.dtype != torch.float32 else fp32_precision
+    per_row_knobs = plain and top_m > 0 and not config.programs_per_sm
+    if per_row_knobs and not config.maxnreg and hidden.is_cuda and config.block_b <= 32:
+        # Both epilogues compiled in took the small-batch tiles from 168 registers a thread
+        # (the plain kernel) to 210 (Triton 3.6, sm_90a): two programs of four warps per SM
+        # instead of three. Capped for three (160 bytes of spills): H200, D = 2048, B = 16,
+        # off-valued knobs' stage 1 148.5 -> 146.0 us (plain 145.1), batches with truncated
+        # rows within 0.6% (bench_off_knobs_nvidia-h200_*_20261127-1426.csv).
+        maxnreg = _REGISTERS_PER_SM // (3 * 32 * config.num_warps) // 8 * 8
+        config = dataclasses.replace(config, maxnreg=maxnreg)
+    # Triton launches on the current device: make it the inputs' one.
+    on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
+    with on_device:
+        sampling_kernel.launch_stage1(
+            hidden, weight, bias, params, config, stage1, temperature_mode, seed_mode,
+            seed_u64, vocab_offset, dot_precision, _num_sms(hidden.device),
+            top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
+            row_knobs=_row_knobs(params, per_row_knobs),
+        )  # fmt: skip
+        if tile_candidates and not truncates:
+            return cand_score, cand_index
+        if not truncates:
+            sampling_kernel.launch_stage2(
+                cand_score, cand_index, out, out_score, params, temperature_mode, cand_value,
+                log_mass, logprobs,
+            )  # fmt: skip
+        else:
+            _finish_truncation(
+                hidden, weight, bias, params, stage1, config.block_v, temperature_mode, out,
+                dot_precision, logprobs,
+            )  # fmt: skip
+    return out if logprobs is None else (out, logprobs)
+
+
+def _truncation_buffers(
+    params: SamplingParams,
+    batch: int,
+    vocab_size: int,
+    num_v_tiles: int,
+    block_v: int,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor | None], bool, int, bool, int]:
+    """What a stage 1 on ``block_v``-wide tiles writes for a truncating call: the buffers
+    (top_m_key, top_m_index [B, tiles * m], hidden_key [B, tiles], mass [B, tiles, 2] or
+    None; empty when the call does not truncate), whether it also draws the plain candidates
+    (rows that per-row knobs leave untruncated), m, whether it writes the mass partials and
+    the key bits the sign fixes (``truncation_kernel.key_low_bits``)."""
+    if not params.truncates:
+        return {}, True, 0, False, 0
+    top_m = truncation_kernel.candidates_per_tile(params, block_v, vocab_size, batch)
+    # (the packed top-m keeps the column in those bits: they must hold block_v values)
+    key_low_bits = truncation_kernel.key_low_bits(params)
+    if 1 << key_low_bits < block_v:
+        key_low_bits = 0
+    k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
+    plain = (
+        k_may_be_off
+        and truncation_kernel.p_may_be_off(params)
+        and truncation_kernel.min_p_may_be_off(params)
+    )
+    row_mass = k_may_be_off and not (params.top_p is None and params.scalar_top_p >= 1.0)
+    keys = torch.empty((batch, num_v_tiles * top_m), dtype=torch.int32, device=device)
+    stage1 = {
+        "top_m_key": keys,
+        "top_m_index": torch.empty_like(keys),
+        "hidden_key": torch.empty((batch, num_v_tiles), dtype=torch.int32, device=device),
+        "mass": torch.empty((batch, num_v_tiles, 2), device=device) if row_mass else None,
+    }
+    return stage1, plain, top_m, row_mass, key_low_bits
+
+
+def _row_knobs(params: SamplingParams, per_row: bool) -> dict:
+    """Stage 1's knob arguments: with ``per_row`` (both epilogues: every knob a tensor or
+    off) the knobs' tensors, from which each tile decides on the device which epilogues its
+    rows need; else none (where both epilogues are compiled in, every tile runs both).
+
+    The Triton kernel's persistent configurations (B > 64 there, ``programs_per_sm``) run
+    both on every tile: on an H200 (B = 256, a fourth of the rows truncated) the choice cost
+    mixed batches 2-6% (two branches) or 27% (one region for both, D = 2048, 128 registers
+    a thread), though it saves all-plain and all-truncated ones much more
+    (bench_off_knobs_nvidia-h200_*_20261127-1103/1118.csv). Elsewhere mixed batches were even
+    (Gluon, B = 64) or within 1% (Triton, B = 16, one region for both)."""
+    tensors = (params.top_k, params.top_p, params.min_p) if per_row else (None,) * 3
+    modes = [0 if t is None else (1 if t.dim() == 0 else 2) for t in tensors]
+    return dict(
+        top_k_ptr=tensors[0], top_p_ptr=tensors[1], min_p_ptr=tensors[2],
+        TOP_K_MODE=modes[0], TOP_P_MODE=modes[1], MIN_P_MODE=modes[2],
+    )  # fmt: skip
+
+
+def _finish_truncation(
+    hidden, weight, bias, params, stage1, block_v, temperature_mode, out, dot_precision,
+    logprobs=None,
+):  # fmt: skip
+    """Stage 2 of a truncating call over stage 1's candidates (``stage1``, on ``block_v``-wide
+    tiles), then the exact fallback's kernels, which return at once for rows stage 2 did not
+    flag (truncation_kernel.py); with ``logprobs`` also the drawn tokens'."""
+    batch, vocab_size = hidden.shape[0], weight.shape[0]
+    interpreter = hidden.device.type == "cpu"
+    logits_dtype = params.logits_dtype
+    tl_logits_dtype = None if logits_dtype is None else TL_DTYPES[logits_dtype]
+    overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
+    floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
+    patch = None
+    if truncation_kernel.patching_pays(params):
+        patch = truncation_kernel.patch_buffers(stage1, block_v)
+    truncation_kernel.launch_stage2(
+        stage1, params, vocab_size, temperature_mode, out, overflow, floor,
+        patch=patch, fast_math=not interpreter, logprobs=logprobs,
+    )  # fmt: skip
+    truncation_kernel.launch_fallback(
+        hidden, weight, bias, params, temperature_mode, out, overflow,
+        tl_logits_dtype, dot_precision, not interpreter, floor, stage1, patch, logprobs,
+    )  # fmt: skip
+    if logprobs is not None and truncation_kernel.raw_logit_later(params):
+        logprobs += _token_logits(hidden, weight, bias, out, logits_dtype)
+
+
+def _token_logits(hidden, weight, bias, tokens, logits_dtype) -> torch.Tensor:
+    """[B, S] fp32: the raw logits of ``tokens`` [B, S], recomputed as stage 1 forms them
+    (fp32 dot, bias, rounding; one weight row per token, no [B, V]), for "raw"
+    log-probabilities of truncating soft-capped calls, whose candidates hold only the
+    soft-capped scores. The dot sums D in another order than stage 1's MMA: an fp32
+    rounding apart."""
+    logits = torch.einsum("bd,bsd->bs", hidden.float(), weight[tokens].float())
+    if bias is not None:
+        logits = logits + bias[tokens].float()
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
+    return logits
+
+
+def _candidates(
+    batch: int, num_samples: int, num_v_tiles: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's output: per (row, sample, vocab tile) the tile's best score (fp32) and its
+    index. Tiny next to [B, V]."""
+    score = torch.empty((batch, num_samples, num_v_tiles), dtype=torch.float32, device=device)
+    return score, torch.empty_like(score, dtype=torch.int32)
+
+
+def _hopper_fused_sample(
+    hidden, weight, bias, params, config, out, temperature_mode, seed_mode, seed_u64,
+    vocab_offset=0, out_score=None, tile_candidates=False,
+):  # fmt: skip
+    """Both stages with stage 1 in the warp-specialized Gluon kernel (the last three arguments
+    as in ``triton_fused_sample``). Sampling: one candidate per half of its
+    hopper_kernel.BLOCK_V-wide tiles, then stage 2. Truncating: the top-m epilogue on its
+    whole tiles, then truncation_kernel's stage 2 and fallback, as after the Triton kernel."""
+    from . import hopper_kernel
+
+    batch, vocab_size = hidden.shape[0], weight.shape[0]
+    num_samples = params.num_samples
+    num_v_tiles = triton.cdiv(vocab_size, hopper_kernel.BLOCK_V)
+    stage1, plain, top_m, row_mass, key_low_bits = _truncation_buffers(
+        params, batch, vocab_size, num_v_tiles, hopper_kernel.BLOCK_V, hidden.device
+    )
+    cand_score = cand_index = None
+    if plain:  # per half tile
+        cand_score, cand_index = _candidates(batch, num_samples, 2 * num_v_tiles, hidden.device)
+        stage1.update(plain_score=cand_score, plain_index=cand_index)
+    with torch.cuda.device(hidden.device):
+        hopper_kernel.launch_stage1(
+            hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
+            seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
+            cand_score, cand_index, config.warp_specialized_rows, _num_sms(hidden.device),
+            temperature_mode, seed_mode, vocab_offset,
+            stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
+            row_knobs=_row_knobs(params, plain and top_m > 0),
+        )  # fmt: skip
+        if not params.truncates:
+            if tile_candidates:
+                return cand_score, cand_index
+            sampling_kernel.launch_stage2(cand_score, cand_index, out, out_score)
+            return out
+        # (16-bit weights: the fallback's dot takes "ieee", as the Triton kernel's does)
+        _finish_truncation(
+            hidden, weight, bias, params, stage1, hopper_kernel.BLOCK_V, temperature_mode, out,
+            "ieee",
+        )  # fmt: skip
+    return out
