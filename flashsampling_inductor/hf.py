@@ -646,14 +646,22 @@ def _compiled_batching_step(config):
     LM head and ``sample_logits`` must still land in one graph for the pass to fuse them:
     Dynamo's nested graph breaks resume tracing inside the model's forward after a break, so
     its last graph runs from the last attention to the draw."""
+    from torch.fx.experimental import _config as shapes_config
+
     compiled = torch.compile(_batching_step, **config.to_dict())
     settings = dict(recompile_limit=_STEP_GRAPHS_LIMIT)
     if hasattr(torch._dynamo.config, "nested_graph_breaks"):  # torch >= 2.9
         settings["nested_graph_breaks"] = True
     patch = torch._dynamo.config.patch(**settings)
+    # The manager pads a step's query tokens to multiples of 64 and its rows to min(query
+    # tokens, max requests). With duck sizing a first compile where the two are equal makes
+    # them one symbol, and the first step where they differ compiles every graph again
+    # (minutes for the fused step; seen on the CPU with transformers 5.17). Entered at each
+    # call: config overrides are per thread, and the step runs in the manager's thread.
+    sizes = shapes_config.patch(use_duck_shape=False)
 
     def step(*args):
-        with patch:
+        with patch, sizes:
             return compiled(*args)
 
     return step

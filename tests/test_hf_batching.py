@@ -198,3 +198,19 @@ def test_logprobs_are_the_engines(model, caplog):
         settings = {key: value for key, value in settings.items() if key != "max_new_tokens"}
         expected = _engine_probs(logits, **settings)[0, token].log().item()
         assert logprob == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_step_compiles_each_size_as_its_own_symbol(monkeypatch):
+    """The manager pads rows and query tokens apart; with duck sizing a first step where they
+    are equal would make them one symbol and the first step where they differ would compile
+    every graph again. The fused step compiles (in the manager's thread, where config
+    overrides must be entered) with duck sizing off."""
+    from torch.fx.experimental import _config as shapes_config
+    from transformers import CompileConfig
+
+    seen = []
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **_: lambda *a: seen.append(shapes_config.use_duck_shape)
+    )
+    hf._compiled_batching_step(CompileConfig(backend="flashsampling"))()
+    assert seen == [False] and shapes_config.use_duck_shape
