@@ -4,13 +4,17 @@ CPU (FLASHSAMPLING_CPU=1). Prints, per program, fused or left alone (with the re
 two-sample chi-square per row of the compiled draws against the eager program's (2000 each),
 and where a logprob is returned, the relative error at the rows where both drew the same
 token. "OK" marks the expected outcome (programs that need what the op drops are expected
-left alone). Usage: PYTHONPATH=. python benchmarks/public_samplers.py [function names]
+left alone). Usage: python benchmarks/public_samplers.py [function names]
 (about 15 minutes on two busy cores)."""
 
 import logging
 import os
 import sys
 
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("FLASHSAMPLING_CPU", "1")
 import numpy as np
