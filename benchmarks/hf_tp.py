@@ -99,15 +99,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    parser.add_argument(
+        "--shape", default="tiny", choices=sorted(SHAPES), help="model shape (default tiny)"
+    )
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's")
-    parser.add_argument("--batches", default="1,4")
-    parser.add_argument("--configs", default="fused,stock")
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batches", default="1,4", help="batch sizes (default 1,4)")
+    parser.add_argument("--configs", default="fused,stock", help="fused and/or stock")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens per call (default 32)")
     parser.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
-    parser.add_argument("--checkpoint", default="/tmp/hf_tp_checkpoint")
+    parser.add_argument(
+        "--checkpoint", default="/tmp/hf_tp_checkpoint", help="where rank 0 writes the weights"
+    )
     parser.add_argument("--out-dir", default=None, help="folder of the CSV (none: no CSV)")
     args = parser.parse_args()
+    if "RANK" not in os.environ:
+        print("hf_tp.py runs one process per rank: start it with torchrun (see --help)")
+        return 0
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available()
