@@ -72,12 +72,16 @@ def main() -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("--shapes", default=",".join(SHAPES), help="of " + str(SHAPES))
-    parser.add_argument("--batches", default="1,16,64,128,256")
+    parser.add_argument(
+        "--batches", default="1,16,64,128,256", help="batch sizes (default 1,16,64,128,256)"
+    )
     parser.add_argument("--knobs", default=",".join(KNOBS), help="of " + str(KNOBS))
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--rep", type=int, default=30, help="ms of replays per timing")
     parser.add_argument("--label", default="this", help="the code measured (CSV column)")
-    parser.add_argument("--warmup-only", action="store_true")
+    parser.add_argument(
+        "--warmup-only", action="store_true", help="compile the kernels, time nothing"
+    )
     parser.add_argument(
         "--profile", action="store_true",
         help="also print each kernel's device time per call (eager, torch.profiler)",

@@ -400,17 +400,17 @@ def main() -> None:
         "--requests-per-slot", type=float, default=1.0,
         help="requests per cell = this x B (at least --min-requests)",
     )  # fmt: skip
-    parser.add_argument("--min-requests", type=int, default=16)
+    parser.add_argument("--min-requests", type=int, default=16, help="fewest requests a cell")
     parser.add_argument(
         "--stock-compile", choices=("default", "none"), default="none",
         help="the stock manager's step: compiled as the fused one (default) or transformers'"
         " eager step in its CUDA graphs (none: on torch 2.11 Inductor failed to generate code"
         " for the per-request top-p warper's cumsum with dynamic shapes)",
     )  # fmt: skip
-    parser.add_argument("--prompt-min", type=int, default=32)
-    parser.add_argument("--prompt-max", type=int, default=512)
-    parser.add_argument("--new-min", type=int, default=128)
-    parser.add_argument("--new-max", type=int, default=256)
+    parser.add_argument("--prompt-min", type=int, default=32, help="shortest prompt, tokens")
+    parser.add_argument("--prompt-max", type=int, default=512, help="longest prompt, tokens")
+    parser.add_argument("--new-min", type=int, default=128, help="fewest new tokens a request")
+    parser.add_argument("--new-max", type=int, default=256, help="most new tokens a request")
     parser.add_argument(
         "--max-batch-tokens", type=int, default=2048, help="the managers' tokens per step"
     )
@@ -436,7 +436,7 @@ def main() -> None:
         " (the shape's smallest such B; 0: none)",
     )  # fmt: skip
     parser.add_argument("--profile-at", type=float, default=4.0, help="s into the run")
-    parser.add_argument("--profile-rows", type=int, default=15)
+    parser.add_argument("--profile-rows", type=int, default=15, help="kernels listed per profile")
     parser.add_argument("--out", default="benchmarks/results", help="folder of the CSV and PNG")
     args = parser.parse_args()
     if not torch.cuda.is_available() and args.shapes != "tiny":

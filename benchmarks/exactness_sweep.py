@@ -69,17 +69,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rows", type=int, default=240, help="distinct rows (default 240)")
     parser.add_argument("--draws", type=int, default=200_000, help="draws per row and mode")
-    parser.add_argument("--vocab", type=int, default=151936)
-    parser.add_argument("--std-min", type=float, default=1.0)
-    parser.add_argument("--std-max", type=float, default=6.0)
+    parser.add_argument("--vocab", type=int, default=151936, help="V (default 151936)")
+    parser.add_argument("--std-min", type=float, default=1.0, help="flattest rows' logit std")
+    parser.add_argument("--std-max", type=float, default=6.0, help="most peaked rows' logit std")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {list(MODES)}")
-    parser.add_argument("--samples-per-call", type=int, default=8192)
+    parser.add_argument("--samples-per-call", type=int, default=8192, help="draws per kernel call")
     parser.add_argument("--cell-draws", type=float, default=20.0, help="min expected per cell")
     parser.add_argument("--budget-s", type=float, default=0.0, help="per mode; 0: no limit")
-    parser.add_argument("--seed", type=int, default=38)
+    parser.add_argument("--seed", type=int, default=38, help="seed of the rows and draws")
     parser.add_argument("--problem", choices=("exact", "random"), default="exact")
     parser.add_argument("--dim", type=int, default=2048, help="D of --problem random")
-    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument(
+        "--out-dir", type=Path, default=REPO / "benchmarks" / "results", help="folder of the CSV"
+    )
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.logits_dtype = torch.bfloat16 if args.problem == "exact" else None
