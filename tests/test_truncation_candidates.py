@@ -39,7 +39,7 @@ def masked_problem(batch: int):
 @pytest.mark.parametrize(
     "config, codes",
     [
-        pytest.param(SampleConfig(16, 16, 64), {0, FULL, PATCH}, id="16x16"),
+        pytest.param(SampleConfig(32, 16, 64), {0, FULL, PATCH}, id="32x16"),
         pytest.param(
             SampleConfig(32, 64, 32, swap_ab=False, epilogue_chunks=2), {0, PATCH}, id="32x64"
         ),
@@ -51,7 +51,9 @@ def test_candidates_and_fallback_match_the_contract(config, codes, overflowed):
     row draws the contract's tokens, through the candidates where they prove complete and
     through the fallback where not. On 16-wide tiles all three happen: a flagged row whose
     left-out keys reach its floor in at most 16 tiles has only those recomputed
-    (OVERFLOW_PATCH), one with more its whole row (OVERFLOW_FULL)."""
+    (OVERFLOW_PATCH), one with more its whole row (OVERFLOW_FULL). (32-row tiles: one program
+    a vocabulary tile, the interpreter's cost being per program; stage 1 over several row
+    tiles: test_more_flagged_rows_than_one_mma_holds_take_the_fallback_exactly.)"""
     top_k, top_p, temperature = per_row_grid()
     batch = len(top_k)
     hidden, weight, bias, seed = masked_problem(batch)

@@ -29,7 +29,8 @@ def test_min_p_and_top_p_alone_take_candidates_or_fallback_exactly(lanes, monkey
     m = 8 candidates each, per-row seeds, a masked bias, and a soft-cap of 2 (in stage 1 and
     in the fallback): the contract's tokens from every row, some through the candidates and
     some (many survivors: min_p 0.05 at T = 1.3 keeps most of the row) through the
-    fallback. (One call: the interpreter takes ~15 s for it.) "chunked": stage 2 reads 512
+    fallback. (One call on 32-row tiles, one program a vocabulary tile: the interpreter's
+    cost is per program.) "chunked": stage 2 reads 512
     candidates (the fallback 512 tokens) at a time, as at V = 151936 on the GPU, and the
     fallback packs the tokens above a flagged row's floor where at most 512 are (two of the
     four flagged rows here, 352 and 415 tokens; the others search all 1000)."""
@@ -47,7 +48,7 @@ def test_min_p_and_top_p_alone_take_candidates_or_fallback_exactly(lanes, monkey
     params = SamplingParams(
         temperature, 1.0, seed, 0, 2, None, top_k, 0, top_p, 1.0, min_p, 0.0, softcap
     )
-    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(32, 16, 64))
     expected = contract_sample(scores, temperature, top_k, top_p, seed, 2, min_p.cpu())
     assert torch.equal(tokens, expected)
     (flags,) = overflowed
@@ -108,7 +109,7 @@ def test_merged_groups_match_the_contract_for_top_k(logits_dtype, merged, overfl
     batch = len(top_p)
     hidden, weight, bias, seed = masked_problem(batch)
     params = SamplingParams(temperature, 1.0, seed, 0, 2, logits_dtype, None, 20, top_p, 1.0)
-    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 16, 64))
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(32, 16, 64))
     top_k = torch.full((batch,), 20, device=DEVICE)
     logits = exact_logits(hidden, weight, bias)
     if logits_dtype is not None:
