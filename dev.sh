@@ -32,11 +32,12 @@ case "${1:-}" in
     shift
     setup
     # One pytest-xdist worker per core, each taking whole test files (module fixtures share
-    # their compiled models and steps within a file). With CUDA the tests run in one process:
-    # GPU tests share the device. PYTEST_WORKERS=0 runs everything in this process.
+    # their compiled models and steps within a file), in collection order: the longest files
+    # first (tests/conftest.py). With CUDA the tests run in one process: GPU tests share the
+    # device. PYTEST_WORKERS=0 runs everything in this process.
     workers=${PYTEST_WORKERS:-$("$venv/bin/python" -c \
       "import torch; print(0 if torch.cuda.is_available() else 'auto')")}
-    "$venv/bin/python" -m pytest -q -n "$workers" --dist loadfile "$@"
+    "$venv/bin/python" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
     ;;
   *)
     echo "usage: ./dev.sh demo | test [pytest args]" >&2
