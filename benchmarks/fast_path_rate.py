@@ -39,7 +39,7 @@ if __name__ == "__main__" and not __import__("torch").cuda.is_available():
 
 import torch
 
-from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor import dispatch, truncation_kernel
 from flashsampling_inductor.dispatch import default_config, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
 
@@ -137,13 +137,13 @@ def main() -> None:
         parser.error("on CPU --batch must be <= 32 (default_config asks CUDA beyond that)")
     config = default_config(args.batch, args.batch, torch.device("cuda"), truncates=True)
     params = SamplingParams(None, 1.0, None, 0, 1, None, None, 0, None, 0.9)
-    m = truncation_kernel.candidates_per_tile(params, config.block_v, VOCAB, args.batch)
+    m = dispatch.candidates_per_tile(params, config.block_v, VOCAB, args.batch)
     where = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"
     lines = [
         f"# fast_path_rate: V = {VOCAB}, B = {args.batch}, tiles {config.block_v} wide, "
         f"m = {m} candidates per tile, T = 1, {where}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"# stage 2 merges candidates in {truncation_kernel.merge_groups(params)} groups per row;"
+        f"# stage 2 merges candidates in {dispatch.merge_groups(params)} groups per row;"
         f" a flagged row with at most"
         f" {truncation_kernel.PATCH_TILES} hiding tiles is patched (those tiles recomputed)",
         "| rows | entropy (nats) | filter | kept tokens (median, max) | fast path | patched |"

@@ -9,7 +9,7 @@ here, which picks, from the shape, the device and the knobs:
   run the call (no soft-cap, no log-probabilities, 16-bit TMA-readable tensors; a Gluon that
   does not compile turns it off for the process);
 * stage 1's buffers: one candidate per (row, sample, vocabulary tile) for sampling, or for
-  top-k / top-p / min-p each tile's m largest keys (``truncation_kernel.candidates_per_tile``),
+  top-k / top-p / min-p each tile's m largest keys (``candidates_per_tile``),
   both where per-row knobs may leave rows untruncated;
 * stage 2: the plain argmax over the candidates (``sampling_kernel.launch_stage2``), or the
   truncation's stage 2 and its exact fallback (``truncation_kernel.py``), and the raw logits
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 
 import torch
@@ -31,9 +32,18 @@ from triton.compiler.errors import CompilationError
 
 from . import sampling_kernel, truncation_kernel
 from .params import SamplingParams
-from .sampling_device import LOGPROB_CODES, TL_DTYPES, is_hopper
+from .sampling_device import LOGPROB_CODES, TL_DTYPES, is_hopper, key_low_bits
 
-__all__ = ["SampleConfig", "default_config", "triton_fused_sample"]
+__all__ = [
+    "SampleConfig",
+    "candidates_per_tile",
+    "default_config",
+    "merge_groups",
+    "merge_keep",
+    "overflow_chance",
+    "patching_pays",
+    "triton_fused_sample",
+]
 
 # FLASHSAMPLING_WARP_SPECIALIZED=0 keeps Hopper on the Triton kernel (default_config).
 _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
@@ -129,11 +139,131 @@ def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
     benchmarks/fast_path_rate.py): spread at random, such a row overflows to the exact path
     in ~4.5% of rows over 1187 tiles against ~0.3% over 2374 (Poisson estimate of a tile
     holding more than 4)."""
-    if not params.truncates or truncation_kernel.merge_keep(params, vocab_size):
+    if not params.truncates or merge_keep(params, vocab_size):
         return False
     top_k_on_every_row = params.top_k is None and 0 < params.scalar_top_k < vocab_size
     top_p_may_be_on = params.top_p is not None or params.scalar_top_p < 1.0
     return top_k_on_every_row or not top_p_may_be_on
+
+
+# Stage 2's candidates are first merged in groups of tiles (one program per row and group)
+# into each group's MERGE_KEEP largest (``merge_keep``, ``merge_groups``): MERGE_GROUPS *
+# MERGE_KEEP per row at most instead of tiles * m (9496 at V = 151936 on 64-wide tiles with
+# m = 4). Tests lower them to merge small rows.
+MERGE_GROUPS = 64
+MERGE_KEEP = 32
+# At every batch: the merge (64 one-warp programs per row, 4-16 us) is cheaper than stage 2's
+# search over the 4748-9496 candidates it replaces. H100, whole calls, D = 2048, unmerged ->
+# merged: B = 64 top-p 0.9 281 -> 268 us; B = 128 top-k 50 261 -> 256, top-p 0.9 296 -> 278;
+# B = 256 top-k 50 364 -> 346, top-p 0.9 439 -> 402 (merge_above_64_rows_h100_*.log). (An
+# older stage 1 and stage 2 had it cost B = 256 15-20 us more, so it once stopped at 64.)
+
+
+def overflow_chance(survivors: int, block_v: int, vocab_size: int, m: int) -> float:
+    """The chance that some ``block_v``-wide tile of a row holds more than m of its
+    ``survivors`` tokens, spread at random (per tile Poisson with mean survivors * block_v /
+    V, then over the row's tiles): the rate at which such a row takes the exact fallback."""
+    mean = survivors * block_v / vocab_size
+    # (P(X <= m) term by term in log space: exp(-mean) alone underflows on small vocabularies)
+    head = sum(math.exp(i * math.log(mean) - mean - math.lgamma(i + 1)) for i in range(m + 1))
+    return min(1.0, max(0.0, 1.0 - head) * triton.cdiv(vocab_size, block_v))
+
+
+def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int, batch: int) -> int:
+    """m: how many of its largest scores each (row, ``block_v``-wide vocabulary tile) keeps
+    for stage 2.
+
+    A row overflows (to an exact but slower path: for k <= 256 the row's logits recomputed,
+    one more read of W) only when one tile holds more than m of the tokens it keeps, and
+    each slot costs stage 1 a reduction over the tile. With a Python k up to 256 on every
+    row, m is the smallest that lets at most one call in 1000 overflow (``batch`` times
+    ``overflow_chance`` for k survivors <= 1e-3), and no more than the table below (which
+    caps it at B = 256, 128-wide tiles: ~4e-6 a row, 1.1e-3 a call); at V =
+    151936: B = 1 k = 50 3, k = 256 4 (64-wide tiles); B = 16 k = 256 5; B = 64 (128-wide)
+    k = 50 4, k = 256 6; B = 256 on 256-wide tiles (D >= 4096) k = 256 8. On an H200, D =
+    2048, each slot fewer took 1.5-2.3 us off B = 1 and 16 calls (6 -> 5 at k = 256: 171.3 ->
+    169.3 us at B = 1, truncation_levers_h200_20261126-0140.log; then per call instead of
+    per row, B = 1 top-k 50 165.8 -> 164.0, top-k 256 168.4 -> 166.9, B = 16 top-k 50 169.0
+    -> 166.7: candidates_per_call_and_merge_groups_h200_20261126-0150.log). Otherwise
+    (larger k, per-row k, top-p or min-p alone) the table, with k counted as k * block_v /
+    128 (wider tiles hold proportionally more): a chance of 4e-4 a row for m = 8 at k =
+    1024 (such rows mostly take the tile-level patch); a per-row k tensor gets 8, top-p or
+    min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead)."""
+    scale = max(1, block_v // 128)
+    if params.top_k is not None:
+        return 8
+    k = params.scalar_top_k
+    if k <= 0:
+        return 4 if scale == 1 else 6
+    table = 4 if k * scale <= 64 else 6 if k * scale <= 256 else 8 if k * scale <= 1024 else 16
+    if k > 256:
+        return table
+    return _fewest_candidates(k, block_v, vocab_size, batch, table)
+
+
+@functools.cache
+def _fewest_candidates(k: int, block_v: int, vocab_size: int, batch: int, table: int) -> int:
+    # (cached: the search costs 15-30 us of Python, on every call's host path)
+    for m in range(1, table):
+        if batch * overflow_chance(k, block_v, vocab_size, m) <= 1e-3:
+            return m
+    return table
+
+
+def _k_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
+    return params.top_k is not None or not (0 < params.scalar_top_k < vocab_size)
+
+
+def _p_may_be_off(params: SamplingParams) -> bool:
+    return params.top_p is not None or params.scalar_top_p >= 1.0
+
+
+def _min_p_may_be_off(params: SamplingParams) -> bool:
+    return params.min_p is not None or params.scalar_min_p <= 0.0
+
+
+def merge_keep(params: SamplingParams, vocab_size: int) -> int:
+    """How many candidates each group of tiles keeps for stage 2 (0: no merging).
+
+    A row overflows when a group holds MERGE_KEEP or more of the tokens that decide it: the
+    top-k survivors (k / ``merge_groups`` per group on average, hence twice the slots past
+    k = 256 and no merging past k = 1024 or for per-row k, which may be any size), top-p's
+    nucleus or min-p's survivors (a few hundred on real rows: a handful per group). Up to
+    k = 64 (generate's default 50; top-p / min-p then keep at most k) half the slots do: a
+    group holds 16 of 64 survivors spread at random with chance ~1e-12, and stage 2 then
+    searches and draws noise on 1024 lanes instead of 2048."""
+    if params.top_k is not None:
+        return 0
+    k = params.scalar_top_k
+    if 0 < k <= 64:
+        return MERGE_KEEP // 2
+    if not 0 < k < vocab_size or k <= 256:
+        return MERGE_KEEP
+    return 2 * MERGE_KEEP if k <= 1024 else 0
+
+
+def merge_groups(params: SamplingParams) -> int:
+    """Into how many groups of tiles stage 2's candidates are merged (``merge_keep`` each).
+    Half of MERGE_GROUPS for a Python k in (64, 256], so stage 2 searches and draws noise on
+    1024 lanes instead of 2048, as up to k = 64: a group overflows only when it holds
+    MERGE_KEEP of the row's k survivors (on average k / 32 <= 8; per row a binomial tail of
+    1.3e-9 at k = 256). On an H200 (D = 2048, k = 256) that took 2.8 us off B = 64 calls
+    (179.9 -> 177.1) and was even at B = 1 and 16 (truncation_levers_h200_20261126-0140.log);
+    below k = 64 (16 kept per group) and for top-p or min-p alone (a nucleus of hundreds on
+    flat rows) it was mixed, so they keep MERGE_GROUPS."""
+    if params.top_k is None and 64 < params.scalar_top_k <= 256:
+        return MERGE_GROUPS // 2
+    return MERGE_GROUPS
+
+
+def patching_pays(params: SamplingParams) -> bool:
+    """Whether flagged rows may take the tile-level fallback
+    (``truncation_kernel.patch_buffers``). Its pass
+    over the patched rows launches on every call (2-3 us with no row flagged, H100): not
+    worth it where a call overflows with chance <= 1e-3 (a Python k up to 256, which top-p
+    and min-p after it keep below: ``candidates_per_tile``), whose rare flagged row has its
+    whole row recomputed instead (one read of W)."""
+    return not (params.top_k is None and 0 < params.scalar_top_k <= 256)
 
 
 def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: float) -> int:
@@ -285,20 +415,16 @@ def _truncation_buffers(
     (top_m_key, top_m_index [B, tiles * m], hidden_key [B, tiles], mass [B, tiles, 2] or
     None; empty when the call does not truncate), whether it also draws the plain candidates
     (rows that per-row knobs leave untruncated), m, whether it writes the mass partials and
-    the key bits the sign fixes (``truncation_kernel.key_low_bits``)."""
+    the key bits the sign fixes (``sampling_device.key_low_bits``)."""
     if not params.truncates:
         return {}, True, 0, False, 0
-    top_m = truncation_kernel.candidates_per_tile(params, block_v, vocab_size, batch)
+    top_m = candidates_per_tile(params, block_v, vocab_size, batch)
     # (the packed top-m keeps the column in those bits: they must hold block_v values)
-    key_low_bits = truncation_kernel.key_low_bits(params)
-    if 1 << key_low_bits < block_v:
-        key_low_bits = 0
-    k_may_be_off = truncation_kernel.k_may_be_off(params, vocab_size)
-    plain = (
-        k_may_be_off
-        and truncation_kernel.p_may_be_off(params)
-        and truncation_kernel.min_p_may_be_off(params)
-    )
+    low_bits = key_low_bits(params)
+    if 1 << low_bits < block_v:
+        low_bits = 0
+    k_may_be_off = _k_may_be_off(params, vocab_size)
+    plain = k_may_be_off and _p_may_be_off(params) and _min_p_may_be_off(params)
     row_mass = k_may_be_off and not (params.top_p is None and params.scalar_top_p >= 1.0)
     keys = torch.empty((batch, num_v_tiles * top_m), dtype=torch.int32, device=device)
     stage1 = {
@@ -307,7 +433,7 @@ def _truncation_buffers(
         "hidden_key": torch.empty((batch, num_v_tiles), dtype=torch.int32, device=device),
         "mass": torch.empty((batch, num_v_tiles, 2), device=device) if row_mass else None,
     }
-    return stage1, plain, top_m, row_mass, key_low_bits
+    return stage1, plain, top_m, row_mass, low_bits
 
 
 def _row_knobs(params: SamplingParams, per_row: bool) -> dict:
@@ -343,11 +469,13 @@ def _finish_truncation(
     overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
     floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
     patch = None
-    if truncation_kernel.patching_pays(params):
+    if patching_pays(params):
         patch = truncation_kernel.patch_buffers(stage1, block_v)
+    keep = merge_keep(params, vocab_size)
     truncation_kernel.launch_stage2(
-        stage1, params, vocab_size, temperature_mode, out, overflow, floor,
-        patch=patch, fast_math=not interpreter, logprobs=logprobs,
+        stage1, params, vocab_size, temperature_mode, out, overflow, floor, patch=patch,
+        merge=(merge_groups(params), keep) if keep else None, fast_math=not interpreter,
+        logprobs=logprobs,
     )  # fmt: skip
     truncation_kernel.launch_fallback(
         hidden, weight, bias, params, temperature_mode, out, overflow,

@@ -29,6 +29,7 @@ __all__ = [
     "drawn_logprob",
     "gumbel_tile",
     "is_hopper",
+    "key_low_bits",
     "key_value",
     "knob_per_row",
     "ordered_key",
@@ -483,3 +484,13 @@ def tma_compatible(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
         and t.data_ptr() % 16 == 0
         for t in (hidden, weight)
     )
+
+
+def key_low_bits(params) -> int:
+    """How many low bits of every stage-1 key are fixed by its sign: logits rounded to bf16
+    (fp16) keep 16 (13) low fp32 mantissa bits zero, so a key's are 0 for scores >= 0 and
+    all ones below (``ordered_key`` flips a negative score's bits), and the searches for a
+    k-th key or a nucleus bound skip them. A soft-cap after the rounding sets them: none."""
+    if params.softcap > 0:
+        return 0
+    return {torch.bfloat16: 16, torch.float16: 13}.get(params.logits_dtype, 0)

@@ -37,9 +37,6 @@ can hide.
 
 from __future__ import annotations
 
-import functools
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -54,6 +51,7 @@ from .sampling_device import (
     LOGPROB_CODES,
     await_previous_kernel,
     drawn_logprob,
+    key_low_bits,
     key_value,
     knob_per_row,
     ordered_key,
@@ -68,17 +66,9 @@ from .sampling_device import (
 )
 
 __all__ = [
-    "candidates_per_tile",
-    "k_may_be_off",
-    "key_low_bits",
     "launch_fallback",
     "launch_stage2",
     "masked_gumbel_argmax",
-    "merge_groups",
-    "merge_keep",
-    "min_p_may_be_off",
-    "overflow_chance",
-    "p_may_be_off",
     "raw_logit_later",
 ]
 
@@ -92,17 +82,6 @@ FALLBACK_PACK_SLOTS = 16384
 # the whole of stage 2 (32 a thread); more are read in chunks of it. (Tests lower it to run
 # the chunked path, which real vocabularies take in the fallback, on small ones.)
 STAGE2_LANES = 16384
-# Stage 2's candidates are first merged in groups of tiles (one program per row and group)
-# into each group's MERGE_KEEP largest (``merge_keep``, ``merge_groups``): MERGE_GROUPS *
-# MERGE_KEEP per row at most instead of tiles * m (9496 at V = 151936 on 64-wide tiles with
-# m = 4). Tests lower them to merge small rows.
-MERGE_GROUPS = 64
-MERGE_KEEP = 32
-# At every batch: the merge (64 one-warp programs per row, 4-16 us) is cheaper than stage 2's
-# search over the 4748-9496 candidates it replaces. H100, whole calls, D = 2048, unmerged ->
-# merged: B = 64 top-p 0.9 281 -> 268 us; B = 128 top-k 50 261 -> 256, top-p 0.9 296 -> 278;
-# B = 256 top-k 50 364 -> 346, top-p 0.9 439 -> 402 (merge_above_64_rows_h100_*.log). (An
-# older stage 1 and stage 2 had it cost B = 256 15-20 us more, so it once stopped at 64.)
 # A flagged row's overflow code: the whole row recomputed (OVERFLOW_FULL) or only the tiles
 # that may hide a kept token, at most PATCH_TILES of them (OVERFLOW_PATCH).
 OVERFLOW_FULL = tl.constexpr(1)
@@ -982,103 +961,6 @@ def masked_gumbel_argmax(
     return best[..., 0], winner.to(torch.int64)
 
 
-def overflow_chance(survivors: int, block_v: int, vocab_size: int, m: int) -> float:
-    """The chance that some ``block_v``-wide tile of a row holds more than m of its
-    ``survivors`` tokens, spread at random (per tile Poisson with mean survivors * block_v /
-    V, then over the row's tiles): the rate at which such a row takes the exact fallback."""
-    mean = survivors * block_v / vocab_size
-    # (P(X <= m) term by term in log space: exp(-mean) alone underflows on small vocabularies)
-    head = sum(math.exp(i * math.log(mean) - mean - math.lgamma(i + 1)) for i in range(m + 1))
-    return min(1.0, max(0.0, 1.0 - head) * triton.cdiv(vocab_size, block_v))
-
-
-def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int, batch: int) -> int:
-    """m: how many of its largest scores each (row, ``block_v``-wide vocabulary tile) keeps
-    for stage 2.
-
-    A row overflows (to an exact but slower path: for k <= 256 the row's logits recomputed,
-    one more read of W) only when one tile holds more than m of the tokens it keeps, and
-    each slot costs stage 1 a reduction over the tile. With a Python k up to 256 on every
-    row, m is the smallest that lets at most one call in 1000 overflow (``batch`` times
-    ``overflow_chance`` for k survivors <= 1e-3), and no more than the table below (which
-    caps it at B = 256, 128-wide tiles: ~4e-6 a row, 1.1e-3 a call); at V =
-    151936: B = 1 k = 50 3, k = 256 4 (64-wide tiles); B = 16 k = 256 5; B = 64 (128-wide)
-    k = 50 4, k = 256 6; B = 256 on 256-wide tiles (D >= 4096) k = 256 8. On an H200, D =
-    2048, each slot fewer took 1.5-2.3 us off B = 1 and 16 calls (6 -> 5 at k = 256: 171.3 ->
-    169.3 us at B = 1, truncation_levers_h200_20261126-0140.log; then per call instead of
-    per row, B = 1 top-k 50 165.8 -> 164.0, top-k 256 168.4 -> 166.9, B = 16 top-k 50 169.0
-    -> 166.7: candidates_per_call_and_merge_groups_h200_20261126-0150.log). Otherwise
-    (larger k, per-row k, top-p or min-p alone) the table, with k counted as k * block_v /
-    128 (wider tiles hold proportionally more): a chance of 4e-4 a row for m = 8 at k =
-    1024 (such rows mostly take the tile-level patch); a per-row k tensor gets 8, top-p or
-    min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead)."""
-    scale = max(1, block_v // 128)
-    if params.top_k is not None:
-        return 8
-    k = params.scalar_top_k
-    if k <= 0:
-        return 4 if scale == 1 else 6
-    table = 4 if k * scale <= 64 else 6 if k * scale <= 256 else 8 if k * scale <= 1024 else 16
-    if k > 256:
-        return table
-    return _fewest_candidates(k, block_v, vocab_size, batch, table)
-
-
-@functools.cache
-def _fewest_candidates(k: int, block_v: int, vocab_size: int, batch: int, table: int) -> int:
-    # (cached: the search costs 15-30 us of Python, on every call's host path)
-    for m in range(1, table):
-        if batch * overflow_chance(k, block_v, vocab_size, m) <= 1e-3:
-            return m
-    return table
-
-
-def k_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
-    return params.top_k is not None or not (0 < params.scalar_top_k < vocab_size)
-
-
-def p_may_be_off(params: SamplingParams) -> bool:
-    return params.top_p is not None or params.scalar_top_p >= 1.0
-
-
-def min_p_may_be_off(params: SamplingParams) -> bool:
-    return params.min_p is not None or params.scalar_min_p <= 0.0
-
-
-def merge_keep(params: SamplingParams, vocab_size: int) -> int:
-    """How many candidates each group of tiles keeps for stage 2 (0: no merging).
-
-    A row overflows when a group holds MERGE_KEEP or more of the tokens that decide it: the
-    top-k survivors (k / ``merge_groups`` per group on average, hence twice the slots past
-    k = 256 and no merging past k = 1024 or for per-row k, which may be any size), top-p's
-    nucleus or min-p's survivors (a few hundred on real rows: a handful per group). Up to
-    k = 64 (generate's default 50; top-p / min-p then keep at most k) half the slots do: a
-    group holds 16 of 64 survivors spread at random with chance ~1e-12, and stage 2 then
-    searches and draws noise on 1024 lanes instead of 2048."""
-    if params.top_k is not None:
-        return 0
-    k = params.scalar_top_k
-    if 0 < k <= 64:
-        return MERGE_KEEP // 2
-    if not 0 < k < vocab_size or k <= 256:
-        return MERGE_KEEP
-    return 2 * MERGE_KEEP if k <= 1024 else 0
-
-
-def merge_groups(params: SamplingParams) -> int:
-    """Into how many groups of tiles stage 2's candidates are merged (``merge_keep`` each).
-    Half of MERGE_GROUPS for a Python k in (64, 256], so stage 2 searches and draws noise on
-    1024 lanes instead of 2048, as up to k = 64: a group overflows only when it holds
-    MERGE_KEEP of the row's k survivors (on average k / 32 <= 8; per row a binomial tail of
-    1.3e-9 at k = 256). On an H200 (D = 2048, k = 256) that took 2.8 us off B = 64 calls
-    (179.9 -> 177.1) and was even at B = 1 and 16 (truncation_levers_h200_20261126-0140.log);
-    below k = 64 (16 kept per group) and for top-p or min-p alone (a nucleus of hundreds on
-    flat rows) it was mixed, so they keep MERGE_GROUPS."""
-    if params.top_k is None and 64 < params.scalar_top_k <= 256:
-        return MERGE_GROUPS // 2
-    return MERGE_GROUPS
-
-
 def _merge(
     stage1: dict[str, torch.Tensor | None],
     params: SamplingParams,
@@ -1115,27 +997,8 @@ def _merge(
     return merged
 
 
-def key_low_bits(params: SamplingParams) -> int:
-    """How many low bits of every stage-1 key are fixed by its sign: logits rounded to bf16
-    (fp16) keep 16 (13) low fp32 mantissa bits zero, so a key's are 0 for scores >= 0 and
-    all ones below (``ordered_key`` flips a negative score's bits), and the searches for a
-    k-th key or a nucleus bound skip them. A soft-cap after the rounding sets them: none."""
-    if params.softcap > 0:
-        return 0
-    return {torch.bfloat16: 16, torch.float16: 13}.get(params.logits_dtype, 0)
-
-
 def _mode(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else (1 if tensor.dim() == 0 else 2)
-
-
-def patching_pays(params: SamplingParams) -> bool:
-    """Whether flagged rows may take the tile-level fallback (``patch_buffers``). Its pass
-    over the patched rows launches on every call (2-3 us with no row flagged, H100): not
-    worth it where a call overflows with chance <= 1e-3 (a Python k up to 256, which top-p
-    and min-p after it keep below: ``candidates_per_tile``), whose rare flagged row has its
-    whole row recomputed instead (one read of W)."""
-    return not (params.top_k is None and 0 < params.scalar_top_k <= 256)
 
 
 def patch_buffers(
@@ -1175,6 +1038,7 @@ def launch_stage2(
     complete: bool = False,
     patched: bool = False,
     patch: dict[str, torch.Tensor | int] | None = None,
+    merge: tuple[int, int] | None = None,
     fast_math: bool = True,
     logprobs: torch.Tensor | None = None,
 ) -> None:
@@ -1186,7 +1050,9 @@ def launch_stage2(
     flagged OVERFLOW_PATCH. ``floor`` [B] int32: where stage 2 flags a row, a key that every
     token the row keeps is at or above, which the fallback uses to search few tokens
     instead of V. ``patch`` (``patch_buffers``): where the first pass lists a flagged row's
-    hiding tiles, when few, for the tile-level fallback. ``logprobs`` [B, S] fp32: where
+    hiding tiles, when few, for the tile-level fallback. ``merge`` (groups, keep): stage 1's
+    candidates first merged into each group of tiles' keep largest, where that leaves fewer
+    (``_merge``). ``logprobs`` [B, S] fp32: where
     ``params.logprobs`` asks for them, the drawn tokens' log-probabilities, from stage 1's
     partials (``stage1["log_mass"]`` [B, tiles, 2]) and plain candidates' logits
     (``plain_value``); with "raw" on soft-capped scores, less each token's raw logit
@@ -1196,10 +1062,8 @@ def launch_stage2(
     if stage1.get("plain_score") is not None:  # (the Gluon kernel's are per half tile)
         num_plain_tiles = stage1["plain_score"].shape[2]
     tile_hidden = stage1.get("hidden_key")
-    keep = 0 if complete or patched else merge_keep(params, vocab_size)
-    groups = merge_groups(params)
-    if keep and stage1["top_m_key"].shape[1] > groups * keep:
-        stage1 = _merge(stage1, params, temperature_mode, groups, keep)
+    if merge is not None and stage1["top_m_key"].shape[1] > merge[0] * merge[1]:
+        stage1 = _merge(stage1, params, temperature_mode, *merge)
         num_tiles = stage1["hidden_key"].shape[1]
     keys = stage1["top_m_key"]
     num_candidates = keys.shape[1]

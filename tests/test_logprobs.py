@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from flashsampling_inductor import fused_sample, sample_logits, truncation_kernel
+from flashsampling_inductor import dispatch, fused_sample, sample_logits, truncation_kernel
 from flashsampling_inductor.params import SamplingParams
 from flashsampling_inductor.reference import reference_logits, softcap_logits, truncation_keep
 
@@ -299,8 +299,8 @@ def test_merged_and_chunked_stage2_with_softcap(monkeypatch, overflowed):
     from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 
     monkeypatch.setattr(truncation_kernel, "STAGE2_LANES", 64)
-    monkeypatch.setattr(truncation_kernel, "MERGE_GROUPS", 4)
-    monkeypatch.setattr(truncation_kernel, "MERGE_KEEP", 8)
+    monkeypatch.setattr(dispatch, "MERGE_GROUPS", 4)
+    monkeypatch.setattr(dispatch, "MERGE_KEEP", 8)
     merges = []
     merge = truncation_kernel._merge
     monkeypatch.setattr(truncation_kernel, "_merge", lambda *args: merges.append(1) or merge(*args))

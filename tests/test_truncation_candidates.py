@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashsampling_inductor import fused_sample, truncation_kernel
+from flashsampling_inductor import dispatch, fused_sample, truncation_kernel
 from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
 
@@ -124,7 +124,7 @@ def test_adversarial_layouts_take_the_fallback_exactly(layout, logits_dtype, ove
     (flags,) = overflowed
     assert bool(flags[0]), flags
     # (a Python k up to 256 rarely overflows: a flagged row is recomputed whole, never
-    # patched, so no call pays the patched pass's launch: truncation_kernel.patching_pays)
+    # patched, so no call pays the patched pass's launch: dispatch.patching_pays)
     assert PATCH not in set(flags.tolist()), flags
     if layout != "few-finite":
         assert not bool(flags[2]), flags
@@ -195,9 +195,9 @@ def test_fewest_candidates_draw_the_reference_tokens(top_k, m, monkeypatch):
     """At V = 151936 a one-row call keeps as few as 1-3 candidates a tile (the interpreter's
     256-wide tiles): still the reference's tokens, ties at the k-th value and all."""
     chosen = []
-    choose = truncation_kernel.candidates_per_tile
+    choose = dispatch.candidates_per_tile
     monkeypatch.setattr(
-        truncation_kernel, "candidates_per_tile", lambda *a: chosen.append(choose(*a)) or chosen[-1]
+        dispatch, "candidates_per_tile", lambda *a: chosen.append(choose(*a)) or chosen[-1]
     )
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(151936, 16, generator=gen) * 0.5).to(torch.bfloat16).to(DEVICE)

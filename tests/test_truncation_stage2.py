@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor import dispatch, truncation_kernel
 from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
 
@@ -93,8 +93,8 @@ def merged(monkeypatch):
         return merge(stage1, *rest)
 
     monkeypatch.setattr(truncation_kernel, "_merge", record)
-    monkeypatch.setattr(truncation_kernel, "MERGE_GROUPS", 4)
-    monkeypatch.setattr(truncation_kernel, "MERGE_KEEP", 8)
+    monkeypatch.setattr(dispatch, "MERGE_GROUPS", 4)
+    monkeypatch.setattr(dispatch, "MERGE_KEEP", 8)
     return calls
 
 

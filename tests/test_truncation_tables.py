@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton
 
-from flashsampling_inductor import truncation_kernel
+from flashsampling_inductor import dispatch
 from flashsampling_inductor.params import SamplingParams
 
 
@@ -60,7 +60,7 @@ def test_merge_keeps_enough_candidates_per_group(knobs, keep):
     top-k, 64 from k = 257 (k / 64 survivors per group on average), and nothing merges past
     k = 1024 or with a per-row k of unknown size."""
     params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
-    assert truncation_kernel.merge_keep(params, vocab_size=151936) == keep
+    assert dispatch.merge_keep(params, vocab_size=151936) == keep
 
 
 @pytest.mark.parametrize(
@@ -75,10 +75,10 @@ def test_candidates_per_tile_are_the_fewest_that_rarely_overflow(top_k, block_v,
     table's."""
     vocab = 151936
     params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
-    assert truncation_kernel.candidates_per_tile(params, block_v, vocab, batch) == m
+    assert dispatch.candidates_per_tile(params, block_v, vocab, batch) == m
     if top_k <= 256:
-        assert batch * truncation_kernel.overflow_chance(top_k, block_v, vocab, m) <= 1e-3
-        assert batch * truncation_kernel.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-3
+        assert batch * dispatch.overflow_chance(top_k, block_v, vocab, m) <= 1e-3
+        assert batch * dispatch.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-3
 
 
 @pytest.mark.parametrize("vocab, block_v", [(16, 16), (200, 16), (1000, 64)])
@@ -86,8 +86,8 @@ def test_small_vocabularies_keep_the_tables_candidates(vocab, block_v):
     """Where most tiles hold several of the k survivors, no m below the table's rarely
     overflows: the table's stays (the chance is computed without underflowing to 0)."""
     params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=50)
-    assert truncation_kernel.overflow_chance(50, block_v, vocab, 3) > 0.5
-    assert truncation_kernel.candidates_per_tile(params, block_v, vocab, 1) == 4
+    assert dispatch.overflow_chance(50, block_v, vocab, 3) > 0.5
+    assert dispatch.candidates_per_tile(params, block_v, vocab, 1) == 4
 
 
 @pytest.mark.parametrize("top_k", [1, 20, 50, 64, 65, 128, 256, 257, 600, 1024])
@@ -95,8 +95,8 @@ def test_merge_groups_rarely_hold_their_keep_of_the_survivors(top_k):
     """A group overflows when it holds merge_keep of the row's k survivors (spread at random:
     binomial over the groups); with the groups and slots chosen per k that stays < 1e-8."""
     params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
-    groups = truncation_kernel.merge_groups(params)
-    keep = truncation_kernel.merge_keep(params, vocab_size=151936)
+    groups = dispatch.merge_groups(params)
+    keep = dispatch.merge_keep(params, vocab_size=151936)
     assert groups == (32 if 64 < top_k <= 256 else 64)
     share = 1.0 / groups
     tail = sum(
@@ -115,7 +115,7 @@ def test_wider_tiles_keep_more_candidates_per_tile(block_v, top_k, batch):
     k = 1024 at V = 151936 on every tile width the kernels use."""
     vocab = 151936
     params = SamplingParams(None, 1.0, None, 0, 1, scalar_top_k=top_k)
-    m = truncation_kernel.candidates_per_tile(params, block_v, vocab, batch)
+    m = dispatch.candidates_per_tile(params, block_v, vocab, batch)
     mean = top_k * block_v / vocab
     # P(X > m) for X ~ Poisson(mean), per tile, then over the row's tiles
     tail = 1.0 - sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(m + 1))
