@@ -32,6 +32,7 @@ __all__ = [
     "key_low_bits",
     "key_value",
     "knob_per_row",
+    "masked_gumbel_chunk",
     "ordered_key",
     "pdl_launch",
     "philox4x32",
@@ -347,6 +348,39 @@ def token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH: tl.constex
     word = index % 4
     bits = tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
     return bits_to_log2_gumbel(bits, FAST_MATH)
+
+
+@triton.jit
+def masked_gumbel_chunk(
+    logits_ptr, threshold_ptr, temperature_ptr, seed_ptr, score_ptr, index_ptr,
+    width, vocab_start, num_chunks, num_samples,
+    SEED_MODE: tl.constexpr, FAST_MATH: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """The program (row, chunk) of a Gumbel-max over materialized logits [B, width] (any
+    float dtype, scored in fp32) masked below the row's threshold: for every sample the
+    best ``logit + T ln2 g`` among the chunk's logits at or above it and its GLOBAL index
+    (``vocab_start`` + column, ties to the lowest), with the noise ``reference.gumbel_argmax``
+    draws for that index, stored at [row, sample, chunk] of score_ptr / index_ptr. NaN and
+    masked logits count as -inf. SEED_MODE 1: a 0-d seed (the row in the counter), 2: [B]."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row64 = row.to(tl.int64)
+    offs = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = offs < width
+    logits = tl.load(logits_ptr + row64 * width + offs, mask=mask, other=float("-inf"))
+    logits = logits.to(tl.float32)
+    logits = tl.where(logits >= tl.load(threshold_ptr + row), logits, float("-inf"))
+    noise_scale = tl.load(temperature_ptr + row) * LN2
+    k0, k1, row_counter = row_seeds(seed_ptr, row, 0, 0, SEED_MODE)
+    index = vocab_start + offs
+    for sample_index in range(num_samples):
+        noise = token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH)
+        scores = logits + noise_scale * noise
+        best = tl.max(scores)
+        best_index = tl.min(tl.where(scores == best, index, 2147483647))
+        slot = (row64 * num_samples + sample_index) * num_chunks + chunk
+        tl.store(score_ptr + slot, best)
+        tl.store(index_ptr + slot, best_index)
 
 
 @triton.jit

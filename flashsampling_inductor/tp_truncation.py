@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch
-from .sampling_device import INV_LN2, LN2, row_seeds, token_gumbel
+from .sampling_device import INV_LN2, masked_gumbel_chunk
 
 __all__ = ["MAX_ENTRIES", "masked_draw", "shard_message", "threshold"]
 
@@ -37,7 +37,6 @@ __all__ = ["MAX_ENTRIES", "masked_draw", "shard_message", "threshold"]
 # caller takes the torch ops of ``reference.truncation_threshold``.
 MAX_ENTRIES = 2048
 _CHUNK = 32
-_INT32_MAX = tl.constexpr(2147483647)
 _DRAW_BLOCK = 1024
 
 
@@ -206,25 +205,10 @@ def _masked_draw(
     """Program (row, chunk): for every sample the best ``logit + T ln2 g`` among the chunk's
     logits at or above the row's threshold and its GLOBAL index (ties to the lowest), with
     the noise of ``reference.gumbel_argmax`` for that index; NaN counts as -inf."""
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    row64 = row.to(tl.int64)
-    offs = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask = offs < width
-    logits = tl.load(logits_ptr + row64 * width + offs, mask=mask, other=float("-inf"))
-    logits = logits.to(tl.float32)
-    logits = tl.where(logits >= tl.load(threshold_ptr + row), logits, float("-inf"))
-    noise_scale = tl.load(temperature_ptr + row) * LN2
-    k0, k1, row_counter = row_seeds(seed_ptr, row, 0, 0, SEED_MODE)
-    index = vocab_start + offs
-    for sample_index in range(num_samples):
-        noise = token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH)
-        scores = logits + noise_scale * noise
-        best = tl.max(scores)
-        best_index = tl.min(tl.where(scores == best, index, _INT32_MAX))
-        slot = (row64 * num_samples + sample_index) * num_chunks + chunk
-        tl.store(score_ptr + slot, best)
-        tl.store(index_ptr + slot, best_index)
+    masked_gumbel_chunk(
+        logits_ptr, threshold_ptr, temperature_ptr, seed_ptr, score_ptr, index_ptr, width,
+        vocab_start, num_chunks, num_samples, SEED_MODE, FAST_MATH, BLOCK_V,
+    )  # fmt: skip
 
 
 def masked_draw(

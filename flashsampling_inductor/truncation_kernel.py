@@ -54,6 +54,7 @@ from .sampling_device import (
     key_low_bits,
     key_value,
     knob_per_row,
+    masked_gumbel_chunk,
     ordered_key,
     pdl_launch,
     restore_low_bits,
@@ -912,24 +913,10 @@ def _masked_gumbel_argmax(
     and its GLOBAL index (``vocab_start`` + column, ties to the lowest) over the chunk's
     columns of the row's fp32 ``logits`` [B, V] at or above its threshold (the others are
     -inf), with the noise ``reference.gumbel_argmax`` draws for those global indices."""
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    row64 = row.to(tl.int64)
-    offs = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask = offs < V
-    logits = tl.load(logits_ptr + row64 * V + offs, mask=mask, other=float("-inf"))
-    logits = tl.where(logits >= tl.load(threshold_ptr + row), logits, float("-inf"))
-    noise_scale = tl.load(temperature_ptr + row) * LN2
-    k0, k1, row_counter = row_seeds(seed_ptr, row, 0, 0, SEED_MODE)
-    index = vocab_start + offs
-    for sample_index in range(num_samples):
-        noise = token_gumbel(index, row_counter, sample_index, k0, k1, FAST_MATH)
-        scores = logits + noise_scale * noise
-        best = tl.max(scores)
-        best_index = tl.min(tl.where(scores == best, index, _INT32_MAX))
-        slot = (row64 * num_samples + sample_index) * num_chunks + chunk
-        tl.store(score_ptr + slot, best)
-        tl.store(index_ptr + slot, best_index)
+    masked_gumbel_chunk(
+        logits_ptr, threshold_ptr, temperature_ptr, seed_ptr, score_ptr, index_ptr, V,
+        vocab_start, num_chunks, num_samples, SEED_MODE, FAST_MATH, BLOCK_V,
+    )  # fmt: skip
 
 
 def masked_gumbel_argmax(
