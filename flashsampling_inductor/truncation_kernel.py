@@ -382,106 +382,50 @@ def _merge_tiles(
         tl.store(merged + 1, group_sum)
 
 
-@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
-                               "scalar_top_p", "scalar_min_p"])  # fmt: skip
-def _truncated_stage2(
-    key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
-    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
-    floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
-    tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-    log_mass_ptr, plain_value_ptr, logprob_ptr,
-    num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, num_mass_tiles, V,
-    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
-    num_samples,
-    TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
-    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
-    HAS_PLAIN: tl.constexpr,  # stage 1 also left plain Gumbel candidates (untruncated rows)
-    HAS_MASS: tl.constexpr,  # stage 1 left per-tile (max, sum) mass partials
-    COMPLETE: tl.constexpr,  # the fallback: key_ptr is the rows' [B, V] fp32 logits
-    SINGLE: tl.constexpr,  # num_candidates <= BLOCK: one chunk, kept in registers
-    FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
-    PACK: tl.constexpr,  # the fallback's slots for the tokens above a row's floor
-    # Flagged rows whose hiding tiles are at most PATCH_TILES (0: never) are patched: their
-    # tiles (PATCH_V wide, stage 1's) listed for recomputation, then (PATCHED) this kernel
-    # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
-    PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
-    KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
-    PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
-    # 1 "raw", 2 "processed": each drawn token's log-probability too (``drawn_logprob``
-    # over stage 1's per-tile partials at log_mass_ptr; processed truncated rows over the
-    # kept candidates, which hold every kept token where the row is drawn here).
-    LOGPROBS: tl.constexpr = 0,
-    RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
-    PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
+@triton.jit
+def _draw_untruncated(
+    plain_score_ptr, plain_index_ptr, plain_value_ptr, out_ptr, logprob_ptr, log_mass_ptr,
+    row64, num_samples, num_plain_tiles, num_mass_tiles, temperature,
+    LOGPROBS: tl.constexpr, RAW_LOGIT_LATER: tl.constexpr, BLOCK: tl.constexpr,
+    PLAIN_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One program per row: truncation, then Gumbel-max among the kept candidates."""
-    await_previous_kernel(PDL)
-    row = tl.program_id(0)
-    if COMPLETE:
-        if tl.load(overflow_ptr + row) != OVERFLOW_FULL:
-            return
-    elif PATCHED:
-        if tl.load(overflow_ptr + row) != OVERFLOW_PATCH:
-            return
-    else:
-        tl.store(overflow_ptr + row, 0)
-    row64 = row.to(tl.int64)
-    key_ptr += row64 * num_candidates
-    index_ptr += row64 * num_candidates
-    temperature = knob_per_row(
-        temperature_ptr, row, scalar_temperature, TEMPERATURE_MODE, tl.float32
-    )
-    top_k = knob_per_row(top_k_ptr, row, scalar_top_k, TOP_K_MODE, tl.int64)
-    top_p = knob_per_row(top_p_ptr, row, scalar_top_p, TOP_P_MODE, tl.float32)
-    min_p = knob_per_row(min_p_ptr, row, scalar_min_p, MIN_P_MODE, tl.float32)
-    k_on = (top_k > 0) & (top_k < V)
-    p_on = (top_p < 1.0) & (temperature > 0)
-    min_p_on = (min_p > 0.0) & (temperature > 0)
-
-    if HAS_PLAIN:
-        if not truncates(top_k, top_p, min_p, temperature, V):
-            # Nothing truncates this row (or it is greedy): stage 1's plain candidates, as
-            # the plain stage 2, before any truncation candidate is read (stage 1 writes
-            # those only for the tiles that hold a truncated row).
-            plain_log_mass_ptr = log_mass_ptr
+    """A row that nothing truncates (or a greedy one), drawn from stage 1's plain candidates
+    as the plain stage 2 draws it: per sample the best candidate of the row's tiles."""
+    plain_log_mass_ptr = log_mass_ptr
+    if LOGPROBS > 0:
+        plain_log_mass_ptr += row64 * num_mass_tiles * 2
+    offs = tl.arange(0, PLAIN_BLOCK)
+    for sample_index in range(num_samples):
+        base = (row64 * num_samples + sample_index) * num_plain_tiles
+        best = tl.full((), float("-inf"), tl.float32)
+        best_index = tl.zeros((), tl.int32)
+        best_value = tl.zeros((), tl.float32)
+        for start in range(0, num_plain_tiles, PLAIN_BLOCK):
+            mask = start + offs < num_plain_tiles
+            scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
+                             other=float("-inf"))  # fmt: skip
+            chunk_best, arg = tl.max(scores, axis=0, return_indices=True,
+                                     return_indices_tie_break_left=True)  # fmt: skip
+            index = tl.load(plain_index_ptr + base + start + arg)
+            take = (chunk_best > best) | (start == 0)
+            best = tl.where(take, chunk_best, best)
+            best_index = tl.where(take, index, best_index)
             if LOGPROBS > 0:
-                plain_log_mass_ptr += row64 * num_mass_tiles * 2
-            offs = tl.arange(0, PLAIN_BLOCK)
-            for sample_index in range(num_samples):
-                base = (row64 * num_samples + sample_index) * num_plain_tiles
-                best = tl.full((), float("-inf"), tl.float32)
-                best_index = tl.zeros((), tl.int32)
-                best_value = tl.zeros((), tl.float32)
-                for start in range(0, num_plain_tiles, PLAIN_BLOCK):
-                    mask = start + offs < num_plain_tiles
-                    scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
-                                     other=float("-inf"))  # fmt: skip
-                    chunk_best, arg = tl.max(scores, axis=0, return_indices=True,
-                                             return_indices_tie_break_left=True)  # fmt: skip
-                    index = tl.load(plain_index_ptr + base + start + arg)
-                    take = (chunk_best > best) | (start == 0)
-                    best = tl.where(take, chunk_best, best)
-                    best_index = tl.where(take, index, best_index)
-                    if LOGPROBS > 0:
-                        value = tl.load(plain_value_ptr + base + start + arg)
-                        best_value = tl.where(take, value, best_value)
-                tl.store(out_ptr + row64 * num_samples + sample_index, best_index.to(tl.int64))
-                if LOGPROBS > 0:
-                    logprob = _logprob_of(
-                        best_value, plain_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
-                        RAW_LOGIT_LATER, BLOCK,
-                    )  # fmt: skip
-                    tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
-            return
+                value = tl.load(plain_value_ptr + base + start + arg)
+                best_value = tl.where(take, value, best_value)
+        tl.store(out_ptr + row64 * num_samples + sample_index, best_index.to(tl.int64))
+        if LOGPROBS > 0:
+            logprob = _logprob_of(
+                best_value, plain_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
+                RAW_LOGIT_LATER, BLOCK,
+            )  # fmt: skip
+            tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
 
-    # With SINGLE every candidate of the row stays in registers from here on.
-    row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, False, COMPLETE, BLOCK)
-    if PATCHED:
-        row_keys, row_index = _patched_keys(
-            row_keys, row_index, num_candidates, row64, patch_tile_ptr, patch_count_ptr,
-            patch_key_ptr, patch_index_ptr, PATCH_TILES, PATCH_V, BLOCK,
-        )  # fmt: skip
-    # The row's maximum key and, ties to the lowest index, its token (greedy rows' answer).
+
+@triton.jit
+def _top_candidate(key_ptr, index_ptr, row_keys, row_index, num_candidates,
+                   SINGLE: tl.constexpr, COMPLETE: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """The row's maximum key and, ties to the lowest index, its token (greedy rows' answer)."""
     top_key = tl.full((), KEY_PAD, tl.int32)
     top_index = tl.full((), _INT32_MAX, tl.int32)
     for start in range(0, num_candidates, BLOCK):
@@ -496,28 +440,23 @@ def _truncated_stage2(
         better = (chunk_top > top_key) | ((chunk_top == top_key) & (chunk_index < top_index))
         top_key = tl.where(better, chunk_top, top_key)
         top_index = tl.where(better, chunk_index, top_index)
-    top_value = key_value(top_key)
+    return top_key, top_index
 
-    row_log_mass_ptr = log_mass_ptr
-    if LOGPROBS > 0:
-        row_log_mass_ptr += row64 * num_mass_tiles * 2
-    if temperature == 0:
-        # Greedy: truncation never removes the argmax.
-        winner = tl.where(top_key > KEY_MINUS_INF, top_index, 0).to(tl.int64)
-        for sample_index in range(num_samples):
-            tl.store(out_ptr + row64 * num_samples + sample_index, winner)
-            if LOGPROBS > 0:
-                logprob = _logprob_of(
-                    top_value, row_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
-                    RAW_LOGIT_LATER, BLOCK,
-                )  # fmt: skip
-                tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
-        return
-    # The fallback over V tokens read in chunks: every kept token (and, with top-k, every
-    # top-k survivor) is at or above the floor that stage 2 proved for the row when it
-    # flagged it, so when at most PACK tokens are, they are packed once (their logits and
-    # indices) and the searches below read that one chunk instead of all of V; the row's
-    # mass for top-p alone is summed on the way. Otherwise (a flat row) all of V is searched.
+
+@triton.jit
+def _pack_above_floor(
+    key_ptr, index_ptr, num_candidates, floor_ptr, compact_value_ptr, compact_index_ptr,
+    row, row64, top_key, top_value, temperature,
+    COMPLETE: tl.constexpr, SINGLE: tl.constexpr, PACK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """-> (key_ptr, index_ptr, num_candidates) to search, whether they are the packed tokens,
+    and the row's mass (relative to its maximum) where they are.
+
+    The fallback over V tokens read in chunks: every kept token (and, with top-k, every
+    top-k survivor) is at or above the floor that stage 2 proved for the row when it flagged
+    it, so when at most PACK tokens are, they are packed once (their logits and indices) and
+    the searches below read that one chunk instead of all of V; the row's mass for top-p
+    alone is summed on the way. Otherwise (a flat row) all of V is searched."""
     packed = top_key < KEY_PAD  # False
     row_total = tl.zeros((), tl.float32)
     if COMPLETE:
@@ -544,10 +483,16 @@ def _truncated_stage2(
                 key_ptr = pack_value_ptr
                 index_ptr = pack_index_ptr
                 num_candidates = count
+    return key_ptr, index_ptr, num_candidates, packed, row_total
 
-    # Top-k: the largest key with at least k candidate keys >= it (``_kth_key``; over V
-    # tokens read in chunks, bit by bit from KEY_PAD = -2**31 up, so a trial never leaves
-    # the int32 range).
+
+@triton.jit
+def _top_k_bound(row_keys, key_ptr, index_ptr, num_candidates, top_k, k_on,
+                 SINGLE: tl.constexpr, COMPLETE: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
+                 BLOCK: tl.constexpr):  # fmt: skip
+    """Top-k: the largest key with at least k candidate keys >= it (``_kth_key``; over V
+    tokens read in chunks, bit by bit from KEY_PAD = -2**31 up, so a trial never leaves the
+    int32 range); KEY_PAD where top-k is off."""
     one = tl.full((), 1, tl.int64)
     survivor_bound = tl.full((), KEY_PAD, tl.int32)
     if k_on:
@@ -558,26 +503,20 @@ def _truncated_stage2(
                 trial = (survivor_bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
                 count = _count_at_least(key_ptr, index_ptr, num_candidates, trial, COMPLETE, BLOCK)
                 survivor_bound = tl.where(count >= top_k, trial, survivor_bound)
-    keep_bound = survivor_bound
-    inv_temperature = INV_LN2 / tl.where(temperature > 0, temperature, 1.0)
+    return survivor_bound
 
-    # The top-k survivors (k plus ties: usually far fewer than the candidates) are packed
-    # into COMPACT slots, so top-p and the noise work on them alone.
-    survive = (row_keys >= survivor_bound) & (row_keys > KEY_PAD)
-    num_survivors = tl.sum(survive.to(tl.int32))
-    compact = k_on & (num_survivors <= COMPACT)
-    if not SINGLE:
-        compact = k_on & False
-    if BLOCK <= COMPACT:
-        compact = k_on & False  # (packing would not shrink anything: merged candidates)
-    compact_key_ptr += row64 * COMPACT
-    compact_index_ptr += row64 * COMPACT
-    small_keys, small_index = _pack(
-        row_keys, row_index, survive, num_survivors, compact, compact_key_ptr,
-        compact_index_ptr, COMPACT,
-    )  # fmt: skip
 
-    # Top-p alone, pruned: the heaviest candidates, packed, hold every kept one too.
+@triton.jit
+def _top_p_bound(
+    keep_bound, row_keys, row_index, small_keys, small_index, key_ptr, index_ptr,
+    num_candidates, mass_ptr, compact_key_ptr, compact_index_ptr, row64, num_tiles,
+    top_value, inv_temperature, survivor_bound, top_p, k_on, p_on, compact, packed, row_total,
+    HAS_MASS: tl.constexpr, COMPLETE: tl.constexpr, SINGLE: tl.constexpr,
+    COMPACT: tl.constexpr, KEY_LOW_BITS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Top-p: ``keep_bound`` raised to the nucleus bound where top-p is on; with it whether
+    the heaviest candidates, packed (heavy_keys, heavy_index), hold every kept one."""
+    one = tl.full((), 1, tl.int64)
     heavy_packed = k_on & False
     heavy_keys = small_keys
     heavy_index = small_index
@@ -648,47 +587,54 @@ def _truncated_stage2(
                     )  # fmt: skip
                     below = tl.where(mass >= top_p * total, trial, below)
                 keep_bound = tl.maximum(keep_bound, below + 1)
+    return keep_bound, heavy_packed, heavy_keys, heavy_index
 
-    if min_p_on:
-        # The candidates hold the row's maximum, so this is the exact bound; a hidden token
-        # at or above it is caught below.
-        log_min_p = tl.log(tl.where(min_p_on, min_p, 1.0))
-        keep_bound = tl.maximum(keep_bound, ordered_key(top_value + temperature * log_min_p))
 
-    if not (COMPLETE or PATCHED):
-        # Could a tile hide a token that the row keeps (or, with top-k and top-p, any top-k
-        # survivor: top-p's mass needs them all)? With top-k alone, a hidden token below
-        # keep_bound cannot raise the k-th value above it: the k-th largest of the
-        # candidates then is the row's, or below keep_bound and so irrelevant.
-        check_bound = tl.where(k_on & p_on, survivor_bound, keep_bound)
-        hides = 0
-        offs = tl.arange(0, BLOCK)
-        for start in range(0, num_tiles, BLOCK):
-            mask = start + offs < num_tiles
-            hidden = tl.load(hidden_key_ptr + row64 * num_tiles + start + offs, mask=mask,
-                             other=KEY_PAD)  # fmt: skip
-            hides += tl.sum(((hidden >= check_bound) & (hidden > KEY_MINUS_INF)).to(tl.int32))
-        if hides > 0:
-            # The fallback draws this row. Every token it keeps is at or above check_bound:
-            # the k-th largest candidate is <= the row's k-th value, a nucleus bound from the
-            # candidates (the row's exact mass, a subset's mass above each key) is <= the
-            # row's, and min-p's bound is exact.
-            tl.store(floor_ptr + row, check_bound)
-            code = OVERFLOW_FULL
-            if PATCH_TILES > 0:
-                # The tiles (not groups) whose left-out key reaches the floor: when few, only
-                # they are recomputed. Every other tile hides less than the floor, which is
-                # at or below the bound the patched candidates (a superset of these) give.
-                num_hiding = _hiding_tiles(
-                    tile_hidden_ptr + row64 * num_patch_tiles, num_patch_tiles, check_bound,
-                    patch_tile_ptr + row64 * PATCH_TILES, PATCH_TILES, BLOCK,
-                )  # fmt: skip
-                if num_hiding <= PATCH_TILES:
-                    tl.store(patch_count_ptr + row, num_hiding)
-                    code = OVERFLOW_PATCH
-            tl.store(overflow_ptr + row, code)
-            return
+@triton.jit
+def _flag_if_hidden(
+    hidden_key_ptr, tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, overflow_ptr, floor_ptr,
+    row, row64, num_tiles, num_patch_tiles, check_bound,
+    PATCH_TILES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Whether a tile may hide a token at or above ``check_bound``: then the row is flagged
+    for the fallback (its overflow code, its floor and, when few, its hiding tiles)."""
+    hides = 0
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, num_tiles, BLOCK):
+        mask = start + offs < num_tiles
+        hidden = tl.load(hidden_key_ptr + row64 * num_tiles + start + offs, mask=mask,
+                         other=KEY_PAD)  # fmt: skip
+        hides += tl.sum(((hidden >= check_bound) & (hidden > KEY_MINUS_INF)).to(tl.int32))
+    if hides > 0:
+        # The fallback draws this row. Every token it keeps is at or above check_bound:
+        # the k-th largest candidate is <= the row's k-th value, a nucleus bound from the
+        # candidates (the row's exact mass, a subset's mass above each key) is <= the
+        # row's, and min-p's bound is exact.
+        tl.store(floor_ptr + row, check_bound)
+        code = OVERFLOW_FULL
+        if PATCH_TILES > 0:
+            # The tiles (not groups) whose left-out key reaches the floor: when few, only
+            # they are recomputed. Every other tile hides less than the floor, which is
+            # at or below the bound the patched candidates (a superset of these) give.
+            num_hiding = _hiding_tiles(
+                tile_hidden_ptr + row64 * num_patch_tiles, num_patch_tiles, check_bound,
+                patch_tile_ptr + row64 * PATCH_TILES, PATCH_TILES, BLOCK,
+            )  # fmt: skip
+            if num_hiding <= PATCH_TILES:
+                tl.store(patch_count_ptr + row, num_hiding)
+                code = OVERFLOW_PATCH
+        tl.store(overflow_ptr + row, code)
+    return hides > 0
 
+
+@triton.jit
+def _pack_kept(
+    row_keys, row_index, keep_bound, compact, small_keys, small_index, heavy_packed,
+    heavy_keys, heavy_index, compact_key_ptr, compact_index_ptr,
+    SINGLE: tl.constexpr, COMPACT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """-> (compact, small_keys, small_index): where the kept candidates fit COMPACT slots,
+    packed there, so the noise runs on COMPACT lanes."""
     if SINGLE:
         if heavy_packed:
             # The kept keys are > the nucleus bound, which is >= the lightest heavy key
@@ -709,7 +655,21 @@ def _truncated_stage2(
                     row_keys, row_index, kept, num_kept, compact, compact_key_ptr,
                     compact_index_ptr, COMPACT,
                 )  # fmt: skip
+    return compact, small_keys, small_index
 
+
+@triton.jit
+def _draw_kept(
+    small_keys, small_index, row_keys, row_index, key_ptr, index_ptr, num_candidates,
+    seed_ptr, out_ptr, logprob_ptr, row_log_mass_ptr, row, row64, seed_lo, seed_hi,
+    num_samples, num_mass_tiles, temperature, top_value, inv_temperature, keep_bound,
+    compact, packed,
+    SEED_MODE: tl.constexpr, COMPLETE: tl.constexpr, SINGLE: tl.constexpr,
+    FAST_MATH: tl.constexpr, LOGPROBS: tl.constexpr, RAW_LOGIT_LATER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Per sample, Gumbel-max among the kept candidates (keys >= keep_bound; ties to the
+    lowest index) and, with LOGPROBS, the drawn token's log-probability."""
     k0, k1, row_counter = row_seeds(seed_ptr, row, seed_lo, seed_hi, SEED_MODE)
     noise_scale = temperature * LN2
     for sample_index in range(num_samples):
@@ -756,6 +716,168 @@ def _truncated_stage2(
                     RAW_LOGIT_LATER, BLOCK,
                 )  # fmt: skip
             tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
+
+
+@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
+                               "scalar_top_p", "scalar_min_p"])  # fmt: skip
+def _truncated_stage2(
+    key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
+    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
+    floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
+    tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
+    log_mass_ptr, plain_value_ptr, logprob_ptr,
+    num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, num_mass_tiles, V,
+    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
+    num_samples,
+    TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
+    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
+    HAS_PLAIN: tl.constexpr,  # stage 1 also left plain Gumbel candidates (untruncated rows)
+    HAS_MASS: tl.constexpr,  # stage 1 left per-tile (max, sum) mass partials
+    COMPLETE: tl.constexpr,  # the fallback: key_ptr is the rows' [B, V] fp32 logits
+    SINGLE: tl.constexpr,  # num_candidates <= BLOCK: one chunk, kept in registers
+    FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+    PACK: tl.constexpr,  # the fallback's slots for the tokens above a row's floor
+    # Flagged rows whose hiding tiles are at most PATCH_TILES (0: never) are patched: their
+    # tiles (PATCH_V wide, stage 1's) listed for recomputation, then (PATCHED) this kernel
+    # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
+    PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
+    KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
+    PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
+    # 1 "raw", 2 "processed": each drawn token's log-probability too (``drawn_logprob``
+    # over stage 1's per-tile partials at log_mass_ptr; processed truncated rows over the
+    # kept candidates, which hold every kept token where the row is drawn here).
+    LOGPROBS: tl.constexpr = 0,
+    RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
+    PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
+):  # fmt: skip
+    """One program per row: truncation, then Gumbel-max among the kept candidates."""
+    await_previous_kernel(PDL)
+    row = tl.program_id(0)
+    if COMPLETE:
+        if tl.load(overflow_ptr + row) != OVERFLOW_FULL:
+            return
+    elif PATCHED:
+        if tl.load(overflow_ptr + row) != OVERFLOW_PATCH:
+            return
+    else:
+        tl.store(overflow_ptr + row, 0)
+    row64 = row.to(tl.int64)
+    key_ptr += row64 * num_candidates
+    index_ptr += row64 * num_candidates
+    temperature = knob_per_row(
+        temperature_ptr, row, scalar_temperature, TEMPERATURE_MODE, tl.float32
+    )
+    top_k = knob_per_row(top_k_ptr, row, scalar_top_k, TOP_K_MODE, tl.int64)
+    top_p = knob_per_row(top_p_ptr, row, scalar_top_p, TOP_P_MODE, tl.float32)
+    min_p = knob_per_row(min_p_ptr, row, scalar_min_p, MIN_P_MODE, tl.float32)
+    k_on = (top_k > 0) & (top_k < V)
+    p_on = (top_p < 1.0) & (temperature > 0)
+    min_p_on = (min_p > 0.0) & (temperature > 0)
+
+    if HAS_PLAIN:
+        if not truncates(top_k, top_p, min_p, temperature, V):
+            # Nothing truncates this row (or it is greedy): stage 1's plain candidates, as
+            # the plain stage 2, before any truncation candidate is read (stage 1 writes
+            # those only for the tiles that hold a truncated row).
+            _draw_untruncated(
+                plain_score_ptr, plain_index_ptr, plain_value_ptr, out_ptr, logprob_ptr,
+                log_mass_ptr, row64, num_samples, num_plain_tiles, num_mass_tiles, temperature,
+                LOGPROBS, RAW_LOGIT_LATER, BLOCK, PLAIN_BLOCK,
+            )  # fmt: skip
+            return
+
+    # With SINGLE every candidate of the row stays in registers from here on.
+    row_keys, row_index = _chunk_keys(key_ptr, index_ptr, 0, num_candidates, False, COMPLETE, BLOCK)
+    if PATCHED:
+        row_keys, row_index = _patched_keys(
+            row_keys, row_index, num_candidates, row64, patch_tile_ptr, patch_count_ptr,
+            patch_key_ptr, patch_index_ptr, PATCH_TILES, PATCH_V, BLOCK,
+        )  # fmt: skip
+    top_key, top_index = _top_candidate(
+        key_ptr, index_ptr, row_keys, row_index, num_candidates, SINGLE, COMPLETE, BLOCK
+    )
+    top_value = key_value(top_key)
+
+    row_log_mass_ptr = log_mass_ptr
+    if LOGPROBS > 0:
+        row_log_mass_ptr += row64 * num_mass_tiles * 2
+    if temperature == 0:
+        # Greedy: truncation never removes the argmax.
+        winner = tl.where(top_key > KEY_MINUS_INF, top_index, 0).to(tl.int64)
+        for sample_index in range(num_samples):
+            tl.store(out_ptr + row64 * num_samples + sample_index, winner)
+            if LOGPROBS > 0:
+                logprob = _logprob_of(
+                    top_value, row_log_mass_ptr, num_mass_tiles, temperature, LOGPROBS,
+                    RAW_LOGIT_LATER, BLOCK,
+                )  # fmt: skip
+                tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
+        return
+    key_ptr, index_ptr, num_candidates, packed, row_total = _pack_above_floor(
+        key_ptr, index_ptr, num_candidates, floor_ptr, compact_value_ptr, compact_index_ptr,
+        row, row64, top_key, top_value, temperature, COMPLETE, SINGLE, PACK, BLOCK,
+    )  # fmt: skip
+
+    survivor_bound = _top_k_bound(
+        row_keys, key_ptr, index_ptr, num_candidates, top_k, k_on, SINGLE, COMPLETE,
+        KEY_LOW_BITS, BLOCK,
+    )  # fmt: skip
+    keep_bound = survivor_bound
+    inv_temperature = INV_LN2 / tl.where(temperature > 0, temperature, 1.0)
+
+    # The top-k survivors (k plus ties: usually far fewer than the candidates) are packed
+    # into COMPACT slots, so top-p and the noise work on them alone.
+    survive = (row_keys >= survivor_bound) & (row_keys > KEY_PAD)
+    num_survivors = tl.sum(survive.to(tl.int32))
+    compact = k_on & (num_survivors <= COMPACT)
+    if not SINGLE:
+        compact = k_on & False
+    if BLOCK <= COMPACT:
+        compact = k_on & False  # (packing would not shrink anything: merged candidates)
+    compact_key_ptr += row64 * COMPACT
+    compact_index_ptr += row64 * COMPACT
+    small_keys, small_index = _pack(
+        row_keys, row_index, survive, num_survivors, compact, compact_key_ptr,
+        compact_index_ptr, COMPACT,
+    )  # fmt: skip
+
+    # Top-p alone, pruned: the heaviest candidates, packed, hold every kept one too.
+    keep_bound, heavy_packed, heavy_keys, heavy_index = _top_p_bound(
+        keep_bound, row_keys, row_index, small_keys, small_index, key_ptr, index_ptr,
+        num_candidates, mass_ptr, compact_key_ptr, compact_index_ptr, row64, num_tiles,
+        top_value, inv_temperature, survivor_bound, top_p, k_on, p_on, compact, packed,
+        row_total, HAS_MASS, COMPLETE, SINGLE, COMPACT, KEY_LOW_BITS, BLOCK,
+    )  # fmt: skip
+
+    if min_p_on:
+        # The candidates hold the row's maximum, so this is the exact bound; a hidden token
+        # at or above it is caught below.
+        log_min_p = tl.log(tl.where(min_p_on, min_p, 1.0))
+        keep_bound = tl.maximum(keep_bound, ordered_key(top_value + temperature * log_min_p))
+
+    if not (COMPLETE or PATCHED):
+        # Could a tile hide a token that the row keeps (or, with top-k and top-p, any top-k
+        # survivor: top-p's mass needs them all)? With top-k alone, a hidden token below
+        # keep_bound cannot raise the k-th value above it: the k-th largest of the
+        # candidates then is the row's, or below keep_bound and so irrelevant.
+        check_bound = tl.where(k_on & p_on, survivor_bound, keep_bound)
+        if _flag_if_hidden(
+            hidden_key_ptr, tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, overflow_ptr,
+            floor_ptr, row, row64, num_tiles, num_patch_tiles, check_bound, PATCH_TILES, BLOCK,
+        ):  # fmt: skip
+            return
+
+    compact, small_keys, small_index = _pack_kept(
+        row_keys, row_index, keep_bound, compact, small_keys, small_index, heavy_packed,
+        heavy_keys, heavy_index, compact_key_ptr, compact_index_ptr, SINGLE, COMPACT, BLOCK,
+    )  # fmt: skip
+    _draw_kept(
+        small_keys, small_index, row_keys, row_index, key_ptr, index_ptr, num_candidates,
+        seed_ptr, out_ptr, logprob_ptr, row_log_mass_ptr, row, row64, seed_lo, seed_hi,
+        num_samples, num_mass_tiles, temperature, top_value, inv_temperature, keep_bound,
+        compact, packed, SEED_MODE, COMPLETE, SINGLE, FAST_MATH, LOGPROBS, RAW_LOGIT_LATER,
+        BLOCK,
+    )  # fmt: skip
 
 
 @triton.jit
