@@ -58,8 +58,10 @@ stage2_shared = dict(
 
 
 def compile_stage2(signature=stage2, num_warps=16, **constants):
+    # (a pointer the signature names is an argument, not the shared None)
+    shared = {k: v for k, v in stage2_shared.items() if k not in signature}
     compile_kernel(
-        truncation_kernel._truncated_stage2, signature, {**stage2_shared, **constants},
+        truncation_kernel._truncated_stage2, signature, {**shared, **constants},
         num_warps=num_warps,
     )
 
@@ -77,6 +79,19 @@ compile_stage2(
 compile_stage2(
     **first_pass, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64, KEY_LOW_BITS=16,
     num_warps=8,
+)
+# Per-row knobs that may be off (continuous batching: every knob a [B] tensor): untruncated
+# rows drawn from stage 1's plain candidates first, then top-k per row; also with the
+# processed log-probabilities transformers' return_logprobs asks for.
+plain = {**stage2, "plain_score_ptr": "*fp32", "plain_index_ptr": "*i32", "top_k_ptr": "*i64"}
+with_plain = dict(
+    TOP_K_MODE=2, HAS_PLAIN=True,
+    PLAIN_BLOCK=2048, BLOCK=16384, PATCHED=False, PATCH_TILES=16, PATCH_V=64, KEY_LOW_BITS=16,
+)
+compile_stage2(plain, **first_pass, **with_plain)
+compile_stage2(
+    {**plain, "log_mass_ptr": "*fp32", "plain_value_ptr": "*fp32", "logprob_ptr": "*fp32"},
+    **first_pass, **with_plain, LOGPROBS=2,
 )
 # The fallback's stage 2 over V = 151936 logits, read in chunks and packed above the floor.
 compile_stage2(
