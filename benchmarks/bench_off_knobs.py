@@ -23,7 +23,6 @@ Triton's cache before a timed run). Goal of issue 35: ``off`` <= 1.01x ``plain``
 from __future__ import annotations
 
 import argparse
-import collections
 import csv
 import functools
 import os
@@ -34,6 +33,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout
+from profile_calls import kernel_us  # noqa: E402
 
 SHAPES = {"d2048-v151936": (2048, 151936), "d4096-v151936": (4096, 151936)}
 KNOBS = ("plain", "off", "mixed", "all")
@@ -49,21 +49,6 @@ def knob_arguments(name: str, batch: int) -> dict:
         top_k[on] = 50
         top_p[on] = 0.9
     return dict(top_k=top_k, top_p=top_p, min_p=torch.zeros(batch, device="cuda"))
-
-
-def kernel_us(call, calls: int = 10) -> dict[str, float]:
-    """Mean device time per call of each kernel (by the first 24 characters of its name)."""
-    call()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    totals = collections.defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:24]] += event.device_time / calls
-    return dict(totals)
 
 
 def main() -> None:
