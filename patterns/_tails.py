@@ -7,6 +7,8 @@ when it is but cannot be rewritten.
 
 from __future__ import annotations
 
+import math
+
 from torch.fx import Node
 
 from ._walk import (
@@ -231,7 +233,7 @@ def _match_uniform(walk: Walk, node: Node) -> bool:
         node = walk.take(node).args[0]
     elif is_call(node, aten.sub.Tensor) and node.args[0] == 1:
         node = walk.take(node).args[1]
-    node = strip_converts(walk, node)
+    node = _rand_of_uniform_decomposition(walk, strip_converts(walk, node))
     if is_call(node, aten.uniform.default):
         # ``torch.zeros_like(t).uniform_(0, 1)`` (x-transformers): the values it overwrites
         # are unread, and U is on [0, 1) as ``rand``'s
@@ -248,6 +250,28 @@ def _match_uniform(walk: Walk, node: Node) -> bool:
     check_noise_clamp(clamp_eps)
     walk.take(node)
     return True
+
+
+def _rand_of_uniform_decomposition(walk: Walk, node: Node) -> Node:
+    """torch 2.15 writes ``t.uniform_(0, 1)`` as ``rand([numel]) * 1.0 + 0.0`` seen through
+    ``as_strided`` with ``t``'s contiguous shape: -> that ``rand``, else ``node``."""
+    if not is_call(node, aten.as_strided.default):
+        return node
+    args = arguments(node, "size", "stride", "storage_offset")
+    add = node.args[0]
+    mul = add.args[0] if is_call(add, aten.add.Tensor) and add.args[1] == 0.0 else None
+    rand = mul.args[0] if is_call(mul, aten.mul.Tensor) and mul.args[1] == 1.0 else None
+    if not is_call(rand, aten.rand.default):
+        return node
+    size, stride = list(args["size"]), list(args["stride"])
+    contiguous = [math.prod(size[i + 1 :]) for i in range(len(size))]
+    if list(rand.args[0]) != [math.prod(size)] or stride != contiguous:
+        return node
+    if args.get("storage_offset") not in (None, 0):
+        return node
+    for step in (node, add, mul):
+        walk.take(step)
+    return rand
 
 
 def argmax_keepdim(walk: Walk) -> bool:

@@ -142,9 +142,12 @@ def test_near_miss_is_left_alone(fn, reason):
 class TestGraphs(TestCase):
     def test_generate_step_before_and_after(self):
         before, _ = graph_after_pass(generate_step, x, backend="inductor")
-        self.assertExpectedInline(
-            before,
-            """\
+        # Stock's graph as torch <= 2.14 writes it (2.15 writes the -inf fill as a
+        # scalar_tensor); the graph after the pass is compared on every version.
+        if torch.torch_version.TorchVersion(torch.__version__) < (2, 15):
+            self.assertExpectedInline(
+                before,
+                """\
 graph():
     %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
     %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
@@ -170,7 +173,7 @@ graph():
     %div_1 : [num_users=1] = call_function[target=torch.ops.aten.div.Tensor](args = (%exp, %sum_1), kwargs = {})
     %multinomial : [num_users=1] = call_function[target=torch.ops.aten.multinomial.default](args = (%div_1, 1), kwargs = {})
     return (multinomial,)""",
-        )
+            )
         self.assertExpectedInline(
             assert_one_fused_call(generate_step, x, idiom="multinomial"),
             """\
