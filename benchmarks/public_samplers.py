@@ -36,7 +36,12 @@ from flashsampling_inductor.graph_pass import SITES
 
 # The programs the tests already type op for op, from one definition (tests/ is a package).
 from tests.test_public_filters import litgpt_sample, xt_top_k, xt_top_p
-from tests.test_serving_samplers import CB, apply_top_k_top_p, random_sample
+from tests.test_serving_samplers import (  # noqa: E402
+    CB,
+    apply_top_k_top_p,
+    random_sample,
+    sglang_sample_from_probs,
+)
 from tests.test_top_p_min_p import sample_top_p
 
 torch.manual_seed(0)
@@ -85,16 +90,7 @@ def vllm_logprob_only(h, T, k, p):
 def sglang(h, T, k, p, min_p):
     logits = LM(h)
     logits.div_(T.view(-1, 1))
-    probs = torch.softmax(logits, dim=-1)
-    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
-    probs_sum = torch.cumsum(probs_sort, dim=-1)
-    probs_sort[torch.arange(0, probs.shape[-1]).view(1, -1) >= k.view(-1, 1)] = 0.0
-    probs_sort[(probs_sum - probs_sort) > p.view(-1, 1)] = 0.0
-    min_p_thresholds = probs_sort[:, 0] * min_p
-    probs_sort[probs_sort < min_p_thresholds.view(-1, 1)] = 0.0
-    sampled_index = torch.multinomial(probs_sort, num_samples=1)
-    probs_idx = probs_idx.to(torch.int32)
-    return torch.gather(probs_idx, dim=1, index=sampled_index).view(-1)
+    return sglang_sample_from_probs(torch.softmax(logits, dim=-1), k, p, min_p)
 
 
 # 4. TGI: Sampling with a torch.Generator (per request seed)

@@ -247,7 +247,13 @@ def greedy_after_temperature(h, temperature, k, p):  # argmax(l / T) flips for T
 # SGLang's torch-native sampler (sglang/srt/layers/sampler.py): top-p measured on the whole
 # row's mass after the top-k cut, where the op measures it on the top-k survivors.
 def sglang_top_k_top_p_min_p(h, top_ks, top_ps, min_ps):
-    probs = torch.softmax(F.linear(h, WEIGHT), dim=-1)
+    return sglang_sample_from_probs(
+        torch.softmax(F.linear(h, WEIGHT), dim=-1), top_ks, top_ps, min_ps
+    )
+
+
+def sglang_sample_from_probs(probs, top_ks, top_ps, min_ps):
+    """SGLang's ``top_k_top_p_min_p_sampling_from_probs_torch``, op for op."""
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
     probs_sum = torch.cumsum(probs_sort, dim=-1)
     probs_sort[
