@@ -1,13 +1,17 @@
 """Where the first call of ``generate`` spends its time, stock compiled against fused.
 
 Each configuration runs in a fresh process with empty Inductor and Triton caches (a new user's
-first call): one ``generate`` (the first call, compiles included), then a second one. It
-prints the total of each, Dynamo/Inductor's own phase times (``compile_times``), and every
-Triton compile that ran in the main process (Inductor compiles its own kernels in worker
-processes; the op's kernels compile in the main process at their first launch), with when it
-started relative to the call, and how long transformers' eager prefill took; with
-``--cprofile``, cProfile's top functions of the first call (their shares, not their times:
-cProfile slows the Python-heavy phases). ``FLASHSAMPLING_*`` variables pass through to both.
+first call): one ``generate`` (the first call, compiles included, after
+``torch.manual_seed(1)``), then a second one. It prints the total of each, the first call's
+new tokens (to compare runs of one configuration under different settings),
+Dynamo/Inductor's own phase times (``compile_times``), and every Triton compile that ran in
+the main process (Inductor compiles its own kernels in worker processes; the op's kernels
+compile in the main process, at their first launch or ahead in threads: each line names its
+thread), with when it started relative to the call, how long the first launch waited for
+the compiles ahead (``FLASHSAMPLING_COMPILE_AHEAD``, flashsampling_inductor/ahead.py), and
+how long transformers' eager prefill took; with ``--cprofile``, cProfile's top functions of
+the first call (their shares, not their times: cProfile slows the Python-heavy phases).
+``FLASHSAMPLING_*`` variables pass through to both.
 
 Needs a CUDA GPU (without one it says so and exits 0) and transformers. Writes nothing; the
 output is the report.
@@ -24,6 +28,7 @@ import pstats
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 
@@ -43,11 +48,27 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
         start = time.perf_counter()
         kernel = original(src, *args, **kwargs)
         name = getattr(getattr(src, "fn", None), "__name__", type(src).__name__)
-        compiles.append((start - origin[0], time.perf_counter() - start, name))
+        thread = threading.current_thread().name
+        compiles.append((start - origin[0], time.perf_counter() - start, f"{name} [{thread}]"))
         return kernel
 
     triton_compiler.compile = timed_compile
     triton.compiler.compile = timed_compile
+    waits: list[tuple[float, float]] = []
+    try:  # (a first launch waiting for the kernels the graph pass started compiling)
+        from flashsampling_inductor import launch as fs_launch
+
+        wait = fs_launch.wait_for_compiles
+
+        def timed_wait():
+            start = time.perf_counter()
+            wait()
+            if time.perf_counter() - start > 1e-3:
+                waits.append((start - origin[0], time.perf_counter() - start))
+
+        fs_launch.wait_for_compiles = timed_wait
+    except (ImportError, AttributeError):
+        pass
 
     model = bg.build("qwen3-1.7b")
     prompt = torch.randint(0, 1000, (batch, bg.PROMPT), device="cuda")
@@ -67,12 +88,23 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
     origin[0] = time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    first = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
+    torch.manual_seed(1)
+    outputs = []
+    first = bg.timed(
+        lambda *a: outputs.append(bg.hf_call(*a)), model, config, prompt, new_tokens, top_k
+    )
     if profiler is not None:
         profiler.disable()
     in_first = list(compiles)
     second = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
-    print(f"== {config} B={batch} top_k={top_k}: first call {first:.2f} s, second {second:.3f} s")
+    ahead = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
+    print(f"== {config} B={batch} top_k={top_k} FLASHSAMPLING_COMPILE_AHEAD={ahead}: "
+          f"first call {first:.2f} s, second {second:.3f} s")  # fmt: skip
+    tokens = outputs[0][:, prompt.shape[1] :]
+    print(f"first call's new tokens (torch.manual_seed(1)): sum {int(tokens.sum())}, "
+          f"row 0 {tokens[0].tolist()}")  # fmt: skip
+    for at, seconds in waits:
+        print(f"first launch waited for the compiles ahead: at {at:.2f} s, {seconds:.2f} s")
     triton_s = sum(seconds for _, seconds, _ in in_first)
     print(f"Triton compiles in the main process during the first call: {len(in_first)}, "
           f"{triton_s:.2f} s")  # fmt: skip

@@ -29,6 +29,7 @@ from torch._inductor.fx_passes.post_grad import remove_noop_ops
 from torch.fx import Node
 
 from . import patterns
+from .op import compile_ahead_in_background
 from .patterns import SamplingSite
 
 __all__ = ["FlashSamplingPass"]
@@ -61,6 +62,9 @@ class FlashSamplingPass(CustomGraphPass):
         remove_noop_ops(graph)
         with patterns.recording() as decisions:
             patterns.apply(graph)
+        for node in graph.nodes:
+            # (its kernels then compile while Inductor compiles the rest of the graph)
+            compile_ahead_in_background(node)
         # A terminal that feeds another site's terminal (the multinomial inside
         # exact_top_k's gather), or that another rewrite consumed, is no site of its own.
         sites = [

@@ -13,15 +13,28 @@ whether it is 1 and whether it divides by 16, each descriptor's block shape and 
 and the constexpr and launch-option keywords. The key is at least as fine as Triton's own,
 so a cached kernel is never launched on arguments it was not compiled for; an argument of
 another kind takes Triton's own path. ``FLASHSAMPLING_FAST_LAUNCH=0`` turns it off.
+
+Inside ``compile_ahead`` (a dry run of a call's host code, ``ahead.py``) ``launch``
+launches nothing: it starts compiling its kernel in a worker thread (Triton's
+AsyncCompileMode), and leaving waits for them all. A dry run in a thread of its own is
+registered with ``wait_before_launching``: until it ends, every ``launch`` waits for it
+first (else Triton 3.6 compiles the kernel a second time, and newer ones find the compile's
+placeholder in the kernel's cache).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-__all__ = ["launch"]
+__all__ = [
+    "compile_ahead", "compiling_ahead", "launch", "wait_before_launching", "wait_for_compiles",
+]  # fmt: skip
 
 try:  # Triton >= 3.4 keeps the launch hooks in its knobs
     from triton import knobs as _knobs
@@ -32,16 +45,28 @@ except ImportError:  # (older Triton: always its own path)
 
 _ENABLED = os.environ.get("FLASHSAMPLING_FAST_LAUNCH", "1") != "0" and _RUNTIME is not None
 _compiled: dict[tuple, object] = {}
+# Inside compile_ahead: the kernels it started compiling (else None).
+_compiling_ahead: contextvars.ContextVar[set | None] = contextvars.ContextVar(
+    "flashsampling_compiling_ahead", default=None
+)
+_pending: list[Future] = []
+_pending_lock = threading.Lock()
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; every argument of the kernel's signature given
     (positionally first, then by keyword), launch options (num_warps, ...) as keywords."""
+    if (started := _compiling_ahead.get()) is not None:
+        started.add(kernel)
+        _compile_only(kernel, grid, args, kwargs)
+        return
+    if _pending:
+        wait_for_compiles()
     device = _cuda_device(args)
     key = _key(kernel, device, args, kwargs) if _ENABLED and device is not None else None
     compiled = None if key is None else _compiled.get(key)
     if compiled is None:
-        compiled = kernel[grid](*args, **kwargs)
+        compiled = _launch_by_triton(kernel, grid, args, kwargs)
         if key is not None and compiled is not None:
             _compiled[key] = compiled
         return
@@ -53,6 +78,86 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
         grid_0, grid_1, grid_2, stream, compiled.function, compiled.packed_metadata, metadata,
         _RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook, *values,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def compile_ahead(threads: int = 8):
+    """Within: ``launch`` starts compiling its kernel in a pool of ``threads`` (Triton's
+    AsyncCompileMode) and launches nothing; leaving waits for every compile. A compile that
+    fails leaves nothing in the kernel's cache: that kernel compiles at its first launch (and
+    raises there), as without this."""
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    started: set = set()
+    token = _compiling_ahead.set(started)
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="flashsampling-compile") as pool:
+            with AsyncCompileMode(pool, ignore_errors=True):
+                yield
+    finally:
+        _compiling_ahead.reset(token)
+        _drop_placeholders(started)
+
+
+def _launch_by_triton(kernel, grid, args, kwargs):
+    return kernel[grid](*args, **kwargs)
+
+
+def _compile_only(kernel, grid, args, kwargs) -> None:
+    kernel.warmup(*map(_mock, args), grid=grid, **{k: _mock(v) for k, v in kwargs.items()})
+
+
+def compiling_ahead() -> bool:
+    return _compiling_ahead.get() is not None
+
+
+def wait_before_launching(job: Future) -> None:
+    """Make every ``launch`` wait for ``job`` (a dry run in another thread) until it ends."""
+    with _pending_lock:
+        _pending.append(job)
+
+
+def wait_for_compiles() -> None:
+    """Wait for every dry run registered with ``wait_before_launching``."""
+    while _pending:
+        with _pending_lock:
+            job = _pending[0] if _pending else None
+        if job is None:
+            return
+        job.result()  # (the dry run catches its own errors)
+        with _pending_lock:
+            if _pending and _pending[0] is job:
+                _pending.pop(0)
+
+
+def _drop_placeholders(kernels) -> None:
+    """Remove from ``kernels``' caches the placeholders of compiles that did not finish
+    (Triton >= 3.7 puts one there while a compile runs): a launch would re-raise a failed
+    compile's error there; without it, it compiles as usual."""
+    from triton.runtime._async_compile import FutureKernel
+
+    for kernel in kernels:
+        for device_cache in getattr(kernel, "device_caches", {}).values():
+            cache = device_cache[0]
+            for key in [key for key, value in cache.items() if isinstance(value, FutureKernel)]:
+                del cache[key]
+
+
+class _MockPointer:
+    """A tensor argument as Triton's warmup specializes it: its dtype and whether its
+    address is 16-byte aligned (a fake tensor has no address; an allocation is aligned and a
+    view is where its offset says)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.dtype = tensor.dtype
+        self._address = tensor.storage_offset() * tensor.element_size() % 16
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+def _mock(arg):
+    return _MockPointer(arg) if isinstance(arg, torch.Tensor) else arg
 
 
 def _cuda_device(args) -> int | None:

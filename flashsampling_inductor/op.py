@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from . import ahead
 from .params import SamplingParams
 from .reference import reference_fused_sample, reference_sample_logits
 
@@ -570,8 +571,45 @@ def _fused_sample_run(
     if _use_triton(impl, hidden.device, params):
         from .dispatch import triton_fused_sample
 
+        if hidden.is_cuda and ahead.MODE != "0":
+            # (once per kind of call: its kernels compiled at once, in parallel)
+            ahead.before_first_run(
+                _fused_sample_run,
+                (
+                    hidden, weight, bias, temperature, scalar_temperature, seed,
+                    ahead.seed_class(scalar_seed), num_samples, logits_dtype, impl, top_k,
+                    scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p, softcap, logprobs,
+                ),
+            )  # fmt: skip
         return triton_fused_sample(hidden, weight, bias, params)
     return reference_fused_sample(hidden, weight, bias, params)
+
+
+def compile_ahead_in_background(node: torch.fx.Node) -> None:
+    """For the graph pass: start compiling the kernels of the fused call ``node`` (its
+    arguments' ``meta["val"]`` fake tensors) in the background, if it runs the Triton
+    kernels on CUDA (``ahead.py``). Never fails: at worst nothing is compiled ahead."""
+    impl = _FUSED_IMPLS.get(node.target)
+    if impl is None or _triton_interpreter_on():
+        return
+    try:
+        _start_compiling(impl, node)
+    except Exception as error:
+        ahead.log.debug("flashsampling: not compiled ahead (%r)", error, exc_info=True)
+
+
+def _start_compiling(impl: Callable, node: torch.fx.Node) -> None:
+    values = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta.get("val"))
+    args = ahead.bind(impl, *values)
+    if len(args) == 17:  # (the plain op: no log-probabilities)
+        args = (*args, None)
+    hidden, scalar_seed, impl_name = args[0], args[6], args[9]
+    if not isinstance(hidden, torch.Tensor) or not isinstance(scalar_seed, int):
+        return
+    if not _use_triton(impl_name, hidden.device, None):
+        return  # (and ahead.in_background compiles for CUDA only)
+    args = (*args[:6], ahead.seed_class(scalar_seed), *args[7:])
+    ahead.in_background(_fused_sample_run, args)
 
 
 def _sample_logits_impl(
@@ -672,3 +710,9 @@ def _(hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, 
 def _(logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, *_):
     shape = (logits.shape[0], num_samples)
     return logits.new_empty(shape, dtype=torch.int64), logits.new_empty(shape, dtype=torch.float32)
+
+
+_FUSED_IMPLS = {
+    torch.ops.flashsampling.fused_sample.default: _fused_sample_impl,
+    torch.ops.flashsampling.fused_sample_logprobs.default: _fused_sample_logprobs_impl,
+}

@@ -1,0 +1,185 @@
+"""Compiling a fused call's Triton kernels before their first launch, all at once.
+
+A truncating call launches up to six kernels at every call (stage 1, stage 2, the fallback's
+logits and its two stage 2 passes: no host sync decides which it needs), and Triton compiled
+each at its first launch, one after the other: 23 s of a 60 s first ``generate`` on an H200
+(Qwen3-1.7B shape, B = 1, top-k 50), after Inductor's ~30 s on the step
+(benchmarks/profile_first_call.py). Here they compile in parallel, in threads
+(``launch.compile_ahead``), from a dry run of the call's host code on fake tensors
+(``FakeTensorMode``: shapes, strides and dtypes without memory, and no kernel of any kind):
+each ``launch`` in it only compiles. The kernels take the same path on fakes as on the real
+tensors because the host code makes no host sync: what it launches depends on shapes, dtypes
+and knobs, never on values.
+
+Two moments start one:
+
+* the graph pass, once it has rewritten a call (``in_background``): the call's shapes are
+  known then, so the dry run runs in a thread of its own while Inductor compiles the rest of
+  the step; the first launch waits for it (``launch.wait_for_compiles``);
+* a call's first run (``before_first_run``) for a kind of call not compiled ahead yet
+  (shapes, strides, alignment, dtypes, the knobs that choose kernels): eager calls, graphs
+  loaded from a cache, shapes the pass did not know.
+
+A dry run that fails (an op that needs a tensor's values, a compile that fails) is dropped:
+the kernels it did not compile compile at their first launch, as without it. A fake tensor
+has no address: its allocation's is taken as aligned, as the caching allocator's are, and
+a view's as its offset says. ``FLASHSAMPLING_COMPILE_AHEAD=1`` turns both on, ``=first``
+only the second; off by default (``MODE``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from . import launch as _launch
+
+__all__ = ["before_first_run", "in_background"]
+
+log = logging.getLogger("flashsampling_inductor")
+
+# "1": both moments, "first": a call's first run only, "0": off (the default until a GPU
+# has shown it correct and faster).
+MODE = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "0")
+
+_kinds_seen: set[tuple] = set()
+_kinds_lock = threading.Lock()
+_background: ThreadPoolExecutor | None = None
+
+
+class _TensorKind(tuple):
+    """What the kernels specialize on of a tensor, and what its fake needs: (shape, stride,
+    dtype, 16-byte aligned). (A tuple: the key is made at every call.)"""
+
+
+def before_first_run(run: Callable, args: tuple) -> None:
+    """Compile ahead the kernels of ``run(*args)`` (a fused op's implementation with its
+    flat arguments, real tensors, the first on the call's CUDA device) if no call of its kind
+    was compiled ahead before. (A few us a call: the key.)"""
+    if MODE == "0" or _launch.compiling_ahead():
+        return
+    kinds = _real_kinds(args)
+    if kinds in _kinds_seen:  # (the path of every call but the first of its kind)
+        return
+    _launch.wait_for_compiles()  # (one started by the graph pass may be this kind)
+    if not torch.cuda.is_current_stream_capturing() and _claim(kinds):
+        _dry_run(run, kinds)
+
+
+def in_background(run: Callable, args: tuple) -> None:
+    """Start compiling the kernels of ``run(*args)`` in a thread of its own; ``args`` hold
+    fake tensors (a graph's ``meta["val"]``), the first on the call's CUDA device, read here
+    and not kept. Calls whose shapes are symbolic are left to ``before_first_run``."""
+    if MODE != "1":
+        return
+    try:
+        kinds = _fake_kinds(args)
+    except _NotStatic:
+        return
+    if not _claim(kinds):
+        return
+    global _background
+    if _background is None:
+        _background = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead")
+    _launch.wait_before_launching(_background.submit(_dry_run, run, kinds))
+
+
+def _claim(kinds: tuple) -> bool:
+    """True for the first caller with this kind of call, which then compiles it ahead."""
+    if kinds[0].type != "cuda":
+        return False
+    with _kinds_lock:
+        if kinds in _kinds_seen:
+            return False
+        _kinds_seen.add(kinds)
+        return True
+
+
+def _dry_run(run: Callable, kinds: tuple) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    device, *kinds = kinds
+    try:
+        with FakeTensorMode(), _launch.compile_ahead():
+            run(*(_fake(kind, device) if isinstance(kind, _TensorKind) else kind for kind in kinds))
+    except Exception as error:  # (its kernels then compile at their first launch)
+        log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
+
+
+class _NotStatic(Exception):
+    pass
+
+
+def _real_kinds(args: tuple) -> tuple:
+    """The key of a call: its device, then per argument what the kernels' choice and
+    specialization read (tensors: ``_TensorKind``; floats: ``_float_class``)."""
+    return (
+        args[0].device,
+        *[
+            _TensorKind((arg.shape, arg.stride(), arg.dtype, arg.data_ptr() % 16 == 0))
+            if isinstance(arg, torch.Tensor)
+            else _float_class(arg) if type(arg) is float else arg
+            for arg in args
+        ],
+    )  # fmt: skip
+
+
+def _fake_kinds(args: tuple) -> tuple:
+    """``_real_kinds`` of a graph's arguments (fake tensors, which have no address)."""
+    return (args[0].device, *[_fake_kind(arg) for arg in args])
+
+
+def _fake_kind(value):
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise _NotStatic
+    if type(value) is float:
+        return _float_class(value)
+    if not isinstance(value, torch.Tensor):
+        return value
+    if not all(isinstance(size, int) for size in (*value.shape, *value.stride())):
+        raise _NotStatic
+    # (an allocation is 16-byte aligned; a view is where its offset says)
+    aligned = value.storage_offset() * value.element_size() % 16 == 0
+    return _TensorKind((value.shape, value.stride(), value.dtype, aligned))
+
+
+def _fake(kind: _TensorKind, device: torch.device) -> torch.Tensor:
+    """A fake tensor of ``kind`` on ``device`` (inside a FakeTensorMode); one element past
+    its storage's start where it is not aligned."""
+    from torch._prims_common import compute_required_storage_length
+
+    shape, stride, dtype, aligned = kind
+    offset = 0 if aligned else 1
+    length = compute_required_storage_length(shape, stride, offset)
+    return torch.empty(length, dtype=dtype, device=device).as_strided(shape, stride, offset)
+
+
+def _float_class(value: float) -> float:
+    """A float of ``value``'s class: the host code compares knobs with 0 and 1 only
+    (greedy, top-p and min-p off, soft-cap off)."""
+    if value in (0.0, 1.0) or value != value:
+        return value
+    return 0.5 if 0.0 < value < 1.0 else (2.0 if value > 1.0 else -1.0)
+
+
+def seed_class(seed: int) -> int:
+    """A host seed of ``seed``'s class: the kernels take its two 32-bit halves
+    unspecialized, typed by size (i32 below 2**31, else i64)."""
+    seed_u64 = seed % 2**64
+    low = 0 if seed_u64 & 0xFFFFFFFF < 2**31 else 2**31
+    high = 0 if seed_u64 >> 32 < 2**31 else 2**31
+    representative = high << 32 | low
+    return representative - 2**64 if representative >= 2**63 else representative
+
+
+def bind(function: Callable, args: tuple, kwargs: dict) -> tuple:
+    """``function``'s arguments in order, defaults filled in."""
+    bound = inspect.signature(function).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())

@@ -1,0 +1,169 @@
+"""Compiling a call's kernels ahead (flashsampling_inductor/ahead.py): the dry run on fake
+tensors must launch exactly the kernels the real call launches, specialized alike, and
+touch no memory; the graph pass's key of a call must be the one its first run computes, so
+that the run does not compile it ahead a second time. Compiling itself needs a GPU
+(tests/test_gpu_compile_ahead.py); here the interpreter's real runs are compared with dry
+runs whose compiles are recorded instead."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from flashsampling_inductor import ahead, fused_sample, op
+from flashsampling_inductor import launch as launch_module
+
+B, V, D = 3, 200, 16
+
+CALLS = {
+    "plain": dict(temperature=0.8, num_samples=2),
+    "top_k": dict(temperature=0.7, top_k=5),
+    "top_k_top_p_rows": dict(top_k=4, top_p=torch.tensor([0.9, 1.0, 0.5])),
+    # (per-row k, as hf.py passes it: the patched stage 2 too)
+    "top_k_rows_min_p": dict(top_k=torch.tensor([5, 0, 3]), min_p=0.05),
+    # (the dry run once faulted here: an index by the drawn tokens, which no kernel wrote)
+    "softcap_raw_logprobs": dict(top_k=5, softcap=30.0, return_logprobs="raw"),
+}
+
+
+def _specialization(arg):
+    """What Triton specializes a launch on, for real and fake tensors alike."""
+    if isinstance(arg, torch.Tensor):
+        offset = arg.storage_offset() * arg.element_size()
+        address = offset if isinstance(arg, FakeTensor) else arg.data_ptr()
+        return ("tensor", arg.dtype, address % 16 == 0)
+    if isinstance(arg, bool) or not isinstance(arg, (int, float)):
+        return arg
+    if isinstance(arg, float):
+        return "float"
+    return ("int", arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
+
+
+def _record(into):
+    def record(kernel, grid, args, kwargs):
+        into.append(
+            (
+                kernel,
+                tuple(map(_specialization, args)),
+                tuple(sorted((k, _specialization(v)) for k, v in kwargs.items())),
+            )
+        )
+
+    return record
+
+
+def _flat_call(monkeypatch, knobs):
+    """The flat arguments ``fused_sample`` hands its custom op, captured."""
+    captured = []
+
+    def capture(*args):
+        captured.append(args)
+        return original(*args)
+
+    original = op._fused_sample_run
+    monkeypatch.setattr(op, "_fused_sample_run", capture)
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(B, D), torch.randn(V, D)
+    # (seed 48 specializes as the dry run's stand-in 0 does: the kernels take the seed
+    # unspecialized, which _specialization does not know)
+    fused_sample(hidden, weight, impl="triton", **{"seed": 48, **knobs})
+    monkeypatch.setattr(op, "_fused_sample_run", original)
+    return captured[0]
+
+
+@pytest.mark.parametrize("knobs", CALLS.values(), ids=CALLS.keys())
+def test_dry_run_compiles_what_the_call_launches(monkeypatch, knobs):
+    args = _flat_call(monkeypatch, knobs)
+    launched, compiled = [], []
+    real_launch = launch_module._launch_by_triton
+
+    def launch_and_record(kernel, grid, args, kwargs):
+        _record(launched)(kernel, grid, args, kwargs)
+        return real_launch(kernel, grid, args, kwargs)
+
+    monkeypatch.setattr(launch_module, "_launch_by_triton", launch_and_record)
+    monkeypatch.setattr(launch_module, "_compile_only", _record(compiled))
+    out = op._fused_sample_run(*args)
+    kinds = ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
+    ahead._dry_run(op._fused_sample_run, kinds)  # (its own errors are only logged)
+    assert launched and sorted(compiled, key=repr) == sorted(launched, key=repr)
+    # The dry run changed nothing the call reads.
+    torch.testing.assert_close(op._fused_sample_run(*args), out, rtol=0, atol=0)
+
+
+def test_graph_key_is_the_first_runs(monkeypatch):
+    """The pass's key of a traced call (fake tensors) equals the key its first run makes
+    from the real tensors: the run then does not compile the call ahead again."""
+    hidden, weight = torch.randn(B, D), torch.randn(V, D)
+    seed = torch.tensor(3)
+
+    def step(hidden, weight, seed):
+        return fused_sample(hidden, weight, top_k=5, temperature=0.7, seed=seed, impl="triton")
+
+    graph = make_fx(step, tracing_mode="fake")(hidden, weight, seed).graph
+    started = []
+    monkeypatch.setattr(op, "_triton_interpreter_on", lambda: False)  # (as on a GPU)
+    monkeypatch.setattr(ahead, "in_background", lambda run, args: started.append(args))
+    for node in graph.nodes:
+        op.compile_ahead_in_background(node)
+    assert len(started) == 1
+    monkeypatch.undo()
+    real = _flat_call(monkeypatch, dict(top_k=5, temperature=0.7, seed=seed))
+    real = (*real[:6], ahead.seed_class(real[6]), *real[7:])
+    assert ahead._fake_kinds(started[0]) == ahead._real_kinds(real)
+
+
+def test_first_launch_waits_for_the_background_compile(monkeypatch):
+    """The pass's dry run runs in a thread of its own; the call's first launch waits until
+    it has finished (Triton 3.9 keeps a compile in flight as a placeholder that cannot be
+    launched)."""
+    args = _flat_call(monkeypatch, CALLS["top_k"])
+    compiled, launched = [], []
+
+    def slow_compile(kernel, grid, args, kwargs):
+        time.sleep(0.05)
+        compiled.append(threading.current_thread().name)
+
+    real_launch = launch_module._launch_by_triton
+
+    def launch_and_count(kernel, grid, args, kwargs):
+        launched.append(len(compiled))
+        return real_launch(kernel, grid, args, kwargs)
+
+    monkeypatch.setattr(launch_module, "_compile_only", slow_compile)
+    monkeypatch.setattr(launch_module, "_launch_by_triton", launch_and_count)
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "_claim", lambda kinds: True)  # (else CUDA calls only)
+    ahead.in_background(op._fused_sample_run, (*args[:6], 0, *args[7:]))
+    assert launch_module._pending
+    op._fused_sample_run(*args)
+    assert not launch_module._pending
+    assert len(compiled) == 4 and launched == [4] * 4  # (every launch after every compile)
+    assert all(name.startswith("flashsampling-compile-ahead") for name in compiled)
+
+
+def test_key_classes():
+    # Host seeds: one kind per 32-bit halves' size classes (the kernels' i32 / i64).
+    assert ahead.seed_class(5) == ahead.seed_class(123456) == 0
+    assert ahead.seed_class(2**31) != ahead.seed_class(5)
+    assert ahead.seed_class(-1) == ahead.seed_class(-5)
+    # Floats: by how they compare with 0 and 1, all the host code reads of them.
+    assert ahead._float_class(0.7) == ahead._float_class(0.9) != ahead._float_class(1.0)
+    assert ahead._float_class(0.0) == 0.0 and ahead._float_class(30.0) == ahead._float_class(2.5)
+
+
+def test_a_failed_compile_leaves_no_placeholder():
+    """A compile that fails in the pool leaves the kernel's cache as it was: its first
+    launch then compiles (and raises) as usual."""
+    from triton.runtime._async_compile import FutureKernel
+
+    class Kernel:
+        device_caches = {0: ({"ok": 1, "failed": FutureKernel.__new__(FutureKernel)},)}
+
+    launch_module._drop_placeholders([Kernel])
+    assert list(Kernel.device_caches[0][0]) == ["ok"]

@@ -1,0 +1,90 @@
+"""A call's kernels compiled ahead, in parallel (flashsampling_inductor/ahead.py): the dry run
+allocates nothing on the GPU, launches nothing and draws nothing from the generator, so
+the first call's tokens are the ones a call without it makes; a compiled step's call is
+compiled ahead by the graph pass and gives the eager op's tokens. GPU only
+(``pytest -m gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from flashsampling_inductor import ahead, fused_sample, launch, op
+
+pytestmark = pytest.mark.gpu
+
+KNOBS = {
+    "plain": {},
+    "top_k": {"top_k": 50},
+    "top_k_top_p_rows": {"top_k": 20, "top_p": torch.tensor([0.95, 1.0, 0.5]).repeat(3)},
+    "softcap_raw_logprobs": {"top_k": 50, "softcap": 30.0, "return_logprobs": "raw"},
+}
+
+
+def _inputs(rows=9):
+    torch.manual_seed(0)
+    hidden = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(3000, 256, device="cuda", dtype=torch.bfloat16)
+    return hidden, weight
+
+
+@pytest.mark.parametrize("knobs", KNOBS.values(), ids=KNOBS.keys())
+def test_gpu_dry_run_touches_nothing(monkeypatch, knobs):
+    hidden, weight = _inputs()
+    knobs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in knobs.items()}
+    calls = []
+    original = op._fused_sample_run
+    monkeypatch.setattr(op, "_fused_sample_run", lambda *a: calls.append(a) or original(*a))
+    fused_sample(hidden, weight, temperature=0.8, num_samples=2, **knobs)
+    args = calls[-1]
+    monkeypatch.setattr(op, "_fused_sample_run", original)
+    kinds = ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
+    torch.cuda.synchronize()
+    allocated, rng = torch.cuda.memory_allocated(), torch.cuda.get_rng_state()
+    torch.cuda.reset_peak_memory_stats()
+    ahead._dry_run(op._fused_sample_run, kinds)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() == allocated
+    assert torch.equal(torch.cuda.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize("knobs", KNOBS.values(), ids=KNOBS.keys())
+def test_gpu_first_call_tokens_equal_later_calls(monkeypatch, knobs):
+    hidden, weight = _inputs()
+    knobs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in knobs.items()}
+    monkeypatch.setattr(ahead, "_kinds_seen", set())
+    monkeypatch.setattr(ahead, "MODE", "first")
+    torch.manual_seed(1)
+    first = fused_sample(hidden, weight, temperature=0.8, num_samples=2, **knobs)
+    assert ahead._kinds_seen, "the first call did not compile ahead"
+    monkeypatch.setattr(ahead, "MODE", "0")
+    torch.manual_seed(1)
+    again = fused_sample(hidden, weight, temperature=0.8, num_samples=2, **knobs)
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+
+
+def test_gpu_compiled_step_is_compiled_ahead_by_the_pass(monkeypatch):
+    """transformers' top-k warper and multinomial, compiled: the pass starts the rewritten
+    call's compile in the background, and the first run waits for it."""
+    hidden, weight = _inputs(rows=5)
+    monkeypatch.setattr(ahead, "_kinds_seen", set())
+    monkeypatch.setattr(ahead, "MODE", "1")
+    torch._dynamo.reset()
+    counters.clear()
+
+    def step(hidden, weight):
+        scores = F.linear(hidden, weight) / 0.7
+        indices_to_remove = scores < torch.topk(scores, 40)[0][..., -1, None]
+        scores = scores.masked_fill(indices_to_remove, -float("Inf"))
+        return torch.multinomial(F.softmax(scores, dim=-1), num_samples=1)
+
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        tokens = torch.compile(step, backend="flashsampling", dynamic=False)(hidden, weight)
+    assert sum(counters["flashsampling"].values()) == 1
+    assert tokens.shape == (5, 1)
+    # (1: the first run found the pass's kind; 2: it compiled its own kind ahead again)
+    print(f"kinds compiled ahead: {len(ahead._kinds_seen)}")
+    assert ahead._kinds_seen, "the pass started no compile"
+    assert not launch._pending
