@@ -132,7 +132,7 @@ def wait_for_compiles() -> None:
 
 def _drop_placeholders(kernels) -> None:
     """Remove from ``kernels``' caches the placeholders of compiles that did not finish
-    (Triton >= 3.7 puts one there while a compile runs): a launch would re-raise a failed
+    (newer Tritons than 3.6 put one there while a compile runs): a launch would re-raise a failed
     compile's error there; without it, it compiles as usual."""
     from triton.runtime._async_compile import FutureKernel
 
