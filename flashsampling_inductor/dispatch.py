@@ -69,12 +69,17 @@ class SampleConfig:
 
 
 def default_config(
-    batch: int, hidden_size: int, device: torch.device, truncates: bool = False
+    batch: int,
+    hidden_size: int,
+    device: torch.device,
+    truncates: bool = False,
+    vocab_size: int | None = None,
 ) -> SampleConfig:
     """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
     from sweeps on an H200 and an H100 (benchmarks/results/kernel_sweep_*.json); ``truncates``
     for a call with top-k / top-p / min-p, whose stage 1 keeps each tile's largest scores
-    instead of drawing noise."""
+    instead of drawing noise; ``vocab_size`` the rows of the weight this call sees (a
+    tensor-parallel shard's, V / P), when known."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
@@ -107,6 +112,17 @@ def default_config(
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=hopper_rows
         )
+    # A short vocabulary at D = 4096 (a tensor-parallel shard: V / 4 = 37984 rows) leaves the
+    # wide tiles too few to fill the SMs (297 tiles of 128 rows on 132 SMs) and each tile too
+    # short a reduction to hide its noise. H200, plain sampling against cuBLAS on the same
+    # shard: B = 64 1.53x (Gluon, 128-wide) -> 1.12x on 64-wide Triton tiles; B = 256 1.57x
+    # (256-wide) -> 1.41x on 128-wide tiles, two programs per SM (kernel_sweep_tp_shards_
+    # h200_20261127-1710.log). At V / 2 = 75968 and at D = 8192 the usual tiles win.
+    short_vocab_shard = (
+        vocab_size is not None and vocab_size < 48_000 and 2048 < hidden_size <= 4096
+    ) and not truncates
+    if batch <= 64 and short_vocab_shard:
+        return SampleConfig(64, 64, 64, swap_ab=False, num_stages=4)
     if batch <= 64:
         return SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=hopper_rows
@@ -118,7 +134,9 @@ def default_config(
         128, 128, 64, swap_ab=False, num_warps=8, num_stages=3, maxnreg=128,
         tma=True, programs_per_sm=2, epilogue_chunks=4,
     )  # fmt: skip
-    if batch > 128 and hidden_size >= 4096:
+    if batch > 128 and short_vocab_shard:
+        triton_config = dataclasses.replace(triton_config, epilogue_chunks=2)
+    elif batch > 128 and hidden_size >= 4096:
         # Long reductions: wider vocabulary tiles feed the MMAs better than a second program
         # per SM overlaps the noise (1-5% on H100 and H200; b256_tiles_and_host_h200_*).
         triton_config = SampleConfig(
@@ -322,7 +340,9 @@ def triton_fused_sample(
     if batch == 0:
         return out if logprobs is None else (out, logprobs)
     if config is None:
-        config = default_config(batch, hidden_size, hidden.device, params.truncates)
+        config = default_config(
+            batch, hidden_size, hidden.device, params.truncates, vocab_size=vocab_size
+        )
         if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
             # Truncating calls that stage 2 does not merge keep m candidates per tile for
             # stage 2, one program per row: 128-wide tiles halve them. H100, D = 2048, B = 1
