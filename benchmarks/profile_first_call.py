@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import logging
 import os
 import pstats
 import subprocess
@@ -55,6 +56,7 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
     triton_compiler.compile = timed_compile
     triton.compiler.compile = timed_compile
     waits: list[tuple[float, float]] = []
+    dry_runs: list[tuple[float, float, str]] = []
     try:  # (a first launch waiting for the kernels the graph pass started compiling)
         from flashsampling_inductor import launch as fs_launch
 
@@ -67,6 +69,22 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
                 waits.append((start - origin[0], time.perf_counter() - start))
 
         fs_launch.wait_for_compiles = timed_wait
+        from flashsampling_inductor import ahead as fs_ahead
+
+        dry_run = fs_ahead._dry_run
+
+        def timed_dry_run(run, kinds):
+            start = time.perf_counter()
+            dry_run(run, kinds)
+            thread = threading.current_thread().name
+            dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
+
+        fs_ahead._dry_run = timed_dry_run
+        failed = logging.getLogger("flashsampling_inductor")
+        failed.setLevel(logging.DEBUG)
+        handler = logging.StreamHandler(sys.stdout)
+        handler.addFilter(lambda record: "compiled ahead" in record.getMessage())
+        failed.addHandler(handler)
     except (ImportError, AttributeError):
         pass
 
@@ -103,6 +121,8 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
     tokens = outputs[0][:, prompt.shape[1] :]
     print(f"first call's new tokens (torch.manual_seed(1)): sum {int(tokens.sum())}, "
           f"row 0 {tokens[0].tolist()}")  # fmt: skip
+    for at, seconds, thread in dry_runs:
+        print(f"compile ahead (dry run and its compiles) at {at:.2f} s, {seconds:.2f} s [{thread}]")
     for at, seconds in waits:
         print(f"first launch waited for the compiles ahead: at {at:.2f} s, {seconds:.2f} s")
     triton_s = sum(seconds for _, seconds, _ in in_first)
