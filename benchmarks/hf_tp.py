@@ -58,6 +58,11 @@ SHAPES = {
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128,
     ),
+    # Qwen2.5-32B's dimensions and vocabulary in Llama layers (no attention bias): "a 32B shape"
+    "32b": dict(
+        vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+    ),
 }  # fmt: skip
 PROMPT, TEMPERATURE, TOP_K = 16, 0.7, 50
 
