@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import warnings
 
 import torch
@@ -434,17 +435,33 @@ def outside_graph_pools(device: torch.device, make):
     """``make()``, whose CUDA tensors are kept across calls, with its allocations outside any
     CUDA graph's private memory pool. A group's first TP call may come in the warm-up run of
     a cudagraph tree (``mode="reduce-overhead"``: hf.enable's decode step), whose allocations
-    on the current stream all go to the graph's pool and must be its outputs ("Detected 6
-    tensor(s) in the cudagraph pool not tracked as outputs", transformers 5.17 + torch 2.11
-    on two H200s); the pool takes the current stream's allocations only, so they are made on
-    a side stream, which the current one then waits for."""
+    must all be the graph's outputs ("Detected 6 tensor(s) in the cudagraph pool not tracked
+    as outputs", transformers 5.17 + torch 2.11 on two and four H200s). The tree sends every
+    allocation of the warming thread to its pool (``_cuda_beginAllocateCurrentThreadToPool``),
+    whatever the stream: a side stream alone did not help (2026-11-27 17:38). So ``make()``
+    runs in a thread of its own, on a side stream that first waits for this thread's current
+    stream, which then waits for it."""
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return make()  # (a capture joins what the side stream does: nothing to gain)
     current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        made = make()
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            with torch.cuda.device(device):
+                side = torch.cuda.Stream(device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    outcome.append((make(), side))
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            outcome.append((error, None))
+
+    thread = threading.Thread(target=run, name="flashsampling-kept-state")
+    thread.start()
+    thread.join()
+    made, side = outcome[0]
+    if side is None:
+        raise made
     current.wait_stream(side)
     return made
 
