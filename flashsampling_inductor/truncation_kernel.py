@@ -718,10 +718,9 @@ def _draw_kept(
             tl.store(logprob_ptr + row64 * num_samples + sample_index, logprob)
 
 
-@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
-                               "scalar_top_p", "scalar_min_p"])  # fmt: skip
-def _truncated_stage2(
-    key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
+@triton.jit
+def _stage2_row(
+    row, key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
     temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
     floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
     tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
@@ -742,7 +741,6 @@ def _truncated_stage2(
     # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
     PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
     KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
-    PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
     # 1 "raw", 2 "processed": each drawn token's log-probability too (``drawn_logprob``
     # over stage 1's per-tile partials at log_mass_ptr; processed truncated rows over the
     # kept candidates, which hold every kept token where the row is drawn here).
@@ -750,9 +748,8 @@ def _truncated_stage2(
     RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
     PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
 ):  # fmt: skip
-    """One program per row: truncation, then Gumbel-max among the kept candidates."""
-    await_previous_kernel(PDL)
-    row = tl.program_id(0)
+    """Row ``row`` of a stage-2 pass: truncation, then Gumbel-max among the kept candidates
+    (the arguments are ``_truncated_stage2``'s)."""
     if COMPLETE:
         if tl.load(overflow_ptr + row) != OVERFLOW_FULL:
             return
@@ -878,6 +875,112 @@ def _truncated_stage2(
         compact, packed, SEED_MODE, COMPLETE, SINGLE, FAST_MATH, LOGPROBS, RAW_LOGIT_LATER,
         BLOCK,
     )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
+                               "scalar_top_p", "scalar_min_p"])  # fmt: skip
+def _truncated_stage2(
+    key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
+    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
+    floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
+    tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
+    log_mass_ptr, plain_value_ptr, logprob_ptr,
+    num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, num_mass_tiles, V,
+    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
+    num_samples,
+    TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
+    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
+    HAS_PLAIN: tl.constexpr,  # stage 1 also left plain Gumbel candidates (untruncated rows)
+    HAS_MASS: tl.constexpr,  # stage 1 left per-tile (max, sum) mass partials
+    COMPLETE: tl.constexpr,  # the fallback: key_ptr is the rows' [B, V] fp32 logits
+    SINGLE: tl.constexpr,  # num_candidates <= BLOCK: one chunk, kept in registers
+    FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+    PACK: tl.constexpr,  # the fallback's slots for the tokens above a row's floor
+    # Flagged rows whose hiding tiles are at most PATCH_TILES (0: never) are patched: their
+    # tiles (PATCH_V wide, stage 1's) listed for recomputation, then (PATCHED) this kernel
+    # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
+    PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
+    KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
+    PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
+    # 1 "raw", 2 "processed": each drawn token's log-probability too (``drawn_logprob``
+    # over stage 1's per-tile partials at log_mass_ptr; processed truncated rows over the
+    # kept candidates, which hold every kept token where the row is drawn here).
+    LOGPROBS: tl.constexpr = 0,
+    RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
+    PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
+):  # fmt: skip
+    """One program per row: truncation, then Gumbel-max among the kept candidates."""
+    await_previous_kernel(PDL)
+    _stage2_row(
+        tl.program_id(0), key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr,
+        plain_index_ptr, temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
+        overflow_ptr, floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
+        tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
+        log_mass_ptr, plain_value_ptr, logprob_ptr, num_candidates, num_tiles,
+        num_plain_tiles, num_patch_tiles, num_mass_tiles, V, scalar_temperature, seed_lo,
+        seed_hi, scalar_top_k, scalar_top_p, scalar_min_p, num_samples,
+        TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN, HAS_MASS,
+        COMPLETE, SINGLE, FAST_MATH, BLOCK, COMPACT, PACK, PATCHED, PATCH_TILES, PATCH_V,
+        KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
+                               "scalar_top_p", "scalar_min_p"])  # fmt: skip
+def _fallback_stage2(
+    key_ptr, index_ptr, mass_ptr, compact_key_ptr, compact_index_ptr,
+    patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
+    logits_ptr, full_compact_key_ptr, full_compact_index_ptr, full_compact_value_ptr,
+    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
+    floor_ptr, log_mass_ptr, logprob_ptr,
+    num_candidates, num_tiles, num_mass_tiles, V,
+    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
+    num_samples,
+    TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
+    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
+    HAS_MASS: tl.constexpr, FAST_MATH: tl.constexpr,
+    PATCHED_SINGLE: tl.constexpr, PATCHED_BLOCK: tl.constexpr, PATCHED_COMPACT: tl.constexpr,
+    PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
+    COMPLETE_SINGLE: tl.constexpr, COMPLETE_BLOCK: tl.constexpr,
+    COMPLETE_COMPACT: tl.constexpr, PACK: tl.constexpr,
+    PDL: tl.constexpr, LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
+):  # fmt: skip
+    """Both passes of the fallback's stage 2 in one launch, one program per row: a row
+    flagged OVERFLOW_PATCH drawn over stage 1's per-tile candidates (key_ptr ... num_tiles,
+    ``_truncated_stage2``'s) with its recomputed tiles' tokens (patch_*) in place of theirs,
+    a row flagged OVERFLOW_FULL over its recomputed logits (logits_ptr [B, V] fp32, with
+    the full_* buffers), any other row not at all: a launch fewer than a pass each on
+    every truncating call, where almost no row is flagged."""
+    await_previous_kernel(PDL)
+    row = tl.program_id(0)
+    code = tl.load(overflow_ptr + row)
+    # (a flagged row is truncated: neither pass reads plain candidates)
+    if code == OVERFLOW_PATCH:
+        _stage2_row(
+            row, key_ptr, index_ptr, None, mass_ptr, None, None, temperature_ptr, seed_ptr,
+            top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr, floor_ptr,
+            compact_key_ptr, compact_index_ptr, None, None, patch_tile_ptr, patch_count_ptr,
+            patch_key_ptr, patch_index_ptr, log_mass_ptr, None, logprob_ptr, num_candidates,
+            num_tiles, 0, 0, num_mass_tiles, V, scalar_temperature, seed_lo, seed_hi,
+            scalar_top_k, scalar_top_p, scalar_min_p, num_samples,
+            TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, False, HAS_MASS,
+            False, PATCHED_SINGLE, FAST_MATH, PATCHED_BLOCK, PATCHED_COMPACT, PACK, True,
+            PATCH_TILES,
+            PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, 16,
+        )  # fmt: skip
+    elif code == OVERFLOW_FULL:
+        _stage2_row(
+            row, logits_ptr, full_compact_index_ptr, None, None, None, None, temperature_ptr,
+            seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr, floor_ptr,
+            full_compact_key_ptr, full_compact_index_ptr, full_compact_value_ptr, None, None,
+            None, None, None, log_mass_ptr, None, logprob_ptr, V, 1, 0, 0, num_mass_tiles, V,
+            scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
+            num_samples,
+            TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, False, False,
+            True, COMPLETE_SINGLE, FAST_MATH, COMPLETE_BLOCK, COMPLETE_COMPACT, PACK, False, 0,
+            16, 0,
+            LOGPROBS, RAW_LOGIT_LATER, 16,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -1166,6 +1269,28 @@ def launch_stage2(
     partials (``stage1["log_mass"]`` [B, tiles, 2]) and plain candidates' logits
     (``plain_value``); with "raw" on soft-capped scores, less each token's raw logit
     (``raw_logit_later``), which the caller adds."""
+    runtime, constexprs, num_warps = _stage2_arguments(
+        stage1, params, vocab_size, temperature_mode, out, overflow, floor, complete=complete,
+        patched=patched, patch=patch, merge=merge, fast_math=fast_math, logprobs=logprobs,
+    )  # fmt: skip
+    _launch_by_name(_truncated_stage2, (out.shape[0],), runtime, constexprs, num_warps)
+
+
+def _launch_by_name(kernel, grid, runtime: dict, constexprs: dict, num_warps: int) -> None:
+    """``launch`` with the runtime arguments by name (they come first in the kernel's
+    signature: passed positionally, as ``launch`` binds them fastest) and the constexprs."""
+    names = kernel.arg_names[: len(runtime)]
+    assert set(names) == set(runtime), sorted(set(names) ^ set(runtime))
+    launch(kernel, grid, *(runtime[name] for name in names), **constexprs,
+           **pdl_launch(runtime["out_ptr"].device), num_warps=num_warps)  # fmt: skip
+
+
+def _stage2_arguments(
+    stage1, params, vocab_size, temperature_mode, out, overflow, floor, *, complete=False,
+    patched=False, patch=None, merge=None, fast_math=True, logprobs=None,
+):  # fmt: skip
+    """(runtime arguments by name, constexprs, num_warps) of a ``_truncated_stage2`` pass, as
+    ``launch_stage2`` documents them; merges the candidates first where ``merge`` asks."""
     batch = out.shape[0]
     num_plain_tiles = num_tiles = stage1["hidden_key"].shape[1] if not complete else 1
     if stage1.get("plain_score") is not None:  # (the Gluon kernel's are per half tile)
@@ -1195,24 +1320,30 @@ def launch_stage2(
         if complete
         else None
     )
-    dummy = keys
     patch = patch if patch_tiles else {}
     log_mass = stage1.get("log_mass")
     logprobs_code = LOGPROB_CODES[params.logprobs] if logprobs is not None else 0
-    launch(
-        _truncated_stage2, (batch,),
-        keys, stage1.get("top_m_index", compact_index), stage1.get("hidden_key", dummy),
-        stage1.get("mass"), stage1.get("plain_score"), stage1.get("plain_index"),
-        params.temperature, params.seed, params.top_k, params.top_p, params.min_p, out,
-        overflow, floor, compact_key, compact_index, compact_value,
-        tile_hidden if patch_tiles else None, patch.get("tiles"), patch.get("count"),
-        patch.get("keys"), patch.get("index"),
-        log_mass, stage1.get("plain_value"), logprobs,
-        num_candidates, num_tiles, num_plain_tiles,
-        tile_hidden.shape[1] if patch_tiles else 0,
-        log_mass.shape[1] if logprobs_code else 0, vocab_size,
-        params.scalar_temperature, seed_u64 & 0xFFFFFFFF, seed_u64 >> 32,
-        params.scalar_top_k, params.scalar_top_p, params.scalar_min_p, params.num_samples,
+    runtime = dict(
+        key_ptr=keys, index_ptr=stage1.get("top_m_index", compact_index),
+        hidden_key_ptr=stage1.get("hidden_key", keys), mass_ptr=stage1.get("mass"),
+        plain_score_ptr=stage1.get("plain_score"), plain_index_ptr=stage1.get("plain_index"),
+        temperature_ptr=params.temperature, seed_ptr=params.seed, top_k_ptr=params.top_k,
+        top_p_ptr=params.top_p, min_p_ptr=params.min_p, out_ptr=out, overflow_ptr=overflow,
+        floor_ptr=floor, compact_key_ptr=compact_key, compact_index_ptr=compact_index,
+        compact_value_ptr=compact_value,
+        tile_hidden_ptr=tile_hidden if patch_tiles else None,
+        patch_tile_ptr=patch.get("tiles"), patch_count_ptr=patch.get("count"),
+        patch_key_ptr=patch.get("keys"), patch_index_ptr=patch.get("index"),
+        log_mass_ptr=log_mass, plain_value_ptr=stage1.get("plain_value"), logprob_ptr=logprobs,
+        num_candidates=num_candidates, num_tiles=num_tiles, num_plain_tiles=num_plain_tiles,
+        num_patch_tiles=tile_hidden.shape[1] if patch_tiles else 0,
+        num_mass_tiles=log_mass.shape[1] if logprobs_code else 0, V=vocab_size,
+        scalar_temperature=params.scalar_temperature, seed_lo=seed_u64 & 0xFFFFFFFF,
+        seed_hi=seed_u64 >> 32, scalar_top_k=params.scalar_top_k,
+        scalar_top_p=params.scalar_top_p, scalar_min_p=params.scalar_min_p,
+        num_samples=params.num_samples,
+    )  # fmt: skip
+    constexprs = dict(
         TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
         TOP_K_MODE=_mode(params.top_k), TOP_P_MODE=_mode(params.top_p),
         MIN_P_MODE=_mode(params.min_p),
@@ -1221,13 +1352,13 @@ def launch_stage2(
         COMPLETE=complete, SINGLE=lanes <= block, FAST_MATH=fast_math, BLOCK=block,
         COMPACT=compact_slots, PACK=pack_slots, PATCHED=patched, PATCH_TILES=patch_tiles,
         PATCH_V=patch_width, KEY_LOW_BITS=0 if complete else key_low_bits(params),
-        **pdl_launch(out.device), LOGPROBS=logprobs_code,
+        LOGPROBS=logprobs_code,
         RAW_LOGIT_LATER=raw_logit_later(params) if logprobs_code else False,
         # (a row's plain candidates in one chunk, 2374 at V = 151936, instead of BLOCK's
         # 16384 lanes, sized for the truncation candidates: 0.4-0.6 us less on an H200)
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
-        num_warps=16 if block >= 8192 else 8,
     )  # fmt: skip
+    return runtime, constexprs, 16 if block >= 8192 else 8
 
 
 def raw_logit_later(params: SamplingParams) -> bool:
@@ -1257,8 +1388,10 @@ def launch_fallback(
     Rows flagged OVERFLOW_PATCH: the few tiles that may hide a kept token recomputed, then
     stage 2 over stage 1's candidates (``stage1``) with those tiles' tokens in place of
     theirs (``patch``). Rows flagged
-    OVERFLOW_FULL: their logits into a [B, V] scratch, then stage 2 over all V tokens. Every
-    kernel always launches (no host sync) and returns at once for rows without its flag.
+    OVERFLOW_FULL: their logits into a [B, V] scratch, then stage 2 over all V tokens. Two
+    launches (``_fallback_logits``, then both stage-2 passes in ``_fallback_stage2``, or the
+    whole-row one alone without ``patch``), always (no host sync); their programs return at
+    once for rows without their flag.
     ``logits_dtype`` is the Triton dtype (or None); ``dot_precision`` stage 1's, so the
     recomputed logits are stage 1's."""
     batch, hidden_size = hidden.shape
@@ -1291,13 +1424,54 @@ def launch_fallback(
         PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
         **pdl_launch(hidden.device), num_warps=4, num_stages=3,
     )  # fmt: skip
-    if patch is not None:
-        launch_stage2(
-            stage1, params, vocab_size, temperature_mode, out, overflow, floor,
-            patched=True, patch=patch, fast_math=fast_math, logprobs=logprobs,
-        )  # fmt: skip
     log_mass = None if stage1 is None else stage1.get("log_mass")
-    launch_stage2(
-        {"top_m_key": scratch, "log_mass": log_mass}, params, vocab_size, temperature_mode,
-        out, overflow, floor, complete=True, fast_math=fast_math, logprobs=logprobs,
+    full = ({"top_m_key": scratch, "log_mass": log_mass}, params, vocab_size, temperature_mode,
+            out, overflow, floor)  # fmt: skip
+    if patch is None:
+        launch_stage2(*full, complete=True, fast_math=fast_math, logprobs=logprobs)
+        return
+    # Both passes in one launch (_fallback_stage2): one launch fewer on every call.
+    patched, patched_constexprs, patched_warps = _stage2_arguments(
+        stage1, params, vocab_size, temperature_mode, out, overflow, floor, patched=True,
+        patch=patch, fast_math=fast_math, logprobs=logprobs,
     )  # fmt: skip
+    whole, whole_constexprs, whole_warps = _stage2_arguments(
+        *full, complete=True, fast_math=fast_math, logprobs=logprobs
+    )
+    runtime = {name: patched[name] for name in _FALLBACK_SHARED + _FALLBACK_PATCHED}
+    runtime.update(
+        logits_ptr=scratch, full_compact_key_ptr=whole["compact_key_ptr"],
+        full_compact_index_ptr=whole["compact_index_ptr"],
+        full_compact_value_ptr=whole["compact_value_ptr"],
+    )  # fmt: skip
+    constexprs = {name: patched_constexprs[name] for name in _FALLBACK_SHARED_CONSTEXPRS}
+    constexprs.update(
+        PATCHED_SINGLE=patched_constexprs["SINGLE"], PATCHED_BLOCK=patched_constexprs["BLOCK"],
+        PATCHED_COMPACT=patched_constexprs["COMPACT"],
+        PATCH_TILES=patched_constexprs["PATCH_TILES"], PATCH_V=patched_constexprs["PATCH_V"],
+        KEY_LOW_BITS=patched_constexprs["KEY_LOW_BITS"],
+        COMPLETE_SINGLE=whole_constexprs["SINGLE"], COMPLETE_BLOCK=whole_constexprs["BLOCK"],
+        COMPLETE_COMPACT=whole_constexprs["COMPACT"], PACK=whole_constexprs["PACK"],
+    )  # fmt: skip
+    _launch_by_name(
+        _fallback_stage2, (out.shape[0],), runtime, constexprs, max(patched_warps, whole_warps)
+    )
+
+
+# What _fallback_stage2's two passes share, and the patched pass's own buffers (both as
+# _truncated_stage2 names them).
+_FALLBACK_SHARED = (
+    "temperature_ptr", "seed_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", "out_ptr",
+    "overflow_ptr", "floor_ptr", "log_mass_ptr", "logprob_ptr", "num_mass_tiles", "V",
+    "scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k", "scalar_top_p", "scalar_min_p",
+    "num_samples",
+)  # fmt: skip
+_FALLBACK_PATCHED = (
+    "key_ptr", "index_ptr", "mass_ptr", "compact_key_ptr", "compact_index_ptr",
+    "patch_tile_ptr", "patch_count_ptr", "patch_key_ptr", "patch_index_ptr", "num_candidates",
+    "num_tiles",
+)  # fmt: skip
+_FALLBACK_SHARED_CONSTEXPRS = (
+    "TEMPERATURE_MODE", "SEED_MODE", "TOP_K_MODE", "TOP_P_MODE", "MIN_P_MODE", "HAS_MASS",
+    "FAST_MATH", "LOGPROBS", "RAW_LOGIT_LATER",
+)  # fmt: skip

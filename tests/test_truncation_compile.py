@@ -100,6 +100,29 @@ compile_stage2(
     patch_index_ptr=None, HAS_MASS=False, COMPLETE=True, SINGLE=False, BLOCK=16384,
     PACK=16384, PATCHED=False, PATCH_TILES=0, PATCH_V=16, KEY_LOW_BITS=0,
 )
+# Both fallback passes in one launch (patched rows over stage 1's candidates and 16
+# recomputed 128-wide tiles, whole rows over V logits), as per-row knobs take them.
+fallback_stage2 = {
+    "key_ptr": "*i32", "index_ptr": "*i32", "mass_ptr": "*fp32", "compact_key_ptr": "*i32",
+    "compact_index_ptr": "*i32", "patch_tile_ptr": "*i32", "patch_count_ptr": "*i32",
+    "patch_key_ptr": "*i32", "patch_index_ptr": "*i32", "logits_ptr": "*fp32",
+    "full_compact_key_ptr": "*i32", "full_compact_index_ptr": "*i32",
+    "full_compact_value_ptr": "*fp32", "temperature_ptr": "*fp32", "seed_ptr": "*i64",
+    "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "out_ptr": "*i64",
+    "overflow_ptr": "*i32", "floor_ptr": "*i32", "num_candidates": "i32", "num_tiles": "i32",
+    "num_mass_tiles": "i32", "V": "i32", "scalar_temperature": "fp32", "seed_lo": "i64",
+    "seed_hi": "i64", "scalar_top_k": "i64", "scalar_top_p": "fp32", "scalar_min_p": "fp32",
+    "num_samples": "i32",
+}
+compile_kernel(
+    truncation_kernel._fallback_stage2, fallback_stage2,
+    dict(log_mass_ptr=None, logprob_ptr=None, **{**knob_modes, "TOP_K_MODE": 2},
+         HAS_MASS=True, FAST_MATH=True, PATCHED_SINGLE=True, PATCHED_BLOCK=16384,
+         PATCHED_COMPACT=2048, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0,
+         COMPLETE_SINGLE=False, COMPLETE_BLOCK=16384, COMPLETE_COMPACT=2048, PACK=16384,
+         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False),
+    num_warps=16,
+)
 # Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).
 merge = {
     "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",
