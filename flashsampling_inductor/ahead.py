@@ -1,8 +1,8 @@
 """Compiling a fused call's Triton kernels before their first launch, all at once.
 
-A truncating call launches up to six kernels at every call (stage 1, stage 2, the fallback's
-logits and its two stage 2 passes: no host sync decides which it needs), and Triton compiled
-each at its first launch, one after the other: 23 s of a 60 s first ``generate`` on an H200
+A truncating call launches up to five kernels at every call (stage 1, the merge, stage 2, the
+fallback's logits and its stage 2 passes: no host sync decides which it needs), and Triton
+compiled each at its first launch, one after the other: 23 s of a 60 s first ``generate`` on an H200
 (Qwen3-1.7B shape, B = 1, top-k 50), after Inductor's ~30 s on the step
 (benchmarks/profile_first_call.py). Here they compile in parallel, in threads
 (``launch.compile_ahead``), from a dry run of the call's host code on fake tensors
