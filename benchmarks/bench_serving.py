@@ -45,10 +45,10 @@ fit one 600 s call: the fused first call alone took over 138 s for Qwen3-1.7B on
 (fused TPOT <= 0.95x stock, tokens/s >= 1.05x) and the shape's deadline has not passed, each
 configuration serves the smallest such cell again under torch.profiler (--profile-s s of
 steps): the top kernels by GPU time go to the log and ``profile_<shape>_B<B>.txt``. CSV
-``bench_serving_<gpu>_<date>.csv`` (shape, concurrency, config, tpot_ms, tokens_per_s,
-first_call_s) and a PNG next to it. ``--shapes tiny`` is a dry run on the CPU (a 2-layer
-Llama; pass small --concurrency, prompt and new-token counts; FLASHSAMPLING_CPU=1 makes the
-pass rewrite there).
+``bench_serving_<gpu>_<date>.csv`` (``_<date>_<shape>.csv`` for one shape: shape,
+concurrency, config, tpot_ms, tokens_per_s, first_call_s) and a PNG next to it. ``--shapes
+tiny`` is a dry run on the CPU (a 2-layer Llama; pass small --concurrency, prompt and
+new-token counts; FLASHSAMPLING_CPU=1 makes the pass rewrite there).
 
     python benchmarks/bench_serving.py --out benchmarks/results
 """
@@ -451,7 +451,10 @@ def main() -> None:
     device_name = device.lower().replace(" ", "-")
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"bench_serving_{device_name}_{stamp}.csv")
+    # One shape per run (one per GPU, several at once): its name in the file's, so that two
+    # runs started in the same minute do not write one file.
+    only = f"_{args.shapes}" if "," not in args.shapes else ""
+    path = os.path.join(args.out, f"bench_serving_{device_name}_{stamp}{only}.csv")
     print(
         f"{device}, torch {torch.__version__}, transformers {transformers.__version__} -> {path}",
         flush=True,
