@@ -890,26 +890,16 @@ def _truncated_stage2(
     num_samples,
     TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
     TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
-    HAS_PLAIN: tl.constexpr,  # stage 1 also left plain Gumbel candidates (untruncated rows)
-    HAS_MASS: tl.constexpr,  # stage 1 left per-tile (max, sum) mass partials
-    COMPLETE: tl.constexpr,  # the fallback: key_ptr is the rows' [B, V] fp32 logits
-    SINGLE: tl.constexpr,  # num_candidates <= BLOCK: one chunk, kept in registers
-    FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
-    PACK: tl.constexpr,  # the fallback's slots for the tokens above a row's floor
-    # Flagged rows whose hiding tiles are at most PATCH_TILES (0: never) are patched: their
-    # tiles (PATCH_V wide, stage 1's) listed for recomputation, then (PATCHED) this kernel
-    # again over stage 1's per-tile candidates with those tiles' tokens in place of theirs.
-    PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
-    KEY_LOW_BITS: tl.constexpr,  # low key bits fixed by the sign (key_low_bits; 0: none)
+    HAS_PLAIN: tl.constexpr, HAS_MASS: tl.constexpr, COMPLETE: tl.constexpr,
+    SINGLE: tl.constexpr, FAST_MATH: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr,
+    PACK: tl.constexpr, PATCHED: tl.constexpr, PATCH_TILES: tl.constexpr,
+    PATCH_V: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
     PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
-    # 1 "raw", 2 "processed": each drawn token's log-probability too (``drawn_logprob``
-    # over stage 1's per-tile partials at log_mass_ptr; processed truncated rows over the
-    # kept candidates, which hold every kept token where the row is drawn here).
-    LOGPROBS: tl.constexpr = 0,
-    RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
-    PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
+    LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
+    PLAIN_BLOCK: tl.constexpr = 16,
 ):  # fmt: skip
-    """One program per row: truncation, then Gumbel-max among the kept candidates."""
+    """One program per row: truncation, then Gumbel-max among the kept candidates. The
+    arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL."""
     await_previous_kernel(PDL)
     _stage2_row(
         tl.program_id(0), key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr,
