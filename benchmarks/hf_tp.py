@@ -116,7 +116,16 @@ def main() -> int:
         "--checkpoint", default="/tmp/hf_tp_checkpoint", help="where rank 0 writes the weights"
     )
     parser.add_argument("--out-dir", default=None, help="folder of the CSV (none: no CSV)")
+    parser.add_argument(
+        "--pool-history", action="store_true",
+        help="record cudagraph trees' allocation history (names the sites of tensors left in a"
+        " graph's pool)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.pool_history:
+        import torch._inductor.config
+
+        torch._inductor.config.triton.cudagraph_trees_history_recording = True
     if "RANK" not in os.environ:
         print("hf_tp.py runs one process per rank: start it with torchrun (see --help)")
         return 0
