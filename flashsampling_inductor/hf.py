@@ -4,11 +4,13 @@
 after the logits processors, outside anything compiled), so no graph holds an LM head and its
 sampling. Here the decode step is transformers' own fast path, a static cache and the
 forward compiled with CUDA graphs (``mode="reduce-overhead"``), with the token choice inside
-the same graph: ``sample_logits`` on the last position's logits, with the temperature, top-k
-and top-p as per-row device tensors (new values never recompile). The step is compiled with
-``backend="flashsampling"``, whose pass turns the LM-head matmul and ``sample_logits`` into
-one fused call, so the step's logits are never written. The prompt (prefill) runs as
-transformers runs it, eagerly, and its token is drawn by ``sample_logits`` from its logits::
+the same graph: ``sample_logits`` on the last position's logits, with the temperature, top-k,
+top-p and min-p as device tensors, a knob that is off at its off value and greedy as
+temperature 0 (neither new values nor settings turned on or off recompile). The step is
+compiled with ``backend="flashsampling"``, whose pass turns the LM-head matmul and
+``sample_logits`` into one fused call, so the step's logits are never written. The prompt
+(prefill) runs as transformers runs it, eagerly, and its token is drawn by ``sample_logits``
+from its logits::
 
     import flashsampling_inductor.hf
 
@@ -58,8 +60,8 @@ _GENERATE_ARGUMENTS = (
     "negative_prompt_attention_mask",
 )
 _warned: set[tuple[str, str]] = set()
-# Graphs one compiled decode step may hold: 2^3 on/off states of top-k, top-p and min-p, times
-# a few shape changes (see _mark_steps).
+# Graphs one compiled decode step may hold: a few shape changes, times, under a vocabulary-
+# sharded head, 2^3 on/off states of top-k, top-p and min-p and each k (see _mark_steps).
 _STEP_GRAPHS_LIMIT = 64
 
 
@@ -183,27 +185,33 @@ class _Sampling:
     min_p: float = 0.0  # 0.0: off
 
     def as_tensors(self, device: torch.device, python_top_k: bool = False) -> dict:
-        """The temperature as a 0-d device tensor (greedy is temperature 0: the same graph as
-        sampling), and each truncation knob that is on as one too: new values never
-        recompile. A truncation knob that is off is None, so plain sampling and greedy take
-        the op's plain kernels; turning top-k, top-p or min-p on or off compiles the step
-        once more per on/off state (at most 2^3). Passing an off-valued tensor instead would
-        save that compile; the kernels read it per row on the device and skip the
-        truncation for rows it leaves off, but still pay 2-13% of the plain kernels' time
-        on an H200 for it (B <= 128; bench_off_knobs_nvidia-h200_new_20261127-1118.csv),
-        at every step. With ``python_top_k`` (an LM head sharded by vocabulary:
-        ``_vocabulary_sharded``) top-k stays a Python int: tensor-parallel sampling sends k
-        scores a row to every rank, a size the graph must hold (another k compiles the step
-        again)."""
+        """Every knob as a 0-d device tensor, a knob that is off at its off value (top-k 0,
+        top-p 1, min-p 0) and greedy as temperature 0: one graph serves every setting, and
+        neither a new value nor a knob turned on or off, nor greedy against sampling,
+        recompiles. The kernels read the knobs on the device and take their plain path for
+        rows every knob leaves off (no host sync); what that costs a plain-sampling step
+        against knobs passed as None is in docs/performance.md ("off" values).
+
+        With ``python_top_k`` (an LM head sharded by vocabulary: ``_vocabulary_sharded``)
+        top-k stays a Python int: tensor-parallel sampling sends k scores a row to every
+        rank, a size the graph must hold (another k compiles the step again), and it takes
+        top-p only after a top-k; there a knob that is off is None, so turning top-k, top-p
+        or min-p on or off compiles the step once more per on/off state (at most 2^3)."""
 
         def scalar(value, dtype):
             return torch.tensor(value, dtype=dtype, device=device)
 
+        temperature = scalar(self.temperature, torch.float32)
+        if not python_top_k:
+            return dict(
+                temperature=temperature,
+                top_k=scalar(self.top_k, torch.int64),
+                top_p=scalar(self.top_p, torch.float32),
+                min_p=scalar(self.min_p, torch.float32),
+            )
         return dict(
-            temperature=scalar(self.temperature, torch.float32),
-            top_k=(self.top_k if python_top_k else scalar(self.top_k, torch.int64))
-            if self.top_k
-            else None,
+            temperature=temperature,
+            top_k=self.top_k or None,
             top_p=scalar(self.top_p, torch.float32) if self.top_p < 1.0 else None,
             min_p=scalar(self.min_p, torch.float32) if self.min_p > 0.0 else None,
         )
@@ -410,11 +418,12 @@ def _compiled_step(model, generation_config):
 def _mark_steps(compiled, mode):
     """The compiled step as the loop calls it.
 
-    Each truncation knob that is on or off (top-k, top-p, min-p: a tensor or None) is a graph
-    of its own, and so is each first sight of a new batch size or cache length before Dynamo
-    makes that dimension dynamic: a long-lived model meeting many settings can need more
-    graphs than Dynamo's default limit (8), past which a fullgraph compile fails. The bound is
-    known (2^3 knob states, a few shape changes), so the step's limit is raised to cover it.
+    Each first sight of a new batch size or cache length before Dynamo makes that dimension
+    dynamic is a graph of its own, and so, under a vocabulary-sharded LM head only, is each
+    on/off state of top-k, top-p and min-p (None when off there) and each k
+    (``_Sampling.as_tensors``): a long-lived model meeting many shapes can need more graphs
+    than Dynamo's default limit (8), past which a fullgraph compile fails. The bound is
+    known (a few shape changes, 2^3 knob states), so the step's limit is raised to cover it.
     Under CUDA graphs each decode step is a new iteration: the previous step's output (the
     tokens, already copied into input_ids) may be overwritten."""
     cuda_graphs = mode is not None and "reduce-overhead" in mode

@@ -195,27 +195,54 @@ def test_new_prompts_and_settings_reuse_the_compiled_step():
     assert counters["stats"]["unique_graphs"] == 0
 
 
-def test_greedy_sampling_and_new_values_share_one_graph():
-    """Greedy and plain sampling at any temperature share one graph (greedy is temperature
-    0); a truncation knob turned on compiles one more (off knobs are None, so plain calls keep
-    the plain kernels), whose new values then reuse it."""
-    model = hf.enable(tiny_model("llama"))
+def test_every_setting_shares_one_graph(model):
+    """Greedy, plain sampling and top-k / top-p / min-p turned on and off in any mix share
+    one graph: each knob reaches the step as a tensor, at its off value when off (greedy is
+    temperature 0), so no toggle between generate calls recompiles."""
     prompt = torch.randint(0, VOCAB, (2, 5))
 
     def run(**settings):
         model.generate(prompt, max_new_tokens=3, pad_token_id=0, **settings)
 
+    # Models share compiled steps (one code, guards that hold for any of them): without a
+    # reset, graphs that earlier tests compiled for other settings would hide a recompile.
+    torch._dynamo.reset()
     run(do_sample=False)
-    graphs = counters["stats"]["unique_graphs"]
-    run(do_sample=True, temperature=0.7, top_k=0)
-    run(do_sample=True, temperature=1.3, top_k=0)
-    run(do_sample=False)
+    graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]["total"]
+    for settings in (
+        dict(temperature=0.7, top_k=0),
+        dict(temperature=1.3),  # generate's default top_k=50
+        dict(top_k=0, top_p=0.9),
+        dict(top_k=0, min_p=0.1),
+        dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.05),
+        dict(top_k=0),
+    ):
+        run(do_sample=True, **settings)
+        run(do_sample=False)
+    # (a frame that misses its compiled code's guards is compiled again: counted in both)
     assert counters["stats"]["unique_graphs"] == graphs
-    run(do_sample=True, top_k=0, top_p=0.9)
-    with_top_p = counters["stats"]["unique_graphs"]
-    assert with_top_p <= graphs + 1
-    run(do_sample=True, temperature=0.6, top_k=0, top_p=0.5)
-    assert counters["stats"]["unique_graphs"] == with_top_p
+    assert counters["frames"]["total"] == frames
+
+
+def test_off_valued_knobs_draw_the_tokens_of_none(model, monkeypatch):
+    """Knobs that are off reach the step at their off values, not as None: on the same seed
+    plain sampling draws the same tokens as with them None (the op's plain path), the
+    prompt's token included."""
+    prompt = torch.randint(0, VOCAB, (4, 5))
+    settings = dict(do_sample=True, temperature=0.8, top_k=0, max_new_tokens=4, pad_token_id=0)
+    torch.manual_seed(3)
+    got = model.generate(prompt, **settings)
+    as_tensors = hf._Sampling.as_tensors
+
+    def off_as_none(sampling, device, python_top_k=False):
+        knobs = as_tensors(sampling, device, python_top_k)
+        off = dict(top_k=sampling.top_k == 0, top_p=sampling.top_p >= 1.0, min_p=not sampling.min_p)
+        return {name: None if off.get(name) else value for name, value in knobs.items()}
+
+    monkeypatch.setattr(hf._Sampling, "as_tensors", off_as_none)
+    torch.manual_seed(3)
+    expected = model.generate(prompt, **settings)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

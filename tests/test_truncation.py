@@ -99,9 +99,10 @@ def test_per_row_top_k_top_p_temperature_match_the_contract_pathwise(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent(impl):
-    """Per-row knob tensors at their "off" values (k 0, p 1, min-p 0; greedy rows too) draw
-    exactly the tokens of the call without them; in a batch where some rows turn knobs on,
-    every other row still draws those tokens, and the truncated rows draw the contract's."""
+    """Per-row (and 0-d) knob tensors at their "off" values (k 0, p 1, min-p 0; greedy rows
+    too) draw exactly the tokens of the call without them; in a batch where some rows turn
+    knobs on, every other row still draws those tokens, and the truncated rows draw the
+    contract's."""
     batch = 6
     hidden, weight = make_exact_problem(batch, 1000, 64, seed=5)
     logits = exact_logits(hidden, weight)
@@ -114,6 +115,9 @@ def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent
     min_p = torch.zeros(batch, device=DEVICE)
     off = fused_sample(hidden, weight, top_k=top_k, top_p=top_p, min_p=min_p, **common)
     assert torch.equal(off, plain)
+    # 0-d, as hf's generate passes them
+    off_0d = dict(top_k=top_k[0], top_p=top_p[0], min_p=min_p[0])
+    assert torch.equal(fused_sample(hidden, weight, **off_0d, **common), plain)
     top_k[1], top_p[3], min_p[4], top_k[2] = 20, 0.9, 0.2, 5  # (row 2 is greedy)
     mixed = fused_sample(hidden, weight, top_k=top_k, top_p=top_p, min_p=min_p, **common)
     untruncated = torch.tensor([True, False, True, False, False, True], device=DEVICE)
