@@ -11,6 +11,11 @@ temperature tensor (0.7) and a device seed, and the knobs as
 * ``mixed``: the same with every fourth row (0, 4, ...) at top_k 50, top_p 0.9;
 * ``all``: every row at top_k 50, top_p 0.9, as [B] tensors.
 
+With ``--zero-d`` the temperature and the knobs are 0-d tensors instead, as ``generate``
+after ``hf.enable`` passes them (every knob a tensor, at its off value when off, so that no
+setting recompiles): ``plain`` then has a 0-d temperature alone, ``off`` adds 0-d top_k 0,
+top_p 1.0, min_p 0.0, ``all`` 0-d top_k 50, top_p 0.9 (no ``mixed``).
+
 Each call is captured in a CUDA graph and timed by ``triton.testing.do_bench_cudagraph``
 (median), the configurations interleaved over --rounds rounds. ``--label`` names the code
 measured (run the script once per checkout to compare two on one card). ``--warmup-only``
@@ -39,9 +44,20 @@ SHAPES = {"d2048-v151936": (2048, 151936), "d4096-v151936": (4096, 151936)}
 KNOBS = ("plain", "off", "mixed", "all")
 
 
-def knob_arguments(name: str, batch: int) -> dict:
+def knob_arguments(name: str, batch: int, zero_d: bool = False) -> dict:
     if name == "plain":
         return {}
+    if zero_d:  # one value for every row, as generate passes them
+
+        def scalar(value, dtype=torch.float32):
+            return torch.tensor(value, dtype=dtype, device="cuda")
+
+        on = name == "all"
+        return dict(
+            top_k=scalar(50 if on else 0, torch.int64),
+            top_p=scalar(0.9 if on else 1.0),
+            min_p=scalar(0.0),
+        )
     top_k = torch.zeros(batch, dtype=torch.int64, device="cuda")
     top_p = torch.ones(batch, device="cuda")
     on = torch.arange(batch, device="cuda") % 4 == 0 if name == "mixed" else slice(None)
@@ -64,6 +80,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--rep", type=int, default=30, help="ms of replays per timing")
     parser.add_argument("--label", default="this", help="the code measured (CSV column)")
+    parser.add_argument(
+        "--zero-d", action="store_true", help="0-d temperature and knobs, as generate's"
+    )
     parser.add_argument(
         "--warmup-only", action="store_true", help="compile the kernels, time nothing"
     )
@@ -96,14 +115,23 @@ def main() -> None:
         weight = torch.randn(vocab, hidden_size, device="cuda", dtype=torch.bfloat16)
         for batch in (int(b) for b in args.batches.split(",")):
             hidden = torch.randn(batch, hidden_size, device="cuda", dtype=torch.bfloat16)
+            temperature = torch.full((batch,), 0.7, device="cuda")
             common = dict(
-                temperature=torch.full((batch,), 0.7, device="cuda"),
+                temperature=temperature[0] if args.zero_d else temperature,
                 seed=torch.tensor(7, device="cuda"),
             )
-            names = [n for n in args.knobs.split(",") if not (n == "mixed" and batch == 1)]
+            names = [
+                n
+                for n in args.knobs.split(",")
+                if not (n == "mixed" and (batch == 1 or args.zero_d))
+            ]
             calls = {
                 name: functools.partial(
-                    fused_sample, hidden, weight, **common, **knob_arguments(name, batch)
+                    fused_sample,
+                    hidden,
+                    weight,
+                    **common,
+                    **knob_arguments(name, batch, args.zero_d),
                 )
                 for name in names
             }
