@@ -14,7 +14,9 @@ temperature tensor (0.7) and a device seed, and the knobs as
 With ``--zero-d`` the temperature and the knobs are 0-d tensors instead, as ``generate``
 after ``hf.enable`` passes them (every knob a tensor, at its off value when off, so that no
 setting recompiles): ``plain`` then has a 0-d temperature alone, ``off`` adds 0-d top_k 0,
-top_p 1.0, min_p 0.0, ``all`` 0-d top_k 50, top_p 0.9 (no ``mixed``).
+top_p 1.0, min_p 0.0, ``all`` 0-d top_k 50, top_p 0.9 (no ``mixed``), and generate's
+top-k settings as it passed them before (``k50``: top_k 50 alone; ``qwen3``: top_k 20,
+top_p 0.95) and now (``k50off``, ``qwen3off``: the off knobs added at their off values).
 
 Each call is captured in a CUDA graph and timed by ``triton.testing.do_bench_cudagraph``
 (median), the configurations interleaved over --rounds rounds. ``--label`` names the code
@@ -42,22 +44,26 @@ from profile_calls import kernel_us  # noqa: E402
 
 SHAPES = {"d2048-v151936": (2048, 151936), "d4096-v151936": (4096, 151936)}
 KNOBS = ("plain", "off", "mixed", "all")
+# --zero-d: generate's settings, each knob that is off at its off value as generate passes it
+# (since 20f68f9), and the top-k ones also as generate passed them before (off knobs absent).
+ZERO_D_KNOBS = {
+    "off": dict(top_k=0, top_p=1.0, min_p=0.0),
+    "all": dict(top_k=50, top_p=0.9, min_p=0.0),
+    "k50": dict(top_k=50),  # generate's default top-k, before
+    "k50off": dict(top_k=50, top_p=1.0, min_p=0.0),  # now
+    "qwen3": dict(top_k=20, top_p=0.95),  # Qwen3's generation_config, before
+    "qwen3off": dict(top_k=20, top_p=0.95, min_p=0.0),  # now
+}
 
 
 def knob_arguments(name: str, batch: int, zero_d: bool = False) -> dict:
     if name == "plain":
         return {}
     if zero_d:  # one value for every row, as generate passes them
-
-        def scalar(value, dtype=torch.float32):
-            return torch.tensor(value, dtype=dtype, device="cuda")
-
-        on = name == "all"
-        return dict(
-            top_k=scalar(50 if on else 0, torch.int64),
-            top_p=scalar(0.9 if on else 1.0),
-            min_p=scalar(0.0),
-        )
+        return {
+            knob: torch.tensor(value, dtype=torch.int64 if knob == "top_k" else None, device="cuda")
+            for knob, value in ZERO_D_KNOBS[name].items()
+        }
     top_k = torch.zeros(batch, dtype=torch.int64, device="cuda")
     top_p = torch.ones(batch, device="cuda")
     on = torch.arange(batch, device="cuda") % 4 == 0 if name == "mixed" else slice(None)
@@ -76,7 +82,9 @@ def main() -> None:
     parser.add_argument(
         "--batches", default="1,16,64,128,256", help="batch sizes (default 1,16,64,128,256)"
     )
-    parser.add_argument("--knobs", default=",".join(KNOBS), help="of " + str(KNOBS))
+    parser.add_argument(
+        "--knobs", default=",".join(KNOBS), help=f"of {KNOBS}, with --zero-d {tuple(ZERO_D_KNOBS)}"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--rep", type=int, default=30, help="ms of replays per timing")
     parser.add_argument("--label", default="this", help="the code measured (CSV column)")
@@ -137,9 +145,10 @@ def main() -> None:
             }
             tokens = {name: call() for name, call in calls.items()}
             torch.cuda.synchronize()
-            if "plain" in tokens and "off" in tokens:
-                if not torch.equal(tokens["plain"], tokens["off"]):
-                    print(f"{shape} B={batch}: off knobs drew other tokens than plain", flush=True)
+            for same, other in (("plain", "off"), ("k50", "k50off"), ("qwen3", "qwen3off")):
+                if same in tokens and other in tokens:
+                    if not torch.equal(tokens[same], tokens[other]):
+                        print(f"{shape} B={batch}: {other} drew other tokens than {same}")
             if args.warmup_only:
                 continue
             times = {name: [] for name in calls}
