@@ -100,6 +100,20 @@ def generate(model, prompt, new_tokens: int, fused: bool):
         fs_hf.disable(model)
 
 
+def profile_call(model, prompt, new_tokens: int, fused: bool, rank: int, label: str) -> None:
+    """One more call under torch.profiler; rank 0 prints its kernels by GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        generate(model, prompt, new_tokens, fused)
+        torch.cuda.synchronize()
+    if rank == 0:
+        table = prof.key_averages().table(
+            sort_by="cuda_time_total", row_limit=15, max_name_column_width=60
+        )
+        print(f"profile {label}, {new_tokens} tokens:\n{table}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,6 +130,10 @@ def main() -> int:
         "--checkpoint", default="/tmp/hf_tp_checkpoint", help="where rank 0 writes the weights"
     )
     parser.add_argument("--out-dir", default=None, help="folder of the CSV (none: no CSV)")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="one more call per cell under torch.profiler: rank 0 prints the top GPU kernels",
+    )  # fmt: skip
     parser.add_argument(
         "--pool-history", action="store_true",
         help="record cudagraph trees' allocation history (names the sites of tensors left in a"
@@ -194,6 +212,8 @@ def main() -> int:
                     if cuda:
                         torch.cuda.synchronize()
                     times.append(time.perf_counter() - started)
+                if args.profile and cuda:
+                    profile_call(model, prompt, args.new_tokens, fused, rank, f"B={batch} {config}")
             except Exception as error:  # noqa: BLE001 - recorded in the CSV
                 first, rewrites = float("nan"), {}
                 note = f"{type(error).__name__}: {error}"[:300]
