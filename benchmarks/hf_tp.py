@@ -239,9 +239,11 @@ def main() -> int:
                 writer.writerow([gpu, torch.__version__, transformers.__version__, date, world,
                                  shape, layers, batch, config, args.new_tokens, f"{tpot:.3f}",
                                  f"{first:.1f}", equal, rewrites, fusion, note])  # fmt: skip
-        print(f"wrote {path}", flush=True)
+        print(f"wrote {path} at {time.strftime('%H:%M:%S')}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    if rank == 0:
+        print(f"process group destroyed at {time.strftime('%H:%M:%S')}", flush=True)
     return 0
 
 
