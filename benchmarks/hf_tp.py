@@ -141,9 +141,9 @@ def main() -> int:
     )  # fmt: skip
     args = parser.parse_args()
     if args.pool_history:
-        import torch._inductor.config
+        from torch._inductor import config as inductor_config
 
-        torch._inductor.config.triton.cudagraph_trees_history_recording = True
+        inductor_config.triton.cudagraph_trees_history_recording = True
     if "RANK" not in os.environ:
         print("hf_tp.py runs one process per rank: start it with torchrun (see --help)")
         return 0
