@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import faulthandler
 import os
 import statistics
 import sys
@@ -240,8 +241,14 @@ def main() -> int:
                                  shape, layers, batch, config, args.new_tokens, f"{tpot:.3f}",
                                  f"{first:.1f}", equal, rewrites, fusion, note])  # fmt: skip
         print(f"wrote {path} at {time.strftime('%H:%M:%S')}", flush=True)
+    # A teardown that hangs prints every thread's stack and ends the process (two runs on two
+    # H200s were cut by their time limit minutes after the CSV was written).
+    faulthandler.dump_traceback_later(60, exit=True)
     dist.barrier()
+    if rank == 0:
+        print(f"barrier passed at {time.strftime('%H:%M:%S')}", flush=True)
     dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
     if rank == 0:
         print(f"process group destroyed at {time.strftime('%H:%M:%S')}", flush=True)
     return 0
