@@ -243,7 +243,7 @@ def main() -> int:
         print(f"wrote {path} at {time.strftime('%H:%M:%S')}", flush=True)
     # A teardown that hangs prints every thread's stack and ends the process (two runs on two
     # H200s were cut by their time limit minutes after the CSV was written).
-    faulthandler.dump_traceback_later(60, exit=True)
+    faulthandler.dump_traceback_later(30, exit=True)
     dist.barrier()
     if rank == 0:
         print(f"barrier passed at {time.strftime('%H:%M:%S')}", flush=True)
