@@ -280,6 +280,14 @@ if AVAILABLE:
             gl.store(mass_ptr + tile_slot * 2, tile_max, mask=row_mask)
             gl.store(mass_ptr + tile_slot * 2 + 1, gl.sum(w_lo, axis=1) + gl.sum(w_hi, axis=1),
                      mask=row_mask)  # fmt: skip
+        # (the slots in a loop, not unrolled: each depends on the one before anyway. The
+        # kernel with both epilogues that per-row knobs take has 7240 SASS instructions
+        # instead of 12352 (plain: 3952; sm_90a, Triton 3.9), and on an H200 (D = 2048, B =
+        # 64) batches with truncated rows took 294 / 263 us instead of 413 / 311 (a fourth /
+        # every row at top-k 50, top-p 0.9); off-valued knobs even (171 against 170 us).
+        # The Triton kernel's epilogue (B <= 32) stays unrolled: rolled, its off-valued
+        # knobs were 3-5 us slower at B = 16, truncated rows even
+        # (bench_off_knobs_nvidia-h200_{main,rolled}_20261127-200*.csv).
         if KEY_LOW_BITS > 0:
             # The packed form of the Triton kernel: the bits the rounding fixed carry the
             # reversed column, so one int32 max per round finds the key and its lowest column.
@@ -287,7 +295,7 @@ if AVAILABLE:
             high: gl.constexpr = -(1 << KEY_LOW_BITS)
             keys_lo = (keys_lo & high) | (BLOCK_V - 1 - columns)
             keys_hi = (keys_hi & high) | (HALF_V - 1 - columns)
-            for slot in gl.static_range(TOP_M):
+            for slot in range(TOP_M):
                 top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
                 key = restore_low_bits(top & high, KEY_LOW_BITS)
                 gl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=row_mask)
@@ -297,7 +305,7 @@ if AVAILABLE:
                 keys_hi = gl.where(keys_hi == top[:, None], KEY_PAD, keys_hi)
             left_out = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1)) & high
         else:
-            for slot in gl.static_range(TOP_M):
+            for slot in range(TOP_M):
                 top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
                 arg = gl.minimum(
                     gl.min(gl.where(keys_lo == top[:, None], columns, BLOCK_V), axis=1),
