@@ -66,6 +66,9 @@ class SampleConfig:
     # > 0: on Hopper, stage 1 is the warp-specialized Gluon kernel (hopper_kernel.py) with
     # this many rows (64 or 128) per tile; calls it cannot run take the Triton kernel above.
     warp_specialized_rows: int = 0
+    # On Hopper, plain sampling (and greedy) at 129-256 rows takes the warp-specialized kernel
+    # with the vocabulary on the MMA's M (hopper_swap_kernel.py); other calls as above.
+    warp_specialized_swap: bool = False
 
 
 def default_config(
@@ -361,7 +364,24 @@ def triton_fused_sample(
     truncates = params.truncates
     if truncates and (vocab_offset or out_score is not None):
         raise ValueError("top-k / top-p on a tensor-parallel shard is not supported")
-    # The Gluon kernel has no soft-cap and no log-probabilities: those calls take this kernel.
+    # The Gluon kernels have no soft-cap and no log-probabilities: those calls take this kernel.
+    if (
+        config.warp_specialized_swap
+        and 128 < batch <= 256
+        and not truncates
+        and not params.softcap
+        and not logprobs_code
+    ):
+        from . import hopper_swap_kernel
+
+        if hopper_swap_kernel.supported(hidden, weight):
+            try:
+                return _hopper_swap_fused_sample(
+                    hidden, weight, bias, params, out, temperature_mode, seed_mode, seed_u64,
+                    vocab_offset, out_score, tile_candidates,
+                )  # fmt: skip
+            except CompilationError as error:  # raised before anything is launched
+                hopper_swap_kernel.disable(error)
     if config.warp_specialized_rows and not params.softcap and not logprobs_code:
         from . import hopper_kernel
 
@@ -567,4 +587,32 @@ def _hopper_fused_sample(
             hidden, weight, bias, params, stage1, hopper_kernel.BLOCK_V, temperature_mode, out,
             "ieee",
         )  # fmt: skip
+    return out
+
+
+def _hopper_swap_fused_sample(
+    hidden, weight, bias, params, out, temperature_mode, seed_mode, seed_u64, vocab_offset=0,
+    out_score=None, tile_candidates=False,
+):  # fmt: skip
+    """Plain sampling at 129-256 rows with stage 1 in ``hopper_swap_kernel`` (the last three
+    arguments as in ``triton_fused_sample``): the candidates of ``_hopper_fused_sample``'s
+    half tiles, then stage 2."""
+    from . import hopper_swap_kernel
+
+    batch, vocab_size = hidden.shape[0], weight.shape[0]
+    num_samples = params.num_samples
+    cand_score, cand_index = _candidates(
+        batch, num_samples, 2 * triton.cdiv(vocab_size, 2 * hopper_swap_kernel.VOCAB_TILE),
+        hidden.device,
+    )  # fmt: skip
+    with torch.cuda.device(hidden.device):
+        hopper_swap_kernel.launch_stage1(
+            hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
+            seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
+            cand_score, cand_index, _num_sms(hidden.device), temperature_mode, seed_mode,
+            vocab_offset,
+        )  # fmt: skip
+        if tile_candidates:
+            return cand_score, cand_index
+        sampling_kernel.launch_stage2(cand_score, cand_index, out, out_score)
     return out

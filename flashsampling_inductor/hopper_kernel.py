@@ -164,14 +164,14 @@ if AVAILABLE:
         return w0, w1, w2, w3
 
     @gluon.jit
-    def _best_of_staged(staging, quad_start, quad_offset, b_start, V, bias_ptr, noise_scale,
-                        sample_index, k0, k1,
+    def _best_of_staged(staging, first_chunk, quad_start, quad_offset, b_start, V, bias_ptr,
+                        noise_scale, sample_index, k0, k1,
                         HAS_BIAS: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
                         GREEDY: gl.constexpr, EVEN_V: gl.constexpr, PER_ROW_SEED: gl.constexpr,
                         BLOCK_B: gl.constexpr, NUM_CHUNKS: gl.constexpr,
                         CHUNK_Q: gl.constexpr):  # fmt: skip
-        """Per row, the best perturbed score of the staged logits (vocab indices
-        4 * quad_start + 0..4 * NUM_CHUNKS * CHUNK_Q - 1) and its global index (a
+        """Per row, the best perturbed score of the staged logits (chunks ``first_chunk`` on,
+        vocab indices 4 * quad_start + 0..4 * NUM_CHUNKS * CHUNK_Q - 1) and its global index (a
         tensor-parallel shard's columns are global quads from ``quad_offset``: their noise and
         their index are those of the whole vocabulary).
 
@@ -198,7 +198,7 @@ if AVAILABLE:
                 + chunk * CHUNK_Q
                 + gl.arange(0, CHUNK_Q, gl.SliceLayout(0, QUAD_LAYOUT))[None, :]
             )
-            words = _staged_words(staging, chunk, BLOCK_B, CHUNK_Q)
+            words = _staged_words(staging, first_chunk + chunk, BLOCK_B, CHUNK_Q)
             if not GREEDY:
                 # One Philox evaluation per (row, quad): the counter layout of reference.py.
                 # c0 and c2 start narrow, so the first round's products are computed once
@@ -475,7 +475,7 @@ if AVAILABLE:
             cand_tile = 2 * pid_v + half
             for sample_index in range(num_samples):
                 best, index = _best_of_staged(
-                    staging, (pid_v * BLOCK_V + half * HALF_V) // 4, quad_offset, b_start, V,
+                    staging, 0, (pid_v * BLOCK_V + half * HALF_V) // 4, quad_offset, b_start, V,
                     bias_ptr,
                     noise_scale, sample_index, k0, k1,
                     HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,

@@ -1,0 +1,283 @@
+"""The swapped warp-specialized stage 1 (``hopper_swap_kernel``, 129-256 rows) against the
+current default and cuBLAS, and its exactness.
+
+    python benchmarks/swap_stage1.py exact [--modes main|all] [--out-dir DIR]
+    python benchmarks/swap_stage1.py time [--rounds 3] [--out-dir DIR]
+
+``exact``: for B in 129-256 and the three benchmark shapes (D = 2048 / 4096, V = 151936; D =
+8192, V = 128256), logits of std 5, the swapped kernel's tokens against the Triton stage 1's
+and the default's, and its per-half-tile candidates bit for bit against the Gluon kernel's
+(``hopper_kernel``, 64-row tiles), which writes the same layout. ``--modes all`` adds per-row
+temperatures (some 0: greedy rows) and seeds, greedy, two samples with a Python seed, and a
+bias with bf16-rounded logits. ``time``: CUDA-graph replays (median), round-robin over
+rounds: cuBLAS ``hidden @ W.T``, the default (``default_config``), and the swapped kernel,
+sampling at T = 1 with a device seed, with per-row temperatures and seeds, and greedy (the
+same kernels without the noise). Each writes a CSV to ``--out-dir``. Needs a Hopper GPU
+(elsewhere it says so and exits 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+from flashsampling_inductor import hopper_kernel, hopper_swap_kernel  # noqa: E402
+from flashsampling_inductor.dispatch import (  # noqa: E402
+    SampleConfig,
+    default_config,
+    triton_fused_sample,
+)
+from flashsampling_inductor.params import SamplingParams  # noqa: E402
+
+SHAPES = [(2048, 151936), (4096, 151936), (8192, 128256)]
+EXACT_BATCHES = [129, 144, 160, 192, 224, 256]
+TIME_BATCHES = [129, 144, 160, 192, 224, 256]
+# The Triton stage 1 (default_config's large-batch tiles without the Gluon kernels).
+TRITON = SampleConfig(
+    128, 128, 64, swap_ab=False, num_warps=8, num_stages=3, maxnreg=128, tma=True,
+    programs_per_sm=2, epilogue_chunks=4,
+)  # fmt: skip
+GLUON_64 = SampleConfig(64, 128, 64, swap_ab=False, warp_specialized_rows=64)
+
+_swap_launches = 0
+_launch = hopper_swap_kernel.launch_stage1
+
+
+def _counting_launch(*args, **kwargs):
+    global _swap_launches
+    _swap_launches += 1
+    return _launch(*args, **kwargs)
+
+
+hopper_swap_kernel.launch_stage1 = _counting_launch
+
+
+def swap_config(batch: int, hidden_size: int, device: torch.device) -> SampleConfig:
+    return dataclasses.replace(
+        default_config(batch, hidden_size, device), warp_specialized_swap=True
+    )
+
+
+def problem(batch, hidden_size, vocab, generator):
+    """hidden and W (bf16) whose logits have std ~5."""
+    hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
+    weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
+    weight *= 5 / hidden_size**0.5
+    return hidden.bfloat16(), weight.bfloat16()
+
+
+def params_cases(batch, device, generator, modes):
+    seed = torch.tensor(1234567, device=device)
+    cases = {
+        "T1_seed": (
+            SamplingParams(temperature=None, scalar_temperature=1.0, seed=seed, scalar_seed=0,
+                           num_samples=1),
+            None, None,
+        ),
+    }  # fmt: skip
+    if modes == "all":
+        temperature = torch.rand(batch, generator=generator, device=device) * 1.5
+        temperature[::7] = 0.0  # greedy rows
+        seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=device)
+        cases["row_T_row_seed"] = (
+            SamplingParams(temperature=temperature, scalar_temperature=1.0, seed=seeds,
+                           scalar_seed=0, num_samples=1),
+            None, None,
+        )  # fmt: skip
+        cases["greedy"] = (
+            SamplingParams(temperature=None, scalar_temperature=0.0, seed=None, scalar_seed=0,
+                           num_samples=1),
+            None, None,
+        )  # fmt: skip
+        cases["py_seed_2_samples_T0.7"] = (
+            SamplingParams(temperature=None, scalar_temperature=0.7, seed=None,
+                           scalar_seed=987654321123, num_samples=2),
+            None, None,
+        )  # fmt: skip
+        cases["bias_bf16_logits"] = (
+            SamplingParams(temperature=None, scalar_temperature=1.0, seed=seed, scalar_seed=0,
+                           num_samples=1, logits_dtype=torch.bfloat16),
+            "bias", None,
+        )  # fmt: skip
+    return cases
+
+
+def exact(args) -> None:
+    out = Path(args.out_dir) / f"swap_exact_{args.modes}.csv"
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    failures = 0
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["D", "V", "B", "case", "tokens_vs_triton", "tokens_vs_default",
+                         "cand_vs_gluon64", "swap_ran", "seconds", "error"])  # fmt: skip
+        for hidden_size, vocab in SHAPES:
+            _, weight = problem(1, hidden_size, vocab, generator)
+            bias = (torch.randn(vocab, generator=generator, device="cuda") * 2).bfloat16()
+            for batch in EXACT_BATCHES:
+                hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
+                hidden = hidden.bfloat16()
+                cases = params_cases(batch, hidden.device, generator, args.modes)
+                if args.modes == "all":
+                    del cases["T1_seed"]  # (the main run's)
+                for name, (params, with_bias, _) in cases.items():
+                    if with_bias and hidden_size != 2048:
+                        continue
+                    b = bias if with_bias else None
+                    start = time.time()
+                    row = [hidden_size, vocab, batch, name]
+                    try:
+                        before = _swap_launches
+                        swap = triton_fused_sample(
+                            hidden,
+                            weight,
+                            b,
+                            params,
+                            swap_config(batch, hidden_size, hidden.device),
+                        )
+                        ran = _swap_launches > before
+                        reference = triton_fused_sample(hidden, weight, b, params, TRITON)
+                        default = triton_fused_sample(hidden, weight, b, params)
+                        cand_swap = triton_fused_sample(
+                            hidden, weight, b, params,
+                            swap_config(batch, hidden_size, hidden.device), tile_candidates=True,
+                        )  # fmt: skip
+                        cand_gluon = triton_fused_sample(
+                            hidden, weight, b, params, GLUON_64, tile_candidates=True
+                        )
+                        same_tokens = torch.equal(swap, reference)
+                        same_default = torch.equal(swap, default)
+                        same_cand = torch.equal(cand_swap[0], cand_gluon[0]) and torch.equal(
+                            cand_swap[1], cand_gluon[1]
+                        )
+                        if not same_cand:
+                            diff = (cand_swap[1] != cand_gluon[1]).nonzero()
+                            print(
+                                f"  candidate mismatches {diff.shape[0]}: first {diff[:4].tolist()}"
+                            )
+                        row += [same_tokens, same_default, same_cand, ran,
+                                f"{time.time() - start:.1f}", ""]  # fmt: skip
+                        failures += not (same_tokens and same_default and same_cand and ran)
+                    except Exception as error:  # noqa: BLE001 - logged, the sweep goes on
+                        traceback.print_exc()
+                        row += ["", "", "", "", f"{time.time() - start:.1f}", repr(error)[:300]]
+                        failures += 1
+                    print(*row, flush=True)
+                    writer.writerow(row)
+                    f.flush()
+    print(f"exact {args.modes}: {failures} failing cases; swap disabled by:",
+          hopper_swap_kernel._disabled_by, "; gluon:", hopper_kernel._disabled_by)  # fmt: skip
+
+
+def median_us(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
+
+
+def graph_median_us(fn) -> float:
+    """Median of CUDA-graph replays of one call of fn (captured after warm-up)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_us(graph.replay)
+
+
+def _matmul(hidden, weight):
+    return lambda: hidden @ weight.T
+
+
+def _call(hidden, weight, params, config):
+    return lambda: triton_fused_sample(hidden, weight, None, params, config)
+
+
+def timing(args) -> None:
+    out = Path(args.out_dir) / "swap_time.csv"
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    summary = []
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["D", "V", "B", "provider", "round", "us"])
+        for hidden_size, vocab in SHAPES:
+            _, weight = problem(1, hidden_size, vocab, generator)
+            for batch in TIME_BATCHES:
+                hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
+                hidden = hidden.bfloat16()
+                seed = torch.tensor(7, device="cuda")
+                plain = SamplingParams(temperature=None, scalar_temperature=1.0, seed=seed,
+                                       scalar_seed=0, num_samples=1)  # fmt: skip
+                rows = SamplingParams(
+                    temperature=torch.rand(batch, generator=generator, device="cuda") + 0.5,
+                    scalar_temperature=1.0,
+                    seed=torch.randint(0, 2**62, (batch,), generator=generator, device="cuda"),
+                    scalar_seed=0, num_samples=1,
+                )  # fmt: skip
+                greedy = dataclasses.replace(plain, scalar_temperature=0.0)
+                swap = swap_config(batch, hidden_size, hidden.device)
+                providers = {
+                    "matmul": _matmul(hidden, weight),
+                    "default": _call(hidden, weight, plain, None),
+                    "swap": _call(hidden, weight, plain, swap),
+                    "default_rows": _call(hidden, weight, rows, None),
+                    "swap_rows": _call(hidden, weight, rows, swap),
+                    "default_greedy": _call(hidden, weight, greedy, None),
+                    "swap_greedy": _call(hidden, weight, greedy, swap),
+                }
+                times = {name: [] for name in providers}
+                for name, fn in list(providers.items()):
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                    except Exception:  # noqa: BLE001 - logged, the others go on
+                        traceback.print_exc()
+                        del providers[name]
+                for round_index in range(args.rounds):
+                    for name, fn in providers.items():
+                        try:
+                            us = graph_median_us(fn)
+                        except Exception:  # noqa: BLE001
+                            traceback.print_exc()
+                            continue
+                        times[name].append(us)
+                        writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
+                f.flush()
+                med = {n: statistics.median(t) for n, t in times.items() if t}
+                mm = med.get("matmul", float("nan"))
+                line = f"D={hidden_size} B={batch}: " + "  ".join(
+                    f"{n} {u:.1f}us ({u / mm:.3f}x)" for n, u in med.items()
+                )
+                print(line, flush=True)
+                summary.append(line)
+    (Path(args.out_dir) / "swap_time_summary.txt").write_text("\n".join(summary) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=["exact", "time"])
+    parser.add_argument("--modes", choices=["main", "all"], default="main")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out-dir", default=".")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("swap_stage1.py needs a Hopper GPU; there is none here: nothing run")
+        return
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    exact(args) if args.what == "exact" else timing(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""Stage 1 for Hopper from 129 to 256 rows: the warp-specialized kernel with the MMA's operands
+swapped (plain sampling and greedy; truncating calls keep ``hopper_kernel``).
+
+Why. ``hopper_kernel`` tiles the batch by 64 or 128 rows (wgmma's M is 64 per warpgroup), so
+B = 144 computes 192 or 256 rows, and its m64n64 MMAs re-read both operands from shared
+memory at half the tensor cores' rate. Here the vocabulary is the MMA's M (64 entries per
+consumer tile) and the batch its N: one accumulator of 128 rows and a second of ``NB`` (8 to
+128, a power of two), so B = 144 computes 144 rows, each weight tile read from HBM serves
+every row at once, and one m64nN instruction reads a 64 x 16 weight slice for up to 128 rows.
+
+The schedule is ``hopper_kernel``'s: a TMA loader warp fills a ring of stages (a 64 x 64
+weight tile and the hidden's rows, re-read from L2 per vocabulary tile), two consumer
+warpgroups alternate their main loops (the ``turn`` barriers) so that one draws its tile's
+noise while the other runs its MMAs. A consumer tile is 64 vocabulary entries, exactly a half
+tile of ``hopper_kernel``'s candidates: the noise (``hopper_kernel._best_of_staged``, the same
+Philox counters keyed on the global row and vocabulary index) and the candidates
+[B, num_samples, 2 * cdiv(V, 128)] are the same bits, so stage 2 and every token are unchanged.
+The accumulators go through shared memory transposed, 64 rows at a time, so the noise side
+reads the rows' quads of tokens as in ``hopper_kernel``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import triton
+
+from . import hopper_kernel
+from .launch import launch
+from .sampling_device import LN2, rows_for_tma
+
+__all__ = ["disable", "extra_rows", "launch_stage1", "supported"]
+
+VOCAB_TILE = 64  # the MMA's M: one candidate's half tile (hopper_kernel.BLOCK_V / 2)
+MAIN_ROWS = 128  # the first accumulator's rows (the MMA's N)
+NOISE_ROWS = 64  # rows whose noise one pass over the staging draws (8 Philox a thread)
+SHARED_BYTES = 227 * 1024 - 1024  # an H100's / H200's shared memory a block, less barriers
+MAX_STAGES = 8
+
+
+_disabled_by: str | None = None  # why this process stopped using the kernel
+
+
+def disable(error: Exception) -> None:
+    """Stop using this kernel in this process, with one warning (``hopper_kernel.disable``'s
+    reason: the installed Gluon could not compile it); the other kernels take over."""
+    global _disabled_by
+    if _disabled_by is None:
+        while error.__cause__ is not None:
+            error = error.__cause__
+        lines = [line for line in str(error).splitlines() if line.strip()] or [""]
+        _disabled_by = f"{type(error).__name__}: {lines[-1].strip()}"
+        warnings.warn(
+            f"flashsampling: the swapped Hopper kernel does not compile with Triton"
+            f" {triton.__version__} ({_disabled_by}); using the other kernels instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def supported(hidden, weight) -> bool:
+    """Whether this kernel can run the call: ``hopper_kernel.supported`` and not disabled."""
+    return _disabled_by is None and hopper_kernel.supported(hidden, weight)
+
+
+def extra_rows(batch: int) -> int:
+    """The second accumulator's rows for a batch of 129-256: the rows past 128, rounded up to
+    a power of two (at least 8, the MMA's smallest N)."""
+    return max(8, triton.next_power_of_2(batch - MAIN_ROWS))
+
+
+def _stages(extra: int) -> int:
+    """Ring depth: as many stages as fit beside the two consumers' staging."""
+    stage = 2 * BLOCK_D * (VOCAB_TILE + MAIN_ROWS + extra)
+    staging = 4 * VOCAB_TILE * (MAIN_ROWS + (extra if extra < NOISE_ROWS else 0))
+    return min(MAX_STAGES, (SHARED_BYTES - 2 * staging) // stage)
+
+
+BLOCK_D = hopper_kernel.BLOCK_D
+
+if hopper_kernel.AVAILABLE:
+    from .hopper_kernel import (
+        _best_of_staged,
+        _thread_barrier,
+        _tma_load,
+        gl,
+        gluon,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    @gluon.jit
+    def _load_swapped(ha_desc, hb_desc, w_desc, ha_bufs, hb_bufs, w_bufs, ready, empty, V, D,
+                      STAGES: gl.constexpr, NB: gl.constexpr):  # fmt: skip
+        """The loader warp: per vocabulary tile of this program and per step of D, the
+        weight tile and every row of hidden (rows >= 128 in a second box)."""
+        VT: gl.constexpr = w_desc.block_type.shape[0]
+        BLOCK_D: gl.constexpr = w_desc.block_type.shape[1]
+        NA: gl.constexpr = ha_desc.block_type.shape[0]
+        num_tiles = 2 * gl.cdiv(V, 2 * VT)
+        k_steps = gl.cdiv(D, BLOCK_D)
+        nbytes: gl.constexpr = (
+            w_desc.block_type.nbytes + ha_desc.block_type.nbytes + hb_desc.block_type.nbytes
+        )
+        it = 0
+        for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+            v_start = tile * VT
+            for k in range(k_steps):
+                stage = it % STAGES
+                mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(stage), nbytes)
+                _tma_load(w_desc, [v_start, k * BLOCK_D], ready.index(stage), w_bufs.index(stage))
+                _tma_load(ha_desc, [0, k * BLOCK_D], ready.index(stage), ha_bufs.index(stage))
+                _tma_load(hb_desc, [NA, k * BLOCK_D], ready.index(stage), hb_bufs.index(stage))
+                it += 1
+
+    @gluon.jit
+    def _noise_of_staged(staging, num_blocks, row_base, tile, num_cand_tiles, B, V, bias_ptr,
+                         temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+                         scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+                         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr,
+                         SEED_MODE: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
+                         EVEN_V: gl.constexpr):  # fmt: skip
+        """The candidates of the staged logits (``num_blocks`` blocks of rows, [rows, 64
+        vocabulary entries] each, the first row ``row_base``) for vocabulary tile ``tile``:
+        ``hopper_kernel._draw_noise``'s noise and stores, a block of rows at a time."""
+        ROWS: gl.constexpr = staging.shape[1]
+        VT: gl.constexpr = staging.shape[2]
+        row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        for block in range(num_blocks):
+            b_start = row_base + block * ROWS
+            rows = b_start + gl.arange(0, ROWS, row_layout)
+            row_mask = rows < B
+            if TEMPERATURE_MODE == 0:
+                noise_scale = gl.full([ROWS], scalar_temperature * LN2, gl.float32, row_layout)
+            elif TEMPERATURE_MODE == 1:
+                noise_scale = gl.full([ROWS], gl.load(temperature_ptr) * LN2, gl.float32,
+                                      row_layout)  # fmt: skip
+            elif TEMPERATURE_MODE == 2:
+                noise_scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
+            else:
+                noise_scale = gl.zeros([ROWS], gl.float32, row_layout)  # unused: greedy
+            if SEED_MODE == 0:
+                k0 = seed_lo.to(gl.uint32)
+                k1 = seed_hi.to(gl.uint32)
+            else:
+                if SEED_MODE == 1:
+                    seed = gl.load(seed_ptr)
+                else:
+                    seed = gl.load(seed_ptr + rows, mask=row_mask, other=0)
+                k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
+                k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+            for sample_index in range(num_samples):
+                best, index = _best_of_staged(
+                    staging, block, tile * (VT // 4), quad_offset, b_start, V, bias_ptr,
+                    noise_scale, sample_index, k0, k1,
+                    HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,
+                    ROWS, 1, VT // 4,
+                )  # fmt: skip
+                best = gl.convert_layout(best, row_layout)
+                index = gl.convert_layout(index, row_layout)
+                out = (rows * num_samples + sample_index) * num_cand_tiles + tile
+                gl.store(cand_score_ptr + out, best, mask=row_mask)
+                gl.store(cand_index_ptr + out, index, mask=row_mask)
+
+    @gluon.jit
+    def _stage(acc, staging):
+        """Store ``acc`` [64 vocabulary entries, rows] transposed into the first blocks of
+        ``staging`` [blocks, rows per block, 64], once its previous contents are read."""
+        _thread_barrier()
+        rows_t = gl.permute(acc, (1, 0))
+        if acc.shape[1] == staging.shape[1]:
+            staging.index(0).store(rows_t)
+        else:
+            gl.static_assert(acc.shape[1] == 2 * staging.shape[1])
+            first, second = gl.split(
+                gl.permute(gl.reshape(rows_t, [2, staging.shape[1], staging.shape[2]]), (1, 2, 0))
+            )
+            staging.index(0).store(first)
+            staging.index(1).store(second)
+        _thread_barrier()
+
+    @gluon.jit
+    def _consume_swapped(
+        parity, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging, staging_b,
+        bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+        HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
+        LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
+        NB: gl.constexpr,
+    ):  # fmt: skip
+        """One consumer warpgroup: the program's vocabulary tiles number parity, parity + 2,
+        ... (``hopper_kernel._consume_tiles``'s ping-pong), each [64, NA + NB] in two
+        accumulators, then their noise."""
+        NA: gl.constexpr = ha_bufs.shape[1]
+        VT: gl.constexpr = w_bufs.shape[1]
+        BLOCK_D: gl.constexpr = w_bufs.shape[2]
+        layout_a: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NA, 16]
+        )
+        layout_b: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NB, 16]
+        )
+        num_cand_tiles = 2 * gl.cdiv(V, 2 * VT)
+        k_steps = gl.cdiv(D, BLOCK_D)
+        num_programs = gl.num_programs(0)
+        n = 0
+        for tile in range(gl.program_id(0) + parity * num_programs, num_cand_tiles,
+                          2 * num_programs):  # fmt: skip
+            j = 2 * n + parity
+            mbarrier.wait(turn.index(parity), (n + parity + 1) & 1, pred=j > 0)
+            it = j * k_steps
+            acc_a = gl.zeros([VT, NA], gl.float32, layout_a)
+            acc_b = gl.zeros([VT, NB], gl.float32, layout_b)
+            for k in range(k_steps):
+                stage = it % STAGES
+                mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+                w = w_bufs.index(stage)
+                acc_a = warpgroup_mma(w, ha_bufs.index(stage).permute((1, 0)), acc_a,
+                                      is_async=True)  # fmt: skip
+                acc_b = warpgroup_mma(w, hb_bufs.index(stage).permute((1, 0)), acc_b,
+                                      is_async=True)  # fmt: skip
+                # Only this step's two MMAs may still run: the previous stage is free.
+                acc_a, acc_b = warpgroup_mma_wait(2, deps=(acc_a, acc_b))
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+                it += 1
+            mbarrier.arrive(turn.index(1 - parity))
+            acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+
+            # The epilogue, while the other consumer runs its MMAs.
+            _stage(acc_a, staging)
+            _noise_of_staged(
+                staging, staging.shape[0], 0, tile, num_cand_tiles, B, V, bias_ptr,
+                temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, scalar_temperature,
+                seed_lo, seed_hi, num_samples, quad_offset,
+                HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+            )  # fmt: skip
+            _stage(acc_b, staging_b)
+            _noise_of_staged(
+                staging_b, NB // staging_b.shape[1], NA, tile, num_cand_tiles, B, V, bias_ptr,
+                temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, scalar_temperature,
+                seed_lo, seed_hi, num_samples, quad_offset,
+                HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+            )  # fmt: skip
+            n += 1
+
+    # A scalar seed or temperature equal to 1 must not become a compile-time constant.
+    @gluon.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "quad_offset"])
+    def _swapped_stage1(
+        ha_desc, hb_desc, w_desc, bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr,
+        cand_index_ptr, B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+        HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
+        LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
+        NB: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+    ):  # fmt: skip
+        NA: gl.constexpr = ha_desc.block_type.shape[0]
+        VT: gl.constexpr = w_desc.block_type.shape[0]
+        NOISE_ROWS: gl.constexpr = 64 if NA >= 64 else NA
+        w_bufs = gl.allocate_shared_memory(
+            w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
+        )
+        ha_bufs = gl.allocate_shared_memory(
+            ha_desc.dtype, [STAGES] + ha_desc.block_type.shape, ha_desc.layout
+        )
+        hb_bufs = gl.allocate_shared_memory(
+            hb_desc.dtype, [STAGES] + hb_desc.block_type.shape, hb_desc.layout
+        )
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        # Per consumer, the first accumulator's logits transposed (fp32, no swizzle), in
+        # blocks of NOISE_ROWS rows; the second's share it from 64 rows, else have their own.
+        staging_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        staging_shape: gl.constexpr = [NA // NOISE_ROWS, NOISE_ROWS, VT]
+        staging0 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
+        staging1 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
+        if NB >= NOISE_ROWS:
+            staging_b0 = staging0
+            staging_b1 = staging1
+        else:
+            staging_b0 = gl.allocate_shared_memory(gl.float32, [1, NB, VT], staging_layout)
+            staging_b1 = gl.allocate_shared_memory(gl.float32, [1, NB, VT], staging_layout)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        gl.warp_specialize(
+            [
+                (
+                    _consume_swapped,
+                    (  # the default partition: the kernel's 4 warps
+                        0, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging0, staging_b0,
+                        bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+                        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
+                        quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE,
+                        EVEN_V, STAGES, NB,
+                    ),
+                ),
+                (
+                    _consume_swapped,
+                    (
+                        1, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging1, staging_b1,
+                        bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+                        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
+                        quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE,
+                        EVEN_V, STAGES, NB,
+                    ),
+                ),
+                (
+                    _load_swapped,
+                    (ha_desc, hb_desc, w_desc, ha_bufs, hb_bufs, w_bufs, ready, empty, V, D,
+                     STAGES, NB),
+                ),
+            ],
+            [4, 1],
+            [CONSUMER_REGISTERS, LOADER_REGISTERS],
+        )  # fmt: skip
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+        for i in gl.static_range(2):
+            mbarrier.invalidate(turn.index(i))
+
+
+def launch_stage1(
+    hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
+    num_samples, logits_dtype, cand_score, cand_index, num_sms, temperature_mode, seed_mode,
+    vocab_offset=0,
+):  # fmt: skip
+    """The sampling epilogue's stage 1 for 129-256 rows on a persistent grid of one program
+    per SM; arguments and candidates as ``hopper_kernel.launch_stage1``'s (cand_* [B,
+    num_samples, 2 * cdiv(V, 128)])."""
+    batch, hidden_size = hidden.shape
+    vocab_size = weight.shape[0]
+    if not MAIN_ROWS < batch <= 2 * MAIN_ROWS:
+        raise ValueError(f"the swapped Hopper kernel takes 129-256 rows, got {batch}")
+    extra = extra_rows(batch)
+    # Padded so that no row box runs past the tensor (see rows_for_tma).
+    padded = rows_for_tma(hidden, MAIN_ROWS + extra)
+    ha_desc = hopper_kernel.TensorDescriptor.from_tensor(
+        padded, [MAIN_ROWS, BLOCK_D], hopper_kernel._shared_layout(MAIN_ROWS, hidden.dtype)
+    )
+    hb_desc = hopper_kernel.TensorDescriptor.from_tensor(
+        padded, [extra, BLOCK_D], hopper_kernel._shared_layout(extra, hidden.dtype)
+    )
+    w_desc = hopper_kernel.TensorDescriptor.from_tensor(
+        weight, [VOCAB_TILE, BLOCK_D], hopper_kernel._shared_layout(VOCAB_TILE, hidden.dtype)
+    )
+    num_tiles = 2 * triton.cdiv(vocab_size, 2 * VOCAB_TILE)
+    launch(
+        _swapped_stage1, (min(num_tiles, num_sms),),
+        ha_desc, hb_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
+        batch, vocab_size, hidden_size, scalar_temperature, seed_lo, seed_hi, num_samples,
+        vocab_offset // 4,
+        HAS_BIAS=bias is not None,
+        TEMPERATURE_MODE=temperature_mode,
+        SEED_MODE=seed_mode,
+        LOGITS_DTYPE=hopper_kernel._GL_DTYPES.get(logits_dtype),
+        EVEN_V=vocab_size % (2 * VOCAB_TILE) == 0,
+        STAGES=_stages(extra),
+        NB=extra,
+        CONSUMER_REGISTERS=hopper_kernel.CONSUMER_REGISTERS,
+        LOADER_REGISTERS=hopper_kernel.LOADER_REGISTERS,
+        num_warps=4,
+    )  # fmt: skip
