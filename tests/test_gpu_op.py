@@ -293,3 +293,46 @@ def test_gpu_warp_specialized_kernel_matches_reference_pathwise(case, block_b, m
     monkeypatch.setattr(dispatch, "default_config", lambda *args: config)
     assert_kernel_matches_reference(case)
     assert hopper_kernel._disabled_by is None
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not _warp_specialized_runs(),
+    reason="the swapped warp-specialized kernel needs Gluon and a Hopper GPU",
+)
+@pytest.mark.parametrize("batch", [129, 150, 200, 256])  # second accumulator 8 / 32 / 128 rows
+def test_gpu_swapped_kernel_draws_the_triton_kernels_tokens(batch, monkeypatch):
+    """The swapped Gluon stage 1 (hopper_swap_kernel, 129-256 rows) draws the Triton
+    kernel's tokens: a device seed, per-row temperatures (greedy rows among them) and seeds
+    with a bias and bf16 logits over two samples, and greedy, on a ragged vocabulary whose
+    last half tile lies past V. It must have run, not handed over to another kernel."""
+    from flashsampling_inductor import dispatch, hopper_swap_kernel
+    from flashsampling_inductor.params import SamplingParams
+
+    launches = []
+    launch = hopper_swap_kernel.launch_stage1
+    monkeypatch.setattr(
+        hopper_swap_kernel, "launch_stage1", lambda *a, **k: launches.append(1) or launch(*a, **k)
+    )
+    generator = torch.Generator(device=CUDA).manual_seed(batch)
+    vocab, hidden_size = 5000, 512  # 5000 = 39 * 128 + 8
+    hidden = torch.randn(batch, hidden_size, generator=generator, device=CUDA).bfloat16()
+    weight = torch.randn(vocab, hidden_size, generator=generator, device=CUDA)
+    weight = (weight * 4 / hidden_size**0.5).bfloat16()
+    bias = torch.randn(vocab, generator=generator, device=CUDA).bfloat16()
+    seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=CUDA)
+    cases = [
+        (SamplingParams(None, 1.0, torch.tensor(11, device=CUDA), 0, 1), None),
+        (SamplingParams(temperature_rows(batch), 1.0, seeds, 0, 2, torch.bfloat16), bias),
+        (SamplingParams(None, 0.0, None, 5, 1), None),
+    ]
+    triton_tiles = dispatch.SampleConfig(
+        128, 128, 64, swap_ab=False, num_warps=8, maxnreg=128, tma=True, programs_per_sm=2,
+        epilogue_chunks=4,
+    )  # fmt: skip
+    swapped = dataclasses.replace(triton_tiles, warp_specialized_swap=True)
+    for params, case_bias in cases:
+        tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
+        expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
+        assert torch.equal(tokens, expected)
+    assert len(launches) == len(cases)
+    assert hopper_swap_kernel._disabled_by is None

@@ -233,7 +233,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from flashsampling_inductor import hopper_kernel as hk
+from flashsampling_inductor import hopper_kernel as hk, hopper_swap_kernel as sk
 
 kernel = hk._hopper_stage1
 pointers = {"seed_ptr": "*i64", "cand_index_ptr": "*i32", "top_m_key_ptr": "*i32",
@@ -272,14 +272,42 @@ for variant in variants:
         GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
         options={"num_warps": 4},
     )
+
+# The swapped kernel (hopper_swap_kernel, 129-256 rows), a second accumulator of 32 rows.
+kernel = sk._swapped_stage1
+extra = sk.extra_rows(150)
+constants = dict(
+    HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
+    STAGES=sk._stages(extra), NB=extra, CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
+    LOADER_REGISTERS=hk.LOADER_REGISTERS,
+)
+boxes = {"ha_desc": sk.MAIN_ROWS, "hb_desc": extra, "w_desc": sk.VOCAB_TILE}
+signature = {}
+for name in kernel.arg_names:
+    if name in constants:
+        signature[name] = "constexpr"
+    elif name in boxes:
+        layout = hk._shared_layout(boxes[name], torch.bfloat16)
+        signature[name] = f"tensordesc<bf16[{boxes[name]}, {sk.BLOCK_D}],{layout!r}>"
+    elif name.endswith("_ptr"):
+        signature[name] = {"seed_ptr": "*i64", "cand_index_ptr": "*i32"}.get(name, "*fp32")
+    else:
+        signature[name] = "fp32" if name == "scalar_temperature" else "i32"
+constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
+triton.compile(
+    GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+    options={"num_warps": 4},
+)
 print("compiled")
 """
 
 
 def test_hopper_truncating_epilogue_compiles():
     """The Gluon stage 1 with its top-m epilogue (packed bf16 keys; fp32 keys with the mass
-    partials and the sampling epilogue beside it, as per-row knobs need) compiles for
-    sm_90a: Gluon has no interpreter, so this is the CPU's only check of that code."""
+    partials and the sampling epilogue beside it, as per-row knobs need) and the swapped
+    stage 1 of 129-256 rows (hopper_swap_kernel: per-row temperatures and seeds, bias,
+    rounded logits, a ragged vocabulary) compile for sm_90a: Gluon has no interpreter, so
+    this is the CPU's only check of that code."""
     if not hopper_kernel.AVAILABLE:
         pytest.skip("this Triton has no Gluon")
     _compile_in_a_child(GLUON_SCRIPT)
