@@ -211,7 +211,7 @@ def timing(args) -> None:
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["D", "V", "B", "provider", "round", "us"])
-        for hidden_size, vocab in SHAPES:
+        for hidden_size, vocab in reversed(SHAPES):  # (the longest first)
             _, weight = problem(1, hidden_size, vocab, generator)
             for batch in TIME_BATCHES:
                 hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
