@@ -37,6 +37,7 @@ from flashsampling_inductor.dispatch import (  # noqa: E402
     default_config,
     triton_fused_sample,
 )
+from flashsampling_inductor.launch import compile_ahead  # noqa: E402
 from flashsampling_inductor.params import SamplingParams  # noqa: E402
 
 SHAPES = [(2048, 151936), (4096, 151936), (8192, 128256)]
@@ -48,6 +49,7 @@ TRITON = SampleConfig(
     programs_per_sm=2, epilogue_chunks=4,
 )  # fmt: skip
 GLUON_64 = SampleConfig(64, 128, 64, swap_ab=False, warp_specialized_rows=64)
+SCHEDULES = ["ping-pong", "cooperative"]  # hopper_swap_kernel's consumers
 
 _swap_launches = 0
 _launch = hopper_swap_kernel.launch_stage1
@@ -62,10 +64,22 @@ def _counting_launch(*args, **kwargs):
 hopper_swap_kernel.launch_stage1 = _counting_launch
 
 
-def swap_config(batch: int, hidden_size: int, device: torch.device) -> SampleConfig:
-    return dataclasses.replace(
-        default_config(batch, hidden_size, device), warp_specialized_swap=True
-    )
+def swap_config(batch, hidden_size, device, schedule="ping-pong") -> SampleConfig:
+    config = default_config(batch, hidden_size, device)
+    return dataclasses.replace(config, warp_specialized_swap=schedule)
+
+
+def precompile(calls) -> None:
+    """Compile every kernel the calls launch, 16 at a time (a dry run of their host code)."""
+    start = time.time()
+    try:
+        with compile_ahead(threads=16):
+            for call in calls:
+                call()
+    except Exception:  # noqa: BLE001 - they then compile at their first launch
+        traceback.print_exc()
+    torch.cuda.synchronize()
+    print(f"compiled ahead in {time.time() - start:.1f} s", flush=True)
 
 
 def problem(batch, hidden_size, vocab, generator):
@@ -118,17 +132,28 @@ def exact(args) -> None:
     failures = 0
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["D", "V", "B", "case", "tokens_vs_triton", "tokens_vs_default",
-                         "cand_vs_gluon64", "swap_ran", "seconds", "error"])  # fmt: skip
+        columns = ["schedule", "tokens_vs_triton", "tokens_vs_default", "cand_vs_gluon64", "ran"]
+        writer.writerow(["D", "V", "B", "case", *columns * len(SCHEDULES), "seconds", "error"])
         for hidden_size, vocab in SHAPES:
             _, weight = problem(1, hidden_size, vocab, generator)
             bias = (torch.randn(vocab, generator=generator, device="cuda") * 2).bfloat16()
+            problems = []
             for batch in EXACT_BATCHES:
                 hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
                 hidden = hidden.bfloat16()
                 cases = params_cases(batch, hidden.device, generator, args.modes)
                 if args.modes == "all":
                     del cases["T1_seed"]  # (the main run's)
+                problems.append((batch, hidden, cases))
+            configs = [TRITON, None, GLUON_64]
+            precompile(
+                _call(hidden, weight, params, config, bias if with_bias else None)
+                for batch, hidden, cases in problems
+                for params, with_bias, _ in cases.values()
+                for config in configs
+                + [swap_config(batch, hidden_size, hidden.device, s) for s in SCHEDULES]
+            )
+            for batch, hidden, cases in problems:
                 for name, (params, with_bias, _) in cases.items():
                     if with_bias and hidden_size != 2048:
                         continue
@@ -136,40 +161,34 @@ def exact(args) -> None:
                     start = time.time()
                     row = [hidden_size, vocab, batch, name]
                     try:
-                        before = _swap_launches
-                        swap = triton_fused_sample(
-                            hidden,
-                            weight,
-                            b,
-                            params,
-                            swap_config(batch, hidden_size, hidden.device),
-                        )
-                        ran = _swap_launches > before
                         reference = triton_fused_sample(hidden, weight, b, params, TRITON)
                         default = triton_fused_sample(hidden, weight, b, params)
-                        cand_swap = triton_fused_sample(
-                            hidden, weight, b, params,
-                            swap_config(batch, hidden_size, hidden.device), tile_candidates=True,
-                        )  # fmt: skip
                         cand_gluon = triton_fused_sample(
                             hidden, weight, b, params, GLUON_64, tile_candidates=True
                         )
-                        same_tokens = torch.equal(swap, reference)
-                        same_default = torch.equal(swap, default)
-                        same_cand = torch.equal(cand_swap[0], cand_gluon[0]) and torch.equal(
-                            cand_swap[1], cand_gluon[1]
-                        )
-                        if not same_cand:
-                            diff = (cand_swap[1] != cand_gluon[1]).nonzero()
-                            print(
-                                f"  candidate mismatches {diff.shape[0]}: first {diff[:4].tolist()}"
+                        for schedule in SCHEDULES:
+                            config = swap_config(batch, hidden_size, hidden.device, schedule)
+                            before = _swap_launches
+                            swap = triton_fused_sample(hidden, weight, b, params, config)
+                            ran = _swap_launches > before
+                            cand_swap = triton_fused_sample(
+                                hidden, weight, b, params, config, tile_candidates=True
                             )
-                        row += [same_tokens, same_default, same_cand, ran,
-                                f"{time.time() - start:.1f}", ""]  # fmt: skip
-                        failures += not (same_tokens and same_default and same_cand and ran)
+                            same_tokens = torch.equal(swap, reference)
+                            same_default = torch.equal(swap, default)
+                            same_cand = torch.equal(cand_swap[0], cand_gluon[0]) and torch.equal(
+                                cand_swap[1], cand_gluon[1]
+                            )
+                            if not same_cand and cand_swap[1].shape == cand_gluon[1].shape:
+                                diff = (cand_swap[1] != cand_gluon[1]).nonzero()
+                                print(f"  {schedule} candidates differ at {diff.shape[0]}:"
+                                      f" first {diff[:4].tolist()}")  # fmt: skip
+                            row += [schedule, same_tokens, same_default, same_cand, ran]
+                            failures += not (same_tokens and same_default and same_cand and ran)
+                        row += [f"{time.time() - start:.1f}", ""]
                     except Exception as error:  # noqa: BLE001 - logged, the sweep goes on
                         traceback.print_exc()
-                        row += ["", "", "", "", f"{time.time() - start:.1f}", repr(error)[:300]]
+                        row += [f"{time.time() - start:.1f}", repr(error)[:300]]
                         failures += 1
                     print(*row, flush=True)
                     writer.writerow(row)
@@ -200,42 +219,50 @@ def _matmul(hidden, weight):
     return lambda: hidden @ weight.T
 
 
-def _call(hidden, weight, params, config):
-    return lambda: triton_fused_sample(hidden, weight, None, params, config)
+def _call(hidden, weight, params, config, bias=None):
+    return lambda: triton_fused_sample(hidden, weight, bias, params, config)
+
+
+def _providers(batch, hidden_size, weight, generator) -> dict:
+    """The timed calls at one point: cuBLAS, and per kernel choice three sampling modes."""
+    hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda").bfloat16()
+    seed = torch.tensor(7, device="cuda")
+    plain = SamplingParams(temperature=None, scalar_temperature=1.0, seed=seed, scalar_seed=0,
+                           num_samples=1)  # fmt: skip
+    rows = SamplingParams(
+        temperature=torch.rand(batch, generator=generator, device="cuda") + 0.5,
+        scalar_temperature=1.0,
+        seed=torch.randint(0, 2**62, (batch,), generator=generator, device="cuda"),
+        scalar_seed=0, num_samples=1,
+    )  # fmt: skip
+    greedy = dataclasses.replace(plain, scalar_temperature=0.0)
+    configs = {
+        "default": None,
+        "swap": swap_config(batch, hidden_size, hidden.device),
+        "coop": swap_config(batch, hidden_size, hidden.device, "cooperative"),
+    }
+    providers = {"matmul": _matmul(hidden, weight)}
+    for suffix, params in (("", plain), ("_rows", rows), ("_greedy", greedy)):
+        for name, config in configs.items():
+            providers[name + suffix] = _call(hidden, weight, params, config)
+    return providers
 
 
 def timing(args) -> None:
     out = Path(args.out_dir) / "swap_time.csv"
     generator = torch.Generator(device="cuda").manual_seed(1)
-    summary = []
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["D", "V", "B", "provider", "round", "us"])
         for hidden_size, vocab in reversed(SHAPES):  # (the longest first)
             _, weight = problem(1, hidden_size, vocab, generator)
+            points = []
             for batch in TIME_BATCHES:
-                hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
-                hidden = hidden.bfloat16()
-                seed = torch.tensor(7, device="cuda")
-                plain = SamplingParams(temperature=None, scalar_temperature=1.0, seed=seed,
-                                       scalar_seed=0, num_samples=1)  # fmt: skip
-                rows = SamplingParams(
-                    temperature=torch.rand(batch, generator=generator, device="cuda") + 0.5,
-                    scalar_temperature=1.0,
-                    seed=torch.randint(0, 2**62, (batch,), generator=generator, device="cuda"),
-                    scalar_seed=0, num_samples=1,
-                )  # fmt: skip
-                greedy = dataclasses.replace(plain, scalar_temperature=0.0)
-                swap = swap_config(batch, hidden_size, hidden.device)
-                providers = {
-                    "matmul": _matmul(hidden, weight),
-                    "default": _call(hidden, weight, plain, None),
-                    "swap": _call(hidden, weight, plain, swap),
-                    "default_rows": _call(hidden, weight, rows, None),
-                    "swap_rows": _call(hidden, weight, rows, swap),
-                    "default_greedy": _call(hidden, weight, greedy, None),
-                    "swap_greedy": _call(hidden, weight, greedy, swap),
-                }
+                points.append((batch, _providers(batch, hidden_size, weight, generator)))
+            precompile(
+                fn for _, providers in points for name, fn in providers.items() if name != "matmul"
+            )
+            for batch, providers in points:
                 times = {name: [] for name in providers}
                 for name, fn in list(providers.items()):
                     try:
@@ -260,8 +287,8 @@ def timing(args) -> None:
                     f"{n} {u:.1f}us ({u / mm:.3f}x)" for n, u in med.items()
                 )
                 print(line, flush=True)
-                summary.append(line)
-    (Path(args.out_dir) / "swap_time_summary.txt").write_text("\n".join(summary) + "\n")
+                with open(Path(args.out_dir) / "swap_time_summary.txt", "a") as summary:
+                    summary.write(line + "\n")
 
 
 def main() -> None:

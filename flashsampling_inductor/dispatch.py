@@ -67,8 +67,9 @@ class SampleConfig:
     # this many rows (64 or 128) per tile; calls it cannot run take the Triton kernel above.
     warp_specialized_rows: int = 0
     # On Hopper, plain sampling (and greedy) at 129-256 rows takes the warp-specialized kernel
-    # with the vocabulary on the MMA's M (hopper_swap_kernel.py); other calls as above.
-    warp_specialized_swap: bool = False
+    # with the vocabulary on the MMA's M (hopper_swap_kernel.py), its consumers "ping-pong" or
+    # "cooperative"; other calls as above.
+    warp_specialized_swap: str = ""
 
 
 def default_config(
@@ -379,6 +380,7 @@ def triton_fused_sample(
                 return _hopper_swap_fused_sample(
                     hidden, weight, bias, params, out, temperature_mode, seed_mode, seed_u64,
                     vocab_offset, out_score, tile_candidates,
+                    config.warp_specialized_swap == "cooperative",
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_swap_kernel.disable(error)
@@ -592,11 +594,11 @@ def _hopper_fused_sample(
 
 def _hopper_swap_fused_sample(
     hidden, weight, bias, params, out, temperature_mode, seed_mode, seed_u64, vocab_offset=0,
-    out_score=None, tile_candidates=False,
+    out_score=None, tile_candidates=False, cooperative=False,
 ):  # fmt: skip
-    """Plain sampling at 129-256 rows with stage 1 in ``hopper_swap_kernel`` (the last three
-    arguments as in ``triton_fused_sample``): the candidates of ``_hopper_fused_sample``'s
-    half tiles, then stage 2."""
+    """Plain sampling at 129-256 rows with stage 1 in ``hopper_swap_kernel`` (``vocab_offset``
+    to ``tile_candidates`` as in ``triton_fused_sample``; ``cooperative``: its consumers share
+    each stage): the candidates of ``_hopper_fused_sample``'s half tiles, then stage 2."""
     from . import hopper_swap_kernel
 
     batch, vocab_size = hidden.shape[0], weight.shape[0]
@@ -610,7 +612,7 @@ def _hopper_swap_fused_sample(
             hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
             seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
             cand_score, cand_index, _num_sms(hidden.device), temperature_mode, seed_mode,
-            vocab_offset,
+            vocab_offset, coop=cooperative,
         )  # fmt: skip
         if tile_candidates:
             return cand_score, cand_index

@@ -69,9 +69,9 @@ def extra_rows(batch: int) -> int:
     return max(8, triton.next_power_of_2(batch - MAIN_ROWS))
 
 
-def _stages(extra: int) -> int:
+def _stages(extra: int, coop: bool = False) -> int:
     """Ring depth: as many stages as fit beside the two consumers' staging."""
-    stage = 2 * BLOCK_D * (VOCAB_TILE + MAIN_ROWS + extra)
+    stage = 2 * BLOCK_D * ((1 + coop) * VOCAB_TILE + MAIN_ROWS + extra)
     staging = 4 * VOCAB_TILE * (MAIN_ROWS + (extra if extra < NOISE_ROWS else 0))
     return min(MAX_STAGES, (SHARED_BYTES - 2 * staging) // stage)
 
@@ -93,19 +93,20 @@ if hopper_kernel.AVAILABLE:
     @gluon.jit
     def _load_swapped(ha_desc, hb_desc, w_desc, ha_bufs, hb_bufs, w_bufs, ready, empty, V, D,
                       STAGES: gl.constexpr, NB: gl.constexpr):  # fmt: skip
-        """The loader warp: per vocabulary tile of this program and per step of D, the
-        weight tile and every row of hidden (rows >= 128 in a second box)."""
-        VT: gl.constexpr = w_desc.block_type.shape[0]
+        """The loader warp: per weight box of this program (one consumer tile, or with
+        COOP both consumers' tiles) and per step of D, the weight tile and every row of hidden
+        (rows >= 128 in a second box)."""
+        W_ROWS: gl.constexpr = w_desc.block_type.shape[0]
         BLOCK_D: gl.constexpr = w_desc.block_type.shape[1]
         NA: gl.constexpr = ha_desc.block_type.shape[0]
-        num_tiles = 2 * gl.cdiv(V, 2 * VT)
+        num_tiles = gl.cdiv(V, 128) * (128 // W_ROWS)
         k_steps = gl.cdiv(D, BLOCK_D)
         nbytes: gl.constexpr = (
             w_desc.block_type.nbytes + ha_desc.block_type.nbytes + hb_desc.block_type.nbytes
         )
         it = 0
         for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-            v_start = tile * VT
+            v_start = tile * W_ROWS
             for k in range(k_steps):
                 stage = it % STAGES
                 mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)
@@ -188,13 +189,15 @@ if hopper_kernel.AVAILABLE:
         B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
-        NB: gl.constexpr,
+        NB: gl.constexpr, COOP: gl.constexpr,
     ):  # fmt: skip
-        """One consumer warpgroup: the program's vocabulary tiles number parity, parity + 2,
-        ... (``hopper_kernel._consume_tiles``'s ping-pong), each [64, NA + NB] in two
-        accumulators, then their noise."""
+        """One consumer warpgroup. Ping-pong (``hopper_kernel._consume_tiles``'s): the
+        program's vocabulary tiles number parity, parity + 2, ..., main loops in turn. COOP:
+        each ring stage holds two tiles' weights, the consumer takes the half ``parity``
+        (hidden read once for both), and the two run their MMAs and their noise together.
+        Each tile is [64, NA + NB] in two accumulators, then its noise."""
         NA: gl.constexpr = ha_bufs.shape[1]
-        VT: gl.constexpr = w_bufs.shape[1]
+        VT: gl.constexpr = 64
         BLOCK_D: gl.constexpr = w_bufs.shape[2]
         layout_a: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NA, 16]
@@ -205,18 +208,33 @@ if hopper_kernel.AVAILABLE:
         num_cand_tiles = 2 * gl.cdiv(V, 2 * VT)
         k_steps = gl.cdiv(D, BLOCK_D)
         num_programs = gl.num_programs(0)
+        if COOP:
+            first = gl.program_id(0)
+            step = num_programs
+            end = gl.cdiv(V, 2 * VT)
+        else:
+            first = gl.program_id(0) + parity * num_programs
+            step = 2 * num_programs
+            end = num_cand_tiles
         n = 0
-        for tile in range(gl.program_id(0) + parity * num_programs, num_cand_tiles,
-                          2 * num_programs):  # fmt: skip
-            j = 2 * n + parity
-            mbarrier.wait(turn.index(parity), (n + parity + 1) & 1, pred=j > 0)
-            it = j * k_steps
+        for t in range(first, end, step):
+            if COOP:
+                tile = 2 * t + parity
+                it = n * k_steps
+            else:
+                tile = t
+                j = 2 * n + parity
+                mbarrier.wait(turn.index(parity), (n + parity + 1) & 1, pred=j > 0)
+                it = j * k_steps
             acc_a = gl.zeros([VT, NA], gl.float32, layout_a)
             acc_b = gl.zeros([VT, NB], gl.float32, layout_b)
             for k in range(k_steps):
                 stage = it % STAGES
                 mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
-                w = w_bufs.index(stage)
+                if COOP:
+                    w = w_bufs.index(stage).slice(parity * VT, VT)
+                else:
+                    w = w_bufs.index(stage)
                 acc_a = warpgroup_mma(w, ha_bufs.index(stage).permute((1, 0)), acc_a,
                                       is_async=True)  # fmt: skip
                 acc_b = warpgroup_mma(w, hb_bufs.index(stage).permute((1, 0)), acc_b,
@@ -225,11 +243,12 @@ if hopper_kernel.AVAILABLE:
                 acc_a, acc_b = warpgroup_mma_wait(2, deps=(acc_a, acc_b))
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                 it += 1
-            mbarrier.arrive(turn.index(1 - parity))
+            if not COOP:
+                mbarrier.arrive(turn.index(1 - parity))
             acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
-            # The epilogue, while the other consumer runs its MMAs.
+            # The epilogue (ping-pong: while the other consumer runs its MMAs).
             _stage(acc_a, staging)
             _noise_of_staged(
                 staging, staging.shape[0], 0, tile, num_cand_tiles, B, V, bias_ptr,
@@ -254,9 +273,10 @@ if hopper_kernel.AVAILABLE:
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         NB: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+        COOP: gl.constexpr = False,
     ):  # fmt: skip
         NA: gl.constexpr = ha_desc.block_type.shape[0]
-        VT: gl.constexpr = w_desc.block_type.shape[0]
+        VT: gl.constexpr = 64
         NOISE_ROWS: gl.constexpr = 64 if NA >= 64 else NA
         w_bufs = gl.allocate_shared_memory(
             w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
@@ -284,7 +304,10 @@ if hopper_kernel.AVAILABLE:
             staging_b1 = gl.allocate_shared_memory(gl.float32, [1, NB, VT], staging_layout)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+            if COOP:  # both consumers read each stage
+                mbarrier.init(empty.index(i), count=2)
+            else:
+                mbarrier.init(empty.index(i), count=1)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         gl.warp_specialize(
@@ -296,7 +319,7 @@ if hopper_kernel.AVAILABLE:
                         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
                         B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
                         quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE,
-                        EVEN_V, STAGES, NB,
+                        EVEN_V, STAGES, NB, COOP,
                     ),
                 ),
                 (
@@ -306,7 +329,7 @@ if hopper_kernel.AVAILABLE:
                         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
                         B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
                         quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE,
-                        EVEN_V, STAGES, NB,
+                        EVEN_V, STAGES, NB, COOP,
                     ),
                 ),
                 (
@@ -328,11 +351,12 @@ if hopper_kernel.AVAILABLE:
 def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, num_sms, temperature_mode, seed_mode,
-    vocab_offset=0,
+    vocab_offset=0, coop=False,
 ):  # fmt: skip
     """The sampling epilogue's stage 1 for 129-256 rows on a persistent grid of one program
     per SM; arguments and candidates as ``hopper_kernel.launch_stage1``'s (cand_* [B,
-    num_samples, 2 * cdiv(V, 128)])."""
+    num_samples, 2 * cdiv(V, 128)]); ``coop``: the consumers share each stage's hidden
+    (``_consume_swapped``)."""
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     if not MAIN_ROWS < batch <= 2 * MAIN_ROWS:
@@ -346,10 +370,11 @@ def launch_stage1(
     hb_desc = hopper_kernel.TensorDescriptor.from_tensor(
         padded, [extra, BLOCK_D], hopper_kernel._shared_layout(extra, hidden.dtype)
     )
+    w_rows = 2 * VOCAB_TILE if coop else VOCAB_TILE
     w_desc = hopper_kernel.TensorDescriptor.from_tensor(
-        weight, [VOCAB_TILE, BLOCK_D], hopper_kernel._shared_layout(VOCAB_TILE, hidden.dtype)
+        weight, [w_rows, BLOCK_D], hopper_kernel._shared_layout(w_rows, hidden.dtype)
     )
-    num_tiles = 2 * triton.cdiv(vocab_size, 2 * VOCAB_TILE)
+    num_tiles = triton.cdiv(vocab_size, 2 * VOCAB_TILE) * (2 * VOCAB_TILE // w_rows)
     launch(
         _swapped_stage1, (min(num_tiles, num_sms),),
         ha_desc, hb_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
@@ -360,8 +385,9 @@ def launch_stage1(
         SEED_MODE=seed_mode,
         LOGITS_DTYPE=hopper_kernel._GL_DTYPES.get(logits_dtype),
         EVEN_V=vocab_size % (2 * VOCAB_TILE) == 0,
-        STAGES=_stages(extra),
+        STAGES=_stages(extra, coop),
         NB=extra,
+        COOP=coop,
         CONSUMER_REGISTERS=hopper_kernel.CONSUMER_REGISTERS,
         LOADER_REGISTERS=hopper_kernel.LOADER_REGISTERS,
         num_warps=4,

@@ -329,10 +329,11 @@ def test_gpu_swapped_kernel_draws_the_triton_kernels_tokens(batch, monkeypatch):
         128, 128, 64, swap_ab=False, num_warps=8, maxnreg=128, tma=True, programs_per_sm=2,
         epilogue_chunks=4,
     )  # fmt: skip
-    swapped = dataclasses.replace(triton_tiles, warp_specialized_swap=True)
-    for params, case_bias in cases:
-        tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
-        expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
-        assert torch.equal(tokens, expected)
-    assert len(launches) == len(cases)
+    for schedule in ("ping-pong", "cooperative"):
+        swapped = dataclasses.replace(triton_tiles, warp_specialized_swap=schedule)
+        for params, case_bias in cases:
+            tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
+            expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
+            assert torch.equal(tokens, expected), (schedule, params)
+    assert len(launches) == 2 * len(cases)
     assert hopper_swap_kernel._disabled_by is None
