@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -49,7 +50,8 @@ TRITON = SampleConfig(
     programs_per_sm=2, epilogue_chunks=4,
 )  # fmt: skip
 GLUON_64 = SampleConfig(64, 128, 64, swap_ab=False, warp_specialized_rows=64)
-SCHEDULES = ["ping-pong", "cooperative"]  # hopper_swap_kernel's consumers
+# hopper_swap_kernel's consumers (+swizzle: its experimental staging layout)
+SCHEDULES = ["ping-pong", "cooperative", "ping-pong+swizzle"]
 
 _swap_launches = 0
 _launch = hopper_swap_kernel.launch_stage1
@@ -66,7 +68,22 @@ hopper_swap_kernel.launch_stage1 = _counting_launch
 
 def swap_config(batch, hidden_size, device, schedule="ping-pong") -> SampleConfig:
     config = default_config(batch, hidden_size, device)
-    return dataclasses.replace(config, warp_specialized_swap=schedule)
+    return dataclasses.replace(config, warp_specialized_swap=schedule.split("+")[0])
+
+
+def swizzled(schedule, call):
+    """``call`` with hopper_swap_kernel's swizzled staging where ``schedule`` asks for it."""
+    if not schedule.endswith("+swizzle"):
+        return call
+
+    def with_swizzle():
+        hopper_swap_kernel.SWIZZLE_STAGING = True
+        try:
+            return call()
+        finally:
+            hopper_swap_kernel.SWIZZLE_STAGING = False
+
+    return with_swizzle
 
 
 def precompile(calls) -> None:
@@ -147,11 +164,11 @@ def exact(args) -> None:
                 problems.append((batch, hidden, cases))
             configs = [TRITON, None, GLUON_64]
             precompile(
-                _call(hidden, weight, params, config, bias if with_bias else None)
+                swizzled(s, _call(hidden, weight, params, c, bias if with_bias else None))
                 for batch, hidden, cases in problems
                 for params, with_bias, _ in cases.values()
-                for config in configs
-                + [swap_config(batch, hidden_size, hidden.device, s) for s in SCHEDULES]
+                for s, c in [("", config) for config in configs]
+                + [(s, swap_config(batch, hidden_size, hidden.device, s)) for s in SCHEDULES]
             )
             for batch, hidden, cases in problems:
                 for name, (params, with_bias, _) in cases.items():
@@ -169,11 +186,15 @@ def exact(args) -> None:
                         for schedule in SCHEDULES:
                             config = swap_config(batch, hidden_size, hidden.device, schedule)
                             before = _swap_launches
-                            swap = triton_fused_sample(hidden, weight, b, params, config)
+                            swap = swizzled(schedule, _call(hidden, weight, params, config, b))()
                             ran = _swap_launches > before
-                            cand_swap = triton_fused_sample(
-                                hidden, weight, b, params, config, tile_candidates=True
-                            )
+                            cand_swap = swizzled(
+                                schedule,
+                                functools.partial(
+                                    triton_fused_sample, hidden, weight, b, params, config,
+                                    tile_candidates=True,
+                                ),
+                            )()  # fmt: skip
                             same_tokens = torch.equal(swap, reference)
                             same_default = torch.equal(swap, default)
                             same_cand = torch.equal(cand_swap[0], cand_gluon[0]) and torch.equal(
@@ -245,6 +266,7 @@ def _providers(batch, hidden_size, weight, generator) -> dict:
     for suffix, params in (("", plain), ("_rows", rows), ("_greedy", greedy)):
         for name, config in configs.items():
             providers[name + suffix] = _call(hidden, weight, params, config)
+    providers["swap_swizzle"] = swizzled("+swizzle", _call(hidden, weight, plain, configs["swap"]))
     return providers
 
 

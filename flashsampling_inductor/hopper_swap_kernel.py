@@ -36,6 +36,7 @@ MAIN_ROWS = 128  # the first accumulator's rows (the MMA's N)
 NOISE_ROWS = 64  # rows whose noise one pass over the staging draws (8 Philox a thread)
 SHARED_BYTES = 227 * 1024 - 1024  # an H100's / H200's shared memory a block, less barriers
 MAX_STAGES = 8
+SWIZZLE_STAGING = False  # (an experiment: the staging's layout, see _swapped_stage1)
 
 
 _disabled_by: str | None = None  # why this process stopped using the kernel
@@ -273,7 +274,7 @@ if hopper_kernel.AVAILABLE:
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         NB: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-        COOP: gl.constexpr = False,
+        COOP: gl.constexpr = False, SWIZZLE: gl.constexpr = False,
     ):  # fmt: skip
         NA: gl.constexpr = ha_desc.block_type.shape[0]
         VT: gl.constexpr = 64
@@ -292,7 +293,12 @@ if hopper_kernel.AVAILABLE:
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         # Per consumer, the first accumulator's logits transposed (fp32, no swizzle), in
         # blocks of NOISE_ROWS rows; the second's share it from 64 rows, else have their own.
-        staging_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        if SWIZZLE:
+            # 16-byte groups of a row XOR the row (mod 8): the transposed stores of
+            # _stage (8 vocabulary entries x 4 rows a warp) hit 32 banks, not 8.
+            staging_layout: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+        else:
+            staging_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         staging_shape: gl.constexpr = [NA // NOISE_ROWS, NOISE_ROWS, VT]
         staging0 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
         staging1 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
@@ -388,6 +394,7 @@ def launch_stage1(
         STAGES=_stages(extra, coop),
         NB=extra,
         COOP=coop,
+        SWIZZLE=SWIZZLE_STAGING,
         CONSUMER_REGISTERS=hopper_kernel.CONSUMER_REGISTERS,
         LOADER_REGISTERS=hopper_kernel.LOADER_REGISTERS,
         num_warps=4,

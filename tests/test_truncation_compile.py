@@ -278,8 +278,8 @@ kernel = sk._swapped_stage1
 extra = sk.extra_rows(150)
 constants = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
-    STAGES=sk._stages(extra), NB=extra, COOP=False, CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
-    LOADER_REGISTERS=hk.LOADER_REGISTERS,
+    STAGES=sk._stages(extra), NB=extra, COOP=False, SWIZZLE=False,
+    CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS, LOADER_REGISTERS=hk.LOADER_REGISTERS,
 )
 boxes = {"ha_desc": sk.MAIN_ROWS, "hb_desc": extra, "w_desc": sk.VOCAB_TILE}
 signature = {}
