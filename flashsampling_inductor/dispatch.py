@@ -147,8 +147,26 @@ def default_config(
             128, 256, 64, swap_ab=False, num_warps=8, num_stages=3,
             tma=True, programs_per_sm=1, epilogue_chunks=4,
         )  # fmt: skip
+    # Plain sampling and greedy from 129 rows: the swapped Gluon kernel (the batch on the MMA's
+    # N: B = 144 computes 144 rows, not 192 or 256). H200, whole calls against the choice
+    # above, T = 1 / per-row temperatures and seeds / greedy: D = 8192 B = 144 898 -> 700 /
+    # 984 -> 709 / 822 -> 689 us, B = 192 879 -> 794 / 919 -> 812 / 882 -> 768; D = 4096 B =
+    # 144 579 -> 421; D = 2048 B = 144 294 -> 242, B = 160 294 -> 254. Above 192 rows (160 at
+    # D = 2048) it was even or slower, greedy up to 19% slower (swap_stage1_h200_20261127-2027_*,
+    # benchmarks/swap_stage1.py). Truncating calls keep the kernels above.
+    swap_rows_max = 160 if hidden_size <= 2048 else 192
+    swap = (
+        _WARP_SPECIALIZED
+        and 128 < batch <= swap_rows_max
+        and not short_vocab_shard  # (not measured)
+        and is_hopper(device)
+    )
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
-    return dataclasses.replace(triton_config, warp_specialized_rows=hopper_rows)
+    return dataclasses.replace(
+        triton_config,
+        warp_specialized_rows=hopper_rows,
+        warp_specialized_swap="ping-pong" if swap else "",
+    )
 
 
 def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
