@@ -32,8 +32,101 @@ import tempfile
 import threading
 import time
 
+# The main thread's stack, sampled: a phase is the first of these (file's tail, function)
+# found in a sample's stack, innermost first among equals, in this order.
+PHASES = [
+    ("Triton compile (op's kernels)", "triton/compiler/compiler.py", "compile"),
+    ("launcher build (first launch)", "triton/compiler/compiler.py", "_init_handles"),
+    ("wait for compiles ahead", "flashsampling_inductor/launch.py", "wait_for_compiles"),
+    ("our op (first launch)", "flashsampling_inductor/launch.py", "_launch_by_triton"),
+    ("Inductor autotune", "triton_heuristics.py", "benchmark_all_configs"),
+    ("Inductor codegen+compile", "torch/_inductor/compile_fx.py", "fx_codegen_and_compile"),
+    ("Inductor joint passes", "torch/_inductor/compile_fx.py", "_recursive_joint_graph_passes"),
+    ("AOT (trace, metadata)", "torch/_functorch/aot_autograd.py", "create_aot_dispatcher_function"),
+    ("Inductor (other)", "torch/_inductor/compile_fx.py", "compile_fx"),
+    ("guards", "torch/_dynamo/guards.py", "__init__"),
+    ("Dynamo (trace, other)", "torch/_dynamo/convert_frame.py", "_compile"),
+    ("CUDA graph record", "torch/_inductor/cudagraph_trees.py", "_record"),
+    ("CUDA graph trees (warm-up, other)", "torch/_inductor/cudagraph_trees.py", ""),
+    ("prefill", "transformers/generation/utils.py", "_prefill"),
+    ("compiled step (other)", "flashsampling_inductor/hf.py", "step"),
+    ("our op (other)", "flashsampling_inductor/", ""),
+    ("generate (other)", "transformers/", ""),
+]
 
-def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -> None:
+
+class StackSampler(threading.Thread):
+    """Samples the main thread's stack every ``period`` seconds: (time, stack id), stacks
+    interned as lists of "file:line function" frames, outermost first."""
+
+    def __init__(self, origin: list, period: float = 0.02) -> None:
+        super().__init__(name="stack-sampler", daemon=True)
+        self.origin, self.period = origin, period
+        self.main = threading.main_thread().ident
+        self.samples: list[tuple[float, int]] = []
+        self.stacks: dict[tuple, int] = {}
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            frame = sys._current_frames().get(self.main)
+            stack = []
+            while frame is not None:
+                code = frame.f_code
+                stack.append((code.co_filename, frame.f_lineno, code.co_name))
+                frame = frame.f_back
+            key = tuple(reversed(stack))
+            stack_id = self.stacks.setdefault(key, len(self.stacks))
+            self.samples.append((time.perf_counter() - self.origin[0], stack_id))
+            time.sleep(self.period)
+
+    def phase(self, stack: tuple) -> str:
+        for name, file_tail, function in PHASES:
+            for filename, _, code_name in reversed(stack):
+                if filename.endswith(file_tail) or (
+                    file_tail.endswith("/") and file_tail in filename
+                ):
+                    if not function or code_name == function:
+                        return name
+        return "other: " + (f"{stack[-1][0].rsplit('/', 2)[-1]}:{stack[-1][2]}" if stack else "?")
+
+    def report(self, path: str | None, until: float) -> None:
+        by_id = {stack_id: stack for stack, stack_id in self.stacks.items()}
+        phases = [(at, self.phase(by_id[stack_id])) for at, stack_id in self.samples if at <= until]
+        totals: dict[str, float] = {}  # (a sample stands for the time until the next)
+        for (at, phase), (next_at, _) in zip(phases, [*phases[1:], (until, None)], strict=True):
+            totals[phase] = totals.get(phase, 0.0) + next_at - at
+        print(f"main thread, sampled every {self.period * 1e3:.0f} ms (first call, {until:.1f} s):")
+        for phase, seconds in sorted(totals.items(), key=lambda item: -item[1])[:25]:
+            print(f"  {seconds:7.2f} s  {phase}")
+        print("main thread's timeline (spans of one phase >= 0.3 s):")
+        spans: list[list] = []
+        for at, phase in phases:
+            if spans and spans[-1][2] == phase:
+                spans[-1][1] = at
+            else:
+                spans.append([at, at, phase])
+        for start, end, phase in spans:
+            if end - start >= 0.3:
+                print(f"  {start:7.2f} -> {end:7.2f} s  {phase}")
+        if path:
+            import gzip
+            import json
+
+            with gzip.open(path, "wt") as file:
+                json.dump(
+                    {
+                        "period": self.period,
+                        "samples": self.samples,
+                        "stacks": [[list(frame) for frame in by_id[i]] for i in range(len(by_id))],
+                    },
+                    file,
+                )
+
+
+def child(
+    config: str, batch: int, top_k: int, new_tokens: int, profile: bool, timeline: str | None
+) -> None:
     import torch
     import triton
     import triton.compiler.compiler as triton_compiler
@@ -56,6 +149,7 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
     triton_compiler.compile = timed_compile
     triton.compiler.compile = timed_compile
     waits: list[tuple[float, float]] = []
+    first_launches: list[tuple[float, float, str]] = []
     dry_runs: list[tuple[float, float, str]] = []
     try:  # (a first launch waiting for the kernels the graph pass started compiling)
         from flashsampling_inductor import launch as fs_launch
@@ -80,6 +174,26 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
             dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
 
         fs_ahead._dry_run = timed_dry_run
+        in_processes = getattr(fs_ahead, "_dry_run_in_processes", None)
+        if in_processes is not None:
+
+            def timed_in_processes(run, kinds):
+                start = time.perf_counter()
+                in_processes(run, kinds)
+                thread = threading.current_thread().name + ", in child processes"
+                dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
+
+            fs_ahead._dry_run_in_processes = timed_in_processes
+        by_triton = fs_launch._launch_by_triton
+
+        def timed_first_launch(kernel, grid, args, kwargs):
+            start = time.perf_counter()
+            compiled = by_triton(kernel, grid, args, kwargs)
+            name = getattr(getattr(kernel, "fn", None), "__name__", "?")
+            first_launches.append((start - origin[0], time.perf_counter() - start, name))
+            return compiled
+
+        fs_launch._launch_by_triton = timed_first_launch
         failed = logging.getLogger("flashsampling_inductor")
         failed.setLevel(logging.DEBUG)
         handler = logging.StreamHandler(sys.stdout)
@@ -88,6 +202,45 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
     except (ImportError, AttributeError):
         pass
 
+    events: list[tuple[float, float, str]] = []
+
+    def timed_method(owner, name: str, label: str) -> None:
+        method = getattr(owner, name, None)
+        if method is None:
+            return
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                events.append((start - origin[0], time.perf_counter() - start, label))
+
+        setattr(owner, name, timed)
+
+    from torch._dynamo import convert_frame
+    from torch._inductor import cudagraph_trees
+
+    timed_method(convert_frame, "_compile", "Dynamo _compile (trace + AOT + Inductor)")
+    timed_method(cudagraph_trees.CUDAGraphNode, "_record", "CUDA graph record")
+    timed_method(cudagraph_trees.CUDAWarmupNode, "run", "CUDA graph warm-up run")
+    from flashsampling_inductor import hf as fs_hf
+
+    mark_steps = fs_hf._mark_steps
+
+    def timed_mark_steps(compiled, mode):
+        step = mark_steps(compiled, mode)
+
+        def timed_step(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                events.append((start - origin[0], time.perf_counter() - start, "decode step"))
+
+        return timed_step
+
+    fs_hf._mark_steps = timed_mark_steps
     model = bg.build("qwen3-1.7b")
     prompt = torch.randint(0, 1000, (batch, bg.PROMPT), device="cuda")
     prefills: list[tuple[float, float]] = []
@@ -104,6 +257,9 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
     torch.cuda.synchronize()
     profiler = cProfile.Profile() if profile else None
     origin[0] = time.perf_counter()
+    sampler = StackSampler(origin) if timeline is not None else None
+    if sampler is not None:
+        sampler.start()
     if profiler is not None:
         profiler.enable()
     torch.manual_seed(1)
@@ -113,7 +269,10 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
     )
     if profiler is not None:
         profiler.disable()
+    first_end = time.perf_counter() - origin[0]
     in_first = list(compiles)
+    if sampler is not None:
+        sampler.running = False
     second = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
     ahead = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
     print(f"== {config} B={batch} top_k={top_k} FLASHSAMPLING_COMPILE_AHEAD={ahead}: "
@@ -132,6 +291,25 @@ def child(config: str, batch: int, top_k: int, new_tokens: int, profile: bool) -
         print(f"  at {at:7.2f} s  {seconds:6.2f} s  {name}")
     for at, seconds in prefills[:1]:
         print(f"prefill (eager, transformers' own): at {at:.2f} s, {seconds:.2f} s")
+    print(
+        "first launches of the op's kernels (Triton's own path: a compile or a cache hit, "
+        "the launcher's build or load):"
+    )
+    for at, seconds, name in first_launches:
+        if at <= first_end:
+            print(f"  at {at:7.2f} s  {seconds:6.2f} s  {name}")
+    decode_steps = [
+        event for event in events if event[2] == "decode step" and event[0] <= first_end
+    ]
+    print(f"timed events of the first call (ends at {first_end:.2f} s):")
+    for at, seconds, label in events:
+        if at <= first_end and (label != "decode step" or seconds > 0.05):
+            print(f"  at {at:7.2f} s  {seconds:6.2f} s  {label}")
+    if decode_steps:
+        rest = sum(seconds for _, seconds, _ in decode_steps[1:])
+        print(f"  decode steps 2..{len(decode_steps)}: {rest:.3f} s of host time in all")
+    if sampler is not None:
+        sampler.report(timeline, first_end)
     if profiler is not None:  # (cProfile slows Python-heavy phases: read it as shares)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
     print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
@@ -150,10 +328,17 @@ def main() -> None:
         action="store_true",
         help="also print cProfile's top functions of the first call",
     )
+    parser.add_argument(
+        "--timeline",
+        default=None,
+        metavar="PREFIX",
+        help="also sample the main thread's stack every 20 ms during the first call: print its "
+        "phases and spans, and write the samples to PREFIX<config>.json.gz",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.batch, args.top_k, args.new_tokens, args.cprofile)
+        child(args.child, args.batch, args.top_k, args.new_tokens, args.cprofile, args.timeline)
         return
     import torch
 
@@ -170,6 +355,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--child", config, "--batch", str(args.batch)]
             command += ["--top-k", str(args.top_k), "--new-tokens", str(args.new_tokens)]
             command += ["--cprofile"] if args.cprofile else []
+            command += ["--timeline", f"{args.timeline}{config}.json.gz"] if args.timeline else []
             subprocess.run(command, env=env, check=False)
 
 

@@ -33,6 +33,10 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import pickle
+import subprocess
+import sys
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -48,6 +52,11 @@ log = logging.getLogger("flashsampling_inductor")
 
 # "1" (default): both moments, "first": a call's first run only, "0": off.
 MODE = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
+# Where the graph pass's dry run compiles: "threads" of this process, or "processes":
+# _PROCESSES children that each compile a share of its kernels into Triton's on-disk cache,
+# where the first launch here finds them (no lock shared with Inductor's compile).
+WORKERS = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_IN", "threads")
+_PROCESSES = 4
 # Gluon's TMA descriptor checks its base's address, which a fake tensor gives as 0 with a
 # deprecation warning meant for user code; the dry run knows it has no address.
 warnings.filterwarnings(
@@ -93,7 +102,8 @@ def in_background(run: Callable, args: tuple) -> None:
     global _background
     if _background is None:
         _background = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead")
-    _launch.wait_before_launching(_background.submit(_dry_run, run, kinds))
+    job = _dry_run_in_processes if WORKERS == "processes" else _dry_run
+    _launch.wait_before_launching(_background.submit(job, run, kinds))
 
 
 def _claim(kinds: tuple) -> bool:
@@ -107,15 +117,60 @@ def _claim(kinds: tuple) -> bool:
         return True
 
 
-def _dry_run(run: Callable, kinds: tuple) -> None:
+def _dry_run(run: Callable, kinds: tuple, share: tuple[int, int] = (0, 1)) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     device, *kinds = kinds
     try:
-        with FakeTensorMode(), _launch.compile_ahead():
+        with FakeTensorMode(), _launch.compile_ahead(share=share):
             run(*(_fake(kind, device) if isinstance(kind, _TensorKind) else kind for kind in kinds))
     except Exception as error:  # (its kernels then compile at their first launch)
         log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
+
+
+def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
+    """``_dry_run`` in ``_PROCESSES`` children, each compiling a share of the launches into
+    Triton's cache directory (this process's, passed on); returns when all have ended."""
+    import triton
+
+    environment = dict(os.environ)
+    try:
+        environment["TRITON_CACHE_DIR"] = triton.knobs.cache.dir
+    except AttributeError:  # (older Triton: its cache directory from the environment alone)
+        pass
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [package_parent, *filter(None, [environment.get("PYTHONPATH")])]
+    )
+    code = "from flashsampling_inductor import ahead; ahead.child()"
+    children = []
+    try:
+        for index in range(_PROCESSES):
+            job = pickle.dumps((run, kinds, (index, _PROCESSES))).hex()
+            errors = tempfile.TemporaryFile()
+            children.append(
+                (
+                    subprocess.Popen(
+                        [sys.executable, "-c", code, job], stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=errors, env=environment,
+                    ),
+                    errors,
+                )
+            )  # fmt: skip
+    except (OSError, pickle.PicklingError) as error:
+        log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
+    for process, errors in children:
+        if process.wait():
+            errors.seek(0)
+            log.debug("flashsampling: kernels not compiled ahead (%s)", errors.read()[-2000:])
+        errors.close()
+
+
+def child() -> None:
+    """A child of ``_dry_run_in_processes``: its dry run from its argument (the call, its kinds,
+    the share of the launches to compile, pickled, in hex)."""
+    run, kinds, share = pickle.loads(bytes.fromhex(sys.argv[1]))
+    _dry_run(run, kinds, share)
 
 
 class _NotStatic(Exception):

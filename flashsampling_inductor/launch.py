@@ -16,10 +16,10 @@ another kind takes Triton's own path. ``FLASHSAMPLING_FAST_LAUNCH=0`` turns it o
 
 Inside ``compile_ahead`` (a dry run of a call's host code, ``ahead.py``) ``launch``
 launches nothing: it starts compiling its kernel in a worker thread (Triton's
-AsyncCompileMode), and leaving waits for them all. A dry run in a thread of its own is
-registered with ``wait_before_launching``: until it ends, every ``launch`` waits for it
-first (else Triton 3.6 compiles the kernel a second time, and newer ones find the compile's
-placeholder in the kernel's cache).
+AsyncCompileMode), then building its launcher, and leaving waits for them all. A dry
+run in a thread of its own is registered with ``wait_before_launching``: until it ends,
+every ``launch`` waits for it first (else Triton 3.6 compiles the kernel a second time, and
+newer ones find the compile's placeholder in the kernel's cache).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ except ImportError:  # (older Triton: always its own path)
 
 _ENABLED = os.environ.get("FLASHSAMPLING_FAST_LAUNCH", "1") != "0" and _RUNTIME is not None
 _compiled: dict[tuple, object] = {}
-# Inside compile_ahead: the kernels it started compiling (else None).
-_compiling_ahead: contextvars.ContextVar[set | None] = contextvars.ContextVar(
+# Inside compile_ahead: its record of the dry run's launches (else None).
+_compiling_ahead: contextvars.ContextVar[_DryRun | None] = contextvars.ContextVar(
     "flashsampling_compiling_ahead", default=None
 )
 _pending: list[Future] = []
@@ -56,9 +56,11 @@ _pending_lock = threading.Lock()
 def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; every argument of the kernel's signature given
     (positionally first, then by keyword), launch options (num_warps, ...) as keywords."""
-    if (started := _compiling_ahead.get()) is not None:
-        started.add(kernel)
-        _compile_only(kernel, grid, args, kwargs)
+    if (dry_run := _compiling_ahead.get()) is not None:
+        if dry_run.launches % dry_run.share[1] == dry_run.share[0]:
+            dry_run.kernels.add(kernel)
+            _compile_only(kernel, grid, args, kwargs)
+        dry_run.launches += 1
         return
     if _pending:
         wait_for_compiles()
@@ -80,23 +82,38 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
     )  # fmt: skip
 
 
+class _DryRun:
+    """What ``compile_ahead`` records: the kernels it started compiling and how many
+    launches it has seen; it compiles the launches whose ordinal is ``share[0]`` modulo
+    ``share[1]``."""
+
+    def __init__(self, share: tuple[int, int]) -> None:
+        self.kernels: set = set()
+        self.launches = 0
+        self.share = share
+        self.pool: ThreadPoolExecutor | None = None
+
+
 @contextlib.contextmanager
-def compile_ahead(threads: int = 8):
+def compile_ahead(threads: int = 8, share: tuple[int, int] = (0, 1)):
     """Within: ``launch`` starts compiling its kernel in a pool of ``threads`` (Triton's
     AsyncCompileMode) and launches nothing; leaving waits for every compile. A compile that
     fails leaves nothing in the kernel's cache: that kernel compiles at its first launch (and
-    raises there), as without this."""
+    raises there), as without this. ``share`` (index, count): only every count-th launch
+    from the index-th on compiles (one of count processes that split a dry run's
+    compiles)."""
     from triton.runtime._async_compile import AsyncCompileMode
 
-    started: set = set()
-    token = _compiling_ahead.set(started)
+    dry_run = _DryRun(share)
+    token = _compiling_ahead.set(dry_run)
     try:
         with ThreadPoolExecutor(threads, thread_name_prefix="flashsampling-compile") as pool:
+            dry_run.pool = pool
             with AsyncCompileMode(pool, ignore_errors=True):
                 yield
     finally:
         _compiling_ahead.reset(token)
-        _drop_placeholders(started)
+        _drop_placeholders(dry_run.kernels)
 
 
 def _launch_by_triton(kernel, grid, args, kwargs):
@@ -104,7 +121,26 @@ def _launch_by_triton(kernel, grid, args, kwargs):
 
 
 def _compile_only(kernel, grid, args, kwargs) -> None:
-    kernel.warmup(*map(_mock, args), grid=grid, **{k: _mock(v) for k, v in kwargs.items()})
+    compiling = kernel.warmup(
+        *map(_mock, args), grid=grid, **{k: _mock(v) for k, v in kwargs.items()}
+    )
+    dry_run = _compiling_ahead.get()
+    if dry_run is not None and dry_run.pool is not None and hasattr(compiling, "future"):
+        dry_run.pool.submit(_build_launcher, compiling.future)
+
+
+def _build_launcher(compile_job: Future) -> None:
+    """Build the launcher of the kernel ``compile_job`` compiles, into Triton's cache: up to
+    Triton 3.6 each kernel's launcher is C code of its own, which the first launch compiles
+    with the C compiler (about a second each, in the launching thread) unless the cache holds
+    it. Any error is left for the first launch to raise."""
+    try:
+        compiled = compile_job.result()
+        from triton.runtime import driver
+
+        driver.active.launcher_cls(compiled.src, compiled.metadata)
+    except Exception:  # (the first launch builds it, as without this)
+        pass
 
 
 def compiling_ahead() -> bool:

@@ -167,3 +167,35 @@ def test_a_failed_compile_leaves_no_placeholder():
 
     launch_module._drop_placeholders([Kernel])
     assert list(Kernel.device_caches[0][0]) == ["ok"]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_processes_split_the_launches(monkeypatch, index):
+    """A child of ``FLASHSAMPLING_COMPILE_AHEAD_IN=processes`` compiles every third launch
+    of the dry run from its index on, and launches nothing: the three compile each launch
+    once."""
+    args = _flat_call(monkeypatch, CALLS["top_k_top_p_rows"])
+    launched, compiled = [], []
+    real_launch = launch_module._launch_by_triton
+
+    def launch_and_record(kernel, grid, args, kwargs):
+        _record(launched)(kernel, grid, args, kwargs)
+        return real_launch(kernel, grid, args, kwargs)
+
+    monkeypatch.setattr(launch_module, "_launch_by_triton", launch_and_record)
+    monkeypatch.setattr(launch_module, "_compile_only", _record(compiled))
+    op._fused_sample_run(*args)
+    kinds = ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
+    ahead._dry_run(op._fused_sample_run, kinds, share=(index, 3))
+    assert len(launched) > 3 and compiled == launched[index::3]
+
+
+def test_children_run_the_dry_run(monkeypatch, tmp_path):
+    """The children get the call and its kinds (pickled: the call by reference) and run it.
+    (One child: each imports torch, seconds on a CPU.)"""
+    import pathlib
+
+    monkeypatch.setattr(ahead, "_PROCESSES", 1)
+    ran = tmp_path / "ran"
+    ahead._dry_run_in_processes(pathlib.Path.touch, (torch.device("cpu"), ran))
+    assert ran.exists()
