@@ -38,6 +38,7 @@ import logging
 
 import torch
 
+from . import knob_check
 from .explain import Explanation, recording
 from .op import sample_logits, why_not_fused_on
 
@@ -331,6 +332,7 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     has_eos_stopping_criteria = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=device)
     knobs = sampling.as_tensors(model.device, python_top_k=_vocabulary_sharded(model))
+    knob_check.compile_ahead(knobs)  # (the prompt's draw checks them; compiled during prefill)
     step = _reporting_first_call(model, _compiled_step(model, generation_config))
     cache_key = _cache_key()
     cache = kw[cache_key]
