@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from torch._dynamo.utils import counters
 
 from flashsampling_inductor import ahead, fused_sample, launch, op
@@ -88,3 +89,36 @@ def test_gpu_compiled_step_is_compiled_ahead_by_the_pass(monkeypatch):
     print(f"kinds compiled ahead: {len(ahead._kinds_seen)}")
     assert ahead._kinds_seen, "the pass started no compile"
     assert not launch._pending
+
+
+def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
+    """``FLASHSAMPLING_COMPILE_AHEAD_IN=processes``: the children compile every kernel of the
+    call, and build its launcher, into this process's Triton cache directory, where the first
+    launch finds them."""
+    hidden, weight = _inputs()
+    calls = []
+    original = op._fused_sample_run
+    monkeypatch.setattr(op, "_fused_sample_run", lambda *a: calls.append(a) or original(*a))
+    monkeypatch.setattr(ahead, "MODE", "0")
+    fused_sample(hidden, weight, temperature=0.8, top_k=50)
+    monkeypatch.setattr(op, "_fused_sample_run", original)
+    launched = []
+    real_launch = launch._launch_by_triton
+    monkeypatch.setattr(
+        launch, "_launch_by_triton", lambda k, *rest: launched.append(k) or real_launch(k, *rest)
+    )
+    monkeypatch.setattr(launch, "_compiled", {})
+    original(*calls[0])
+    kernels = {kernel.fn.__name__ for kernel in launched}
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    args = calls[0]
+    ahead._dry_run_in_processes(
+        original, ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
+    )
+    cubins = {path.stem for path in tmp_path.rglob("*.cubin")}
+    launchers = list(tmp_path.rglob("__triton_launcher*"))
+    print(f"children compiled {sorted(cubins)}, {len(launchers)} launchers; launched {kernels}")
+    assert kernels <= cubins
+    triton_version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+    if triton_version <= (3, 6):  # (a C launcher per kernel; newer Tritons have one for all)
+        assert len(launchers) >= len(kernels)
