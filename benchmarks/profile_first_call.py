@@ -167,11 +167,12 @@ def child(
 
         dry_run = fs_ahead._dry_run
 
-        def timed_dry_run(run, kinds):
+        def timed_dry_run(run, kinds, *rest):
             start = time.perf_counter()
-            dry_run(run, kinds)
+            ran = dry_run(run, kinds, *rest)
             thread = threading.current_thread().name
             dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
+            return ran
 
         fs_ahead._dry_run = timed_dry_run
         in_processes = getattr(fs_ahead, "_dry_run_in_processes", None)

@@ -57,6 +57,7 @@ MODE = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
 # where the first launch here finds them (no lock shared with Inductor's compile).
 WORKERS = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_IN", "threads")
 _PROCESSES = 4
+_CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
 # Gluon's TMA descriptor checks its base's address, which a fake tensor gives as 0 with a
 # deprecation warning meant for user code; the dry run knows it has no address.
 warnings.filterwarnings(
@@ -118,15 +119,19 @@ def _claim(kinds: tuple) -> bool:
         return True
 
 
-def _dry_run(run: Callable, kinds: tuple, share: tuple[int, int] = (0, 1)) -> None:
+def _dry_run(run: Callable, kinds: tuple, share: tuple[int, int] = (0, 1)) -> bool:
+    """-> whether it ran to its end (else the kernels it did not compile compile at their
+    first launch)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     device, *kinds = kinds
     try:
         with FakeTensorMode(), _launch.compile_ahead(share=share):
             run(*(_fake(kind, device) if isinstance(kind, _TensorKind) else kind for kind in kinds))
-    except Exception as error:  # (its kernels then compile at their first launch)
+    except Exception as error:
         log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
+        return False
+    return True
 
 
 def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
@@ -161,9 +166,17 @@ def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
     except (OSError, pickle.PicklingError) as error:
         log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
     for process, errors in children:
-        if process.wait():
+        try:
+            failed = process.wait(timeout=_CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # (never seen; the first launch would wait for it)
+            process.kill()
+            failed = process.wait()
+        if failed:
             errors.seek(0)
-            log.debug("flashsampling: kernels not compiled ahead (%s)", errors.read()[-2000:])
+            log.debug(
+                "flashsampling: kernels not compiled ahead (%s)",
+                errors.read()[-2000:].decode(errors="replace"),
+            )
         errors.close()
 
 
@@ -171,7 +184,9 @@ def child() -> None:
     """A child of ``_dry_run_in_processes``: its dry run from its argument (the call, its kinds,
     the share of the launches to compile, pickled, in hex)."""
     run, kinds, share = pickle.loads(bytes.fromhex(sys.argv[1]))
-    _dry_run(run, kinds, share)
+    log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
+    log.setLevel(logging.DEBUG)
+    sys.exit(0 if _dry_run(run, kinds, share) else 1)
 
 
 class _NotStatic(Exception):
