@@ -183,6 +183,11 @@ def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
 def child() -> None:
     """A child of ``_dry_run_in_processes``: its dry run from its argument (the call, its kinds,
     the share of the launches to compile, pickled, in hex)."""
+    from torch._subclasses import fake_tensor
+
+    # A fake CUDA tensor allocates a real one first, for autograd (a CUDA context, hundreds
+    # of MB of the GPU per child); a dry run has no backward, and compiling needs no context.
+    fake_tensor.init_gpu_context = lambda device: None
     run, kinds, share = pickle.loads(bytes.fromhex(sys.argv[1]))
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
