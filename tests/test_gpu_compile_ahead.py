@@ -6,6 +6,9 @@ compiled ahead by the graph pass and gives the eager op's tokens. GPU only
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,9 +115,16 @@ def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
     kernels = {kernel.fn.__name__ for kernel in launched}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     args = calls[0]
-    ahead._dry_run_in_processes(
-        original, ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
-    )
+    kinds = ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
+    children = threading.Thread(target=ahead._dry_run_in_processes, args=(original, kinds))
+    free_before, free_least = torch.cuda.mem_get_info()[0], None
+    children.start()
+    while children.is_alive():  # (a CUDA context a child made would take GPU memory)
+        free = torch.cuda.mem_get_info()[0]
+        free_least = free if free_least is None else min(free_least, free)
+        time.sleep(0.05)
+    print(f"GPU memory the children took at most: {(free_before - free_least) / 2**20:.0f} MiB")
+    assert free_before - free_least < 256 * 2**20
     cubins = {path.stem for path in tmp_path.rglob("*.cubin")}
     launchers = list(tmp_path.rglob("__triton_launcher*"))
     print(f"children compiled {sorted(cubins)}, {len(launchers)} launchers; launched {kernels}")
