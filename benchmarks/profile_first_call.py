@@ -358,6 +358,60 @@ def main() -> None:
             command += ["--cprofile"] if args.cprofile else []
             command += ["--timeline", f"{args.timeline}{config}.json.gz"] if args.timeline else []
             subprocess.run(command, env=env, check=False)
+            if args.timeline:
+                cache_report(os.path.join(caches, "triton"), f"{args.timeline}{config}")
+
+
+def cache_report(cache: str, prefix: str) -> None:
+    """The op's kernels in the Triton cache after the run: per kernel, each compiled variant
+    (its hash directory) with its options from the metadata, the size of its TTIR and its
+    first line (the signature's specialization); their metadata and TTIR go to
+    PREFIX_triton_cache.tar.gz (a kernel compiled twice with different keys shows there)."""
+    import glob
+    import hashlib
+    import json
+    import tarfile
+
+    variants: dict[str, list] = {}
+    kept = []
+    for path in sorted(glob.glob(os.path.join(cache, "*", "*.json"))):
+        name = os.path.basename(path)[: -len(".json")]
+        if name.startswith(("__grp__", "triton_", "cuda_utils")) or name == "__triton_launcher":
+            continue
+        ttir = path[: -len(".json")] + ".ttir"
+        with open(path) as file:
+            metadata = json.load(file)
+        first = ""
+        if os.path.exists(ttir):
+            with open(ttir) as file:
+                first = next((line for line in file if "tt.func" in line), "")
+            kept.append(ttir)
+        kept.append(path)
+        variants.setdefault(name, []).append(
+            (
+                os.path.basename(os.path.dirname(path)),
+                metadata,
+                first,
+                os.path.getsize(ttir) if os.path.exists(ttir) else 0,
+            )
+        )
+    print("the op's kernels in the Triton cache (variants: hash, ttir bytes, options that differ):")
+    for name, found in variants.items():
+        keys = set().union(*(metadata.keys() for _, metadata, _, _ in found))
+        differ = sorted(
+            k
+            for k in keys
+            if k != "hash"
+            and len({json.dumps(m.get(k), sort_keys=True) for _, m, _, _ in found}) > 1
+        )
+        print(f"  {name}: {len(found)} variant(s); options that differ: {differ}")
+        for directory, metadata, first, size in found:
+            signature = hashlib.sha256(first.encode()).hexdigest()[:8]
+            differing = {k: metadata.get(k) for k in differ}
+            print(f"    {directory[:16]} ttir {size} B, signature {signature}; {differing}")
+    with tarfile.open(f"{prefix}_triton_cache.tar.gz", "w:gz") as tar:
+        for path in kept:
+            tar.add(path, arcname=os.path.relpath(path, cache))
 
 
 if __name__ == "__main__":

@@ -136,7 +136,14 @@ def _dry_run(run: Callable, kinds: tuple, share: tuple[int, int] = (0, 1)) -> bo
 
 def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
     """``_dry_run`` in ``_PROCESSES`` children, each compiling a share of the launches into
-    Triton's cache directory (this process's, passed on); returns when all have ended."""
+    Triton's cache directory (this process's, passed on); when all have ended, ``_dry_run``
+    here, which finds their kernels in that cache (a file read each) and compiles any that
+    a child did not leave there, so that the first launch finds every kernel loaded."""
+    _compile_in_children(run, kinds)
+    _dry_run(run, kinds)
+
+
+def _compile_in_children(run: Callable, kinds: tuple) -> None:
     import triton
 
     environment = dict(os.environ)

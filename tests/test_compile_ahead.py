@@ -198,7 +198,7 @@ def test_children_run_the_dry_run(monkeypatch, tmp_path):
 
     monkeypatch.setattr(ahead, "_PROCESSES", 1)
     ran = tmp_path / "ran"
-    ahead._dry_run_in_processes(pathlib.Path.touch, (torch.device("cpu"), ran))
+    ahead._compile_in_children(pathlib.Path.touch, (torch.device("cpu"), ran))
     assert ran.exists()
 
 

@@ -6,6 +6,7 @@ compiled ahead by the graph pass and gives the eager op's tokens. GPU only
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
@@ -97,7 +98,8 @@ def test_gpu_compiled_step_is_compiled_ahead_by_the_pass(monkeypatch):
 def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
     """``FLASHSAMPLING_COMPILE_AHEAD_IN=processes``: the children compile every kernel of the
     call, and build its launcher, into this process's Triton cache directory, where the first
-    launch finds them."""
+    launch finds them (it compiles nothing, so it writes nothing there), and they take no GPU
+    memory."""
     hidden, weight = _inputs()
     calls = []
     original = op._fused_sample_run
@@ -116,7 +118,7 @@ def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     args = calls[0]
     kinds = ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
-    children = threading.Thread(target=ahead._dry_run_in_processes, args=(original, kinds))
+    children = threading.Thread(target=ahead._compile_in_children, args=(original, kinds))
     free_before, free_least = torch.cuda.mem_get_info()[0], None
     children.start()
     while children.is_alive():  # (a CUDA context a child made would take GPU memory)
@@ -132,3 +134,10 @@ def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
     triton_version = tuple(int(part) for part in triton.__version__.split(".")[:2])
     if triton_version <= (3, 6):  # (a C launcher per kernel; newer Tritons have one for all)
         assert len(launchers) >= len(kernels)
+    written = {path for path in tmp_path.rglob("*") if path.is_file()}
+    for kernel in set(launched):  # (as in a new process: Triton's cache on disk only)
+        monkeypatch.setattr(kernel, "device_caches", collections.defaultdict(kernel.create_binder))
+    monkeypatch.setattr(launch, "_compiled", {})
+    original(*calls[0])
+    new = sorted({p.name for p in tmp_path.rglob("*") if p.is_file() and p not in written})
+    assert not new, f"compiled again here: {new}"
