@@ -30,6 +30,7 @@ keeps only the second.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import os
@@ -57,6 +58,11 @@ MODE = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
 # where the first launch here finds them (no lock shared with Inductor's compile).
 WORKERS = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_IN", "threads")
 _PROCESSES = 4
+# The modules that hold @triton.jit functions (_settle_cache_keys).
+_KERNEL_MODULES = (
+    "sampling_device", "sampling_kernel", "truncation_kernel", "hopper_kernel", "knob_check",
+    "exchange", "tp_truncation",
+)  # fmt: skip
 _CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
 # Gluon's TMA descriptor checks its base's address, which a fake tensor gives as 0 with a
 # deprecation warning meant for user code; the dry run knows it has no address.
@@ -139,8 +145,68 @@ def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
     Triton's cache directory (this process's, passed on); when all have ended, ``_dry_run``
     here, which finds their kernels in that cache (a file read each) and compiles any that
     a child did not leave there, so that the first launch finds every kernel loaded."""
+    _settle_cache_keys()
     _compile_in_children(run, kinds)
     _dry_run(run, kinds)
+
+
+def _settle_cache_keys() -> None:
+    """Compute the Triton cache key of every ``@triton.jit`` function of this package that
+    has none yet, each after those it calls. Triton 3.6 adds a callee's global constants to
+    its caller's key before it computes the callee's key, so a kernel's key depended on the
+    keys the process had computed before: a child and this process gave the truncating stage
+    2 different keys, and its first launch here compiled it again. Callees first, a key is
+    the one it has with every callee known, in any process (newer Tritons: as anyway)."""
+    from triton.runtime import jit
+
+    callable_type = getattr(jit, "JITCallable", jit.JITFunction)
+    done: set[int] = set()
+
+    def settle(function) -> None:
+        if id(function) in done:
+            return
+        done.add(id(function))
+        for callee in _callees(function, callable_type):
+            settle(callee)
+        try:
+            function.cache_key  # noqa: B018 (computed and kept by Triton)
+        except Exception:  # (e.g. one that calls interpreted functions: never launched)
+            pass
+
+    for name in _KERNEL_MODULES:  # (all of them, in both processes: the same keys)
+        try:
+            module = importlib.import_module(f"{__package__}.{name}")
+        except Exception:  # (e.g. no Gluon in this Triton: its kernels are not launched)
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, callable_type):
+                settle(value)
+
+
+def _callees(function, callable_type) -> list:
+    """The jit functions ``function``'s source names (by name or dotted path from its
+    globals), as Triton's dependency finder resolves them."""
+    import ast
+
+    try:
+        tree = function.parse()
+        scope = {**function.fn.__globals__, **inspect.getclosurevars(function.fn).nonlocals}
+    except (AttributeError, OSError, TypeError):
+        return []
+    found = []
+    for node in ast.walk(tree):
+        path = []
+        while isinstance(node, ast.Attribute):
+            path.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            continue
+        value = scope.get(node.id)
+        for attribute in reversed(path):
+            value = getattr(value, attribute, None)
+        if isinstance(value, callable_type) and value is not function:
+            found.append(value)
+    return found
 
 
 def _compile_in_children(run: Callable, kinds: tuple) -> None:
@@ -196,6 +262,7 @@ def child() -> None:
     # of MB of the GPU per child); a dry run has no backward, and compiling needs no context.
     fake_tensor.init_gpu_context = lambda device: None
     run, kinds, share = pickle.loads(bytes.fromhex(sys.argv[1]))
+    _settle_cache_keys()  # (the keys the parent's launches will compute: _settle_cache_keys)
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
     sys.exit(0 if _dry_run(run, kinds, share) else 1)

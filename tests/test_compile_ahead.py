@@ -8,6 +8,9 @@ runs whose compiles are recorded instead."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -237,3 +240,52 @@ def test_knob_check_compiled_ahead_as_launched(monkeypatch, python_top_k):
     )
     ahead._dry_run(knob_check._check_all, ahead._real_kinds(started[0]))
     assert len(launched) == 1 and compiled == launched
+
+
+def test_settled_cache_keys_do_not_depend_on_what_ran_before():
+    """Triton 3.6 merges a callee's global constants into its caller's cache key before it
+    computes the callee's key, so a kernel's key depended on the keys computed before it
+    (a child's truncating stage 2 was not the parent's): ``_settle_cache_keys`` computes
+    callees first, after which the key is the same whatever ran before. (In a process of its
+    own: the interpreter's kernels have no cache key.)"""
+    result = subprocess.run(
+        [sys.executable, "-c", _SETTLED_KEYS_CHECK],
+        env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+_SETTLED_KEYS_CHECK = """
+import importlib
+from triton.runtime import jit
+from flashsampling_inductor import ahead
+
+def update_hash_as_triton_3_6(self, func):
+    self.used_global_vals.update(func.used_global_vals)
+    self.hasher.update((func.cache_key + str(getattr(func, "noinline", False))).encode())
+
+jit.DependenciesFinder._update_hash = update_hash_as_triton_3_6
+names = ("sampling_device", "sampling_kernel", "truncation_kernel", "knob_check")
+modules = [importlib.import_module(f"flashsampling_inductor.{name}") for name in names]
+functions = [v for m in modules for v in vars(m).values() if isinstance(v, jit.JITFunction)]
+kernel_modules = ahead._KERNEL_MODULES
+
+def stage2_key(before=(), settle=True, order=kernel_modules):
+    for function in functions:  # (as in a new process)
+        function.hash, function.used_global_vals = None, {}
+    for function in before:
+        function.cache_key
+    ahead._KERNEL_MODULES = order
+    if settle:
+        ahead._settle_cache_keys()
+    return modules[2]._truncated_stage2.cache_key
+
+stage1, check = modules[1]._sample_stage1, modules[3]._all_in_range
+# The bug: a child (stage 2 alone) and the parent (stage 1 first) disagreed.
+alone, after_stage1 = stage2_key(settle=False), stage2_key([stage1], settle=False)
+assert alone != after_stage1
+# Settled: a child, the parent (its knob check launched before), another order agree.
+keys = {stage2_key(), stage2_key([check]), stage2_key(order=kernel_modules[::-1])}
+assert len(keys) == 1 and not keys & {alone, after_stage1}, keys
+"""
