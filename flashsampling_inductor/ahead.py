@@ -25,7 +25,9 @@ A dry run that fails (an op that needs a tensor's values, a compile that fails) 
 the kernels it did not compile compile at their first launch, as without it. A fake tensor
 has no address: its allocation's is taken as aligned, as the caching allocator's are, and
 a view's as its offset says. ``FLASHSAMPLING_COMPILE_AHEAD=0`` turns both off, ``=first``
-keeps only the second.
+keeps only the second. With ``FLASHSAMPLING_COMPILE_AHEAD_IN=processes`` the graph pass's
+dry run compiles in child processes instead, into Triton's on-disk cache (no GIL shared
+with Inductor's compile; docs/hf.md has what it measured), then here, where it finds them.
 """
 
 from __future__ import annotations
