@@ -32,6 +32,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+from sweep_configs import graph_median_us  # noqa: E402  (this folder)
+
 from flashsampling_inductor import hopper_kernel, hopper_swap_kernel  # noqa: E402
 from flashsampling_inductor.dispatch import (  # noqa: E402
     SampleConfig,
@@ -216,24 +218,6 @@ def exact(args) -> None:
                     f.flush()
     print(f"exact {args.modes}: {failures} failing cases; swap disabled by:",
           hopper_swap_kernel._disabled_by, "; gluon:", hopper_kernel._disabled_by)  # fmt: skip
-
-
-def median_us(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
-
-
-def graph_median_us(fn) -> float:
-    """Median of CUDA-graph replays of one call of fn (captured after warm-up)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return median_us(graph.replay)
 
 
 def _matmul(hidden, weight):
