@@ -96,11 +96,11 @@ def before_first_run(run: Callable, args: tuple) -> None:
         _dry_run(run, kinds)
 
 
-def in_background(run: Callable, args: tuple, workers: str | None = None) -> None:
-    """Start compiling the kernels of ``run(*args)`` in a thread of its own; ``args`` hold
-    fake tensors (a graph's ``meta["val"]``) or real ones, the first on the call's CUDA
-    device, read here and not kept. Calls whose shapes are symbolic are left to
-    ``before_first_run``. ``workers``: "threads" or "processes" (default ``WORKERS``)."""
+def in_background(run: Callable, args: tuple) -> None:
+    """Start compiling the kernels of ``run(*args)`` in a thread of its own (its compiles in
+    ``WORKERS``); ``args`` hold fake tensors (a graph's ``meta["val"]``) or real ones, the
+    first on the call's CUDA device, read here and not kept. Calls whose shapes are symbolic
+    are left to ``before_first_run``."""
     if MODE != "1":
         return
     try:
@@ -112,7 +112,7 @@ def in_background(run: Callable, args: tuple, workers: str | None = None) -> Non
     global _background
     if _background is None:
         _background = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead")
-    job = _dry_run_in_processes if (workers or WORKERS) == "processes" else _dry_run
+    job = _dry_run_in_processes if WORKERS == "processes" else _dry_run
     _launch.wait_before_launching(_background.submit(job, run, kinds))
 
 

@@ -38,7 +38,6 @@ import logging
 
 import torch
 
-from . import knob_check
 from .explain import Explanation, recording
 from .op import sample_logits, why_not_fused_on
 
@@ -332,7 +331,6 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     has_eos_stopping_criteria = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     unfinished_sequences = torch.ones(batch_size, dtype=torch.long, device=device)
     knobs = sampling.as_tensors(model.device, python_top_k=_vocabulary_sharded(model))
-    knob_check.compile_ahead(knobs)  # (the prompt's draw checks them; compiled during prefill)
     step = _reporting_first_call(model, _compiled_step(model, generation_config))
     cache_key = _cache_key()
     cache = kw[cache_key]
@@ -340,7 +338,11 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     # The prompt: transformers' own (eager) prefill, its token drawn from its logits.
     outputs = model._prefill(input_ids, generation_config, kw, is_first_iteration=True)
     kw = model._update_model_kwargs_for_generation(outputs, kw)
-    next_tokens = sample_logits(outputs.logits[:, -1, :], **knobs).squeeze(1).to(device)
+    # (its knobs as Python numbers, checked on the host: as device tensors a kernel of their
+    # own would check them, compiled and its launcher built during the first call's prefill;
+    # the tokens are the same, the op reads both forms as the same per-row values)
+    prompt_knobs = dataclasses.asdict(sampling)
+    next_tokens = sample_logits(outputs.logits[:, -1, :], **prompt_knobs).squeeze(1).to(device)
     del outputs  # the prompt's logits
     # The stop decision read one step late lets the host queue a step while the device runs
     # the previous one; the late read costs one step past the stop, which is dropped. That

@@ -14,10 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import ahead
 from .launch import launch
 
-__all__ = ["assert_knobs_valid", "compile_ahead"]
+__all__ = ["assert_knobs_valid"]
 
 _BLOCK = 1024
 _NAMES = ("temperature", "top_k", "top_p", "min_p")
@@ -71,21 +70,3 @@ def assert_knobs_valid(knobs: dict[str, torch.Tensor], message: str) -> None:
             num_warps=4,
         )  # fmt: skip
     torch._assert_async(ok, message)
-
-
-def compile_ahead(knobs: dict) -> None:
-    """Start compiling, in a thread (``ahead.py``), the check an eager call makes of
-    ``knobs`` (by name; the CUDA tensors are checked): ``hf.py`` draws the prompt's token
-    eagerly, before any compiled step, and this kernel's compile and launcher (about a second
-    on the GPU machines) would otherwise come then, on the main thread."""
-    tensors = tuple(
-        knob if isinstance(knob := knobs.get(name), torch.Tensor) else None for name in _NAMES
-    )
-    if tensors[0] is not None and tensors[0].is_cuda:
-        ahead.in_background(_check_all, tensors, workers="threads")
-
-
-def _check_all(temperature, top_k, top_p, min_p) -> None:
-    """``assert_knobs_valid`` of the knobs given (not None): a dry run's call."""
-    tensors = dict(zip(_NAMES, (temperature, top_k, top_p, min_p), strict=True))
-    assert_knobs_valid({name: t for name, t in tensors.items() if t is not None}, "")

@@ -7,7 +7,6 @@ runs whose compiles are recorded instead."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -203,43 +202,6 @@ def test_children_run_the_dry_run(monkeypatch, tmp_path):
     ran = tmp_path / "ran"
     ahead._compile_in_children(pathlib.Path.touch, (torch.device("cpu"), ran))
     assert ran.exists()
-
-
-@pytest.mark.parametrize("python_top_k", [False, True])
-def test_knob_check_compiled_ahead_as_launched(monkeypatch, python_top_k):
-    """hf.py compiles the knob check of a generate's knobs ahead, during the prefill: the dry
-    run compiles the launch the prompt's draw makes."""
-    from flashsampling_inductor import knob_check
-
-    knobs = dict(
-        temperature=torch.tensor(0.7),
-        top_k=5 if python_top_k else torch.tensor(50),
-        top_p=torch.tensor(1.0),
-        min_p=None if python_top_k else torch.tensor(0.0),
-    )
-    started = []
-    monkeypatch.setattr(ahead, "in_background", lambda run, args, workers: started.append(args))
-    knob_check.compile_ahead(knobs)
-    assert not started  # (CPU tensors: nothing to compile)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    knob_check.compile_ahead(knobs)
-    monkeypatch.undo()
-    assert len(started) == 1
-    launched, compiled = [], []
-    real_launch = launch_module._launch_by_triton
-
-    def launch_and_record(kernel, grid, args, kwargs):
-        _record(launched)(kernel, grid, args, kwargs)
-        return real_launch(kernel, grid, args, kwargs)
-
-    monkeypatch.setattr(launch_module, "_launch_by_triton", launch_and_record)
-    monkeypatch.setattr(launch_module, "_compile_only", _record(compiled))
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    knob_check.assert_knobs_valid(
-        {name: t for name, t in knobs.items() if isinstance(t, torch.Tensor)}, ""
-    )
-    ahead._dry_run(knob_check._check_all, ahead._real_kinds(started[0]))
-    assert len(launched) == 1 and compiled == launched
 
 
 def test_settled_cache_keys_do_not_depend_on_what_ran_before():

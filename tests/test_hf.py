@@ -246,6 +246,49 @@ def test_off_valued_knobs_draw_the_tokens_of_none(model, monkeypatch):
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+def test_the_prompts_draw_takes_its_knobs_as_numbers(model, monkeypatch):
+    """The prompt's token is drawn eagerly with the knobs as Python numbers, which the op
+    checks on the host: as CUDA tensors a kernel of their own checks them (knob_check.py),
+    and its compile would come during the first generate's prefill (issue 36 item 7)."""
+    eager_calls = []
+    draw = hf.sample_logits
+
+    def recording_draw(logits, **knobs):
+        if not torch.compiler.is_compiling():
+            eager_calls.append(knobs)
+        return draw(logits, **knobs)
+
+    monkeypatch.setattr(hf, "sample_logits", recording_draw)
+    settings = dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.05)
+    model.generate(torch.randint(0, VOCAB, (2, 5)), do_sample=True, max_new_tokens=3,
+                   pad_token_id=0, **settings)  # fmt: skip
+    assert eager_calls == [settings]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        hf._Sampling(temperature=0.7, top_k=50),
+        hf._Sampling(temperature=0.6, top_k=20, top_p=0.95, min_p=0.05),
+        hf._Sampling(temperature=1.0, top_p=0.9),
+        hf._Sampling(temperature=0.8),
+        hf._Sampling(temperature=0.0, top_k=50),
+    ],
+)
+def test_the_prompts_draw_is_the_same_with_knobs_as_numbers(sampling):
+    """The prompt's draw with the knobs as Python numbers (``_fused_loop``) draws the tokens
+    that the same knobs as CUDA tensors (``_Sampling.as_tensors``) draw."""
+    import dataclasses
+
+    logits = torch.randn(8, 4096, device="cuda").mul_(3).to(torch.bfloat16)
+    torch.manual_seed(5)
+    as_numbers = hf.sample_logits(logits, **dataclasses.asdict(sampling))
+    torch.manual_seed(5)
+    as_tensors = hf.sample_logits(logits, **sampling.as_tensors(logits.device))
+    torch.testing.assert_close(as_numbers, as_tensors, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "settings, why",
     [
