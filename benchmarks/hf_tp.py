@@ -241,16 +241,19 @@ def main() -> int:
                                  shape, layers, batch, config, args.new_tokens, f"{tpot:.3f}",
                                  f"{first:.1f}", equal, rewrites, fusion, note])  # fmt: skip
         print(f"wrote {path} at {time.strftime('%H:%M:%S')}", flush=True)
-    # A teardown that hangs prints every thread's stack and ends the process (two runs on two
-    # H200s were cut by their time limit minutes after the CSV was written).
+    # A teardown that hangs prints every thread's stack and ends the process with code 1 (two
+    # runs on two H200s hung in destroy_process_group: NCCL waited for the decode step's CUDA
+    # graphs, which hold its captured all-reduces; flashsampling_inductor.teardown frees them).
     faulthandler.dump_traceback_later(30, exit=True)
     dist.barrier()
     if rank == 0:
         print(f"barrier passed at {time.strftime('%H:%M:%S')}", flush=True)
+    started = time.perf_counter()
     dist.destroy_process_group()
     faulthandler.cancel_dump_traceback_later()
     if rank == 0:
-        print(f"process group destroyed at {time.strftime('%H:%M:%S')}", flush=True)
+        print(f"process group destroyed at {time.strftime('%H:%M:%S')} in "
+              f"{time.perf_counter() - started:.2f} s", flush=True)  # fmt: skip
     return 0
 
 

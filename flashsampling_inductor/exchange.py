@@ -36,6 +36,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from . import teardown
 from .launch import launch
 
 __all__ = [
@@ -490,3 +491,13 @@ def _peers_reachable(group_name: str, device: torch.device) -> bool:
     flag = torch.tensor([int(local)], dtype=torch.int64, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())  # once per group and device, not per step
+
+
+@teardown.on_release
+def _release_kept_state() -> None:
+    """Drop the kept exchanges (their symmetric-memory buffers are freed with the last
+    reference) and the per-group look-ups: a group destroyed and made again may reuse its
+    name, and its first TP call agrees on them anew."""
+    symmetric_exchange.cache_clear()
+    _peers_reachable.cache_clear()
+    resolve_group.cache_clear()

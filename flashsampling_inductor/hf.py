@@ -38,6 +38,7 @@ import logging
 
 import torch
 
+from . import teardown
 from .explain import Explanation, recording
 from .op import sample_logits, why_not_fused_on
 
@@ -416,6 +417,10 @@ def _compiled_step(model, generation_config):
             options=config.options,
         )
         model._flashsampling_step = cached = (key, _mark_steps(compiled, mode))
+        if mode is not None and torch.distributed.is_initialized():
+            # The step's CUDA graphs capture the model's collectives, which block the
+            # group's destruction while the graphs live (teardown.py): freed before it.
+            teardown.release_before_destroy()
     return cached[1]
 
 

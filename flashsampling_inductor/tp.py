@@ -19,7 +19,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from . import tp_truncation
+from . import teardown, tp_truncation
 from .exchange import (
     HEADER,
     NO_INDEX,
@@ -214,6 +214,8 @@ def _tp_fused_sample_impl(
     ``local_bias`` this rank's rows of it (a sharded LM head with a bias).
     """
     device, batch = hidden.device, hidden.shape[0]
+    # What this call may keep (the exchange, captured collectives) goes before the group.
+    teardown.release_before_destroy()
     if vocab_start < 0:
         vocab_start = dist.get_rank(resolve_group(group_name)) * -vocab_start
         if bias_shard is not None and not local_bias:
@@ -504,6 +506,8 @@ def _agreed_seed(seed: torch.Tensor, group_name: str, device: torch.device) -> t
 
 
 _ALIGNED: set[tuple[str, torch.device]] = set()
+# (a group destroyed and made again may reuse its name; its generators are aligned anew)
+teardown.on_release(_ALIGNED.clear)
 
 
 def _align_generators(group_name: str, device: torch.device) -> None:

@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -360,6 +361,38 @@ def _missing_rank_worker(rank, world_size, wait_s):
 def test_a_missing_rank_fails_the_call_after_the_timeout():
     rank0, _ = run_ranks(2, _missing_rank_worker, 6.0, timeout_s=2.0)
     assert "a rank did not arrive" in rank0, rank0
+
+
+def _teardown_worker(rank, world_size):
+    """A seed=None TP call keeps per-group state; destroying the group releases it first."""
+    import torch.distributed as dist
+
+    from flashsampling_inductor import exchange, tp
+
+    hidden, weight = make_problem(2, 100, 8, device=torch.device("cpu"))
+    tp_fused_sample(hidden, weight[50 * rank :][:50], vocab_start=50 * rank, vocab_size=100)
+    kept = (len(tp._ALIGNED), exchange.resolve_group.cache_info().currsize)
+    wrapped = getattr(dist.destroy_process_group, "__flashsampling_releases__", False)
+    dist.destroy_process_group()
+    return kept, wrapped, (len(tp._ALIGNED), exchange.resolve_group.cache_info().currsize)
+
+
+def test_destroying_the_group_releases_what_tp_calls_keep():
+    for kept, wrapped, after in run_ranks(2, _teardown_worker):
+        assert kept[0] == 1 and kept[1] >= 1, kept
+        assert wrapped
+        assert after == (0, 0)
+
+
+def _lingering_worker(rank, world_size):
+    if rank == 1:  # a thread the interpreter waits for at exit, as a hung teardown would be
+        threading.Thread(target=time.sleep, args=(60,)).start()
+    return rank
+
+
+def test_a_rank_that_does_not_exit_fails_the_run():
+    with pytest.raises(AssertionError, match=r"rank\(s\) \[1\] of 2 did not exit cleanly"):
+        run_ranks(2, _lingering_worker, exit_s=2.0)
 
 
 def _chi_square_worker(rank, world_size, logits, knobs=None):

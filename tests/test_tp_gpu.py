@@ -274,7 +274,9 @@ def _missing_rank_worker(rank, world):
 def test_a_missing_rank_fails_the_symmetric_exchange_after_the_timeout():
     os.environ["FLASHSAMPLING_TP_TIMEOUT_MS"] = "2000"
     try:
-        first = run_ranks(world_size(), _missing_rank_worker, backend="nccl", timeout_s=60)[0]
+        # (rank 0's CUDA context dies with the exchange's device assert: no clean exit)
+        first = run_ranks(world_size(), _missing_rank_worker, backend="nccl", timeout_s=60,
+                          clean_exit=False)[0]  # fmt: skip
     finally:
         del os.environ["FLASHSAMPLING_TP_TIMEOUT_MS"]
     assert first != "returned tokens", first
@@ -348,3 +350,32 @@ def test_the_first_call_inside_a_cudagraph_tree_keeps_its_state_out_of_the_pool(
     for other in per_rank[1:]:
         assert torch.equal(other, per_rank[0])
     assert all(torch.equal(per_rank[0][i], per_rank[0][0]) for i in range(3))  # one seed
+
+
+def _captured_collective_worker(rank, world):
+    """A step as hf.enable's decode step under a tp_plan: the model's all-reduce and the fused
+    TP call in one graph compiled with mode="reduce-overhead", whose CUDA graphs keep the
+    captured NCCL work. NCCL's teardown waits until every such graph is destroyed (docs/tp.md):
+    run_ranks fails a rank that does not exit within its bound."""
+    import torch.distributed._functional_collectives as funcol
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    hidden, weight = make_problem(4, 4096, 64, torch.bfloat16, device=device)
+    shard = 4096 // world
+    weight_shard = weight[rank * shard :][:shard].contiguous()
+    group = torch.distributed.group.WORLD
+
+    def step(h):
+        h = funcol.all_reduce(h, "sum", group) / world
+        return tp_fused_sample(h, weight_shard, vocab_start=rank * shard, vocab_size=4096, seed=5)
+
+    compiled = torch.compile(step, mode="reduce-overhead")
+    return torch.stack([compiled(hidden).clone() for _ in range(4)]).cpu()
+
+
+@pytest.mark.multigpu
+def test_a_fused_step_with_captured_collectives_exits_cleanly():
+    per_rank = run_ranks(world_size(), _captured_collective_worker, backend="nccl", exit_s=20)
+    for other in per_rank[1:]:
+        assert torch.equal(other, per_rank[0])
