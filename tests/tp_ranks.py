@@ -137,4 +137,7 @@ def _main(rank, world_size, backend, init, timeout_s, exit_s, results, worker, a
         # A teardown that hangs names where (every thread's stack) and exits with code 1.
         faulthandler.dump_traceback_later(exit_s, exit=True)
         if dist.is_initialized():
+            started = time.monotonic()
             dist.destroy_process_group()
+            print(f"tp_ranks: rank {rank} destroyed its process group in "
+                  f"{time.monotonic() - started:.2f} s", file=sys.stderr, flush=True)  # fmt: skip
