@@ -212,19 +212,23 @@ def compare(args) -> None:
             same = torch.equal(outs[0], outs[1]) if len(outs) == 2 else "(one call)"
             print(f"  {tag}: sums {[int(o.sum()) for o in outs]}; call 0 == call 1: {same}")
         tags = sorted(runs)
+        for i, a in enumerate(tags):
+            for b in tags[i + 1 :]:
+                for call in range(min(len(runs[a]["outs"]), len(runs[b]["outs"]))):
+                    x, y = runs[a]["outs"][call], runs[b]["outs"][call]
+                    diff = (x != y).nonzero().tolist()
+                    first = min(diff, key=lambda rc: (rc[1], rc[0])) if diff else None
+                    print(f"  {a} vs {b} call {call}: rows differing "
+                          f"{sorted({r for r, _ in diff})}, first (row, step) {first}")  # fmt: skip
         for a, b in zip(tags, tags[1:], strict=False):
-            for call in range(min(len(runs[a]["outs"]), len(runs[b]["outs"]))):
-                x, y = runs[a]["outs"][call], runs[b]["outs"][call]
-                diff = (x != y).nonzero().tolist()
-                first = min(diff, key=lambda rc: (rc[1], rc[0])) if diff else None
-                print(f"  {a} vs {b} call {call}: rows differing "
-                      f"{sorted({r for r, _ in diff})}, first (row, step) {first}")  # fmt: skip
             ra = [e for e in runs[a]["records"] if "hidden" in e]
             rb = [e for e in runs[b]["records"] if "hidden" in e]
             for i, (ea, eb) in enumerate(zip(ra, rb, strict=False)):
                 hidden_rows = (ea["hidden"] != eb["hidden"]).any(dim=1).nonzero().flatten()
                 token_rows = (ea["tokens"] != eb["tokens"]).any(dim=1).nonzero().flatten()
-                print(f"  {a} vs {b} op call {i}: hidden rows differ {hidden_rows.tolist()}, "
+                elements = int((ea["hidden"] != eb["hidden"]).sum())
+                print(f"  {a} vs {b} op call {i}: hidden rows differ {hidden_rows.tolist()} "
+                      f"({elements} elements), "
                       f"token rows differ {token_rows.tolist()}, seeds {ea['seed']} "
                       f"{eb['seed']}")  # fmt: skip
 
