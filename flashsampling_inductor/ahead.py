@@ -25,9 +25,12 @@ A dry run that fails (an op that needs a tensor's values, a compile that fails) 
 the kernels it did not compile compile at their first launch, as without it. A fake tensor
 has no address: its allocation's is taken as aligned, as the caching allocator's are, and
 a view's as its offset says. ``FLASHSAMPLING_COMPILE_AHEAD=0`` turns both off, ``=first``
-keeps only the second. With ``FLASHSAMPLING_COMPILE_AHEAD_IN=processes`` the graph pass's
-dry run compiles in child processes instead, into Triton's on-disk cache (no GIL shared
-with Inductor's compile; docs/hf.md has what it measured), then here, where it finds them.
+keeps only the second. On a host with at least ``_PROCESSES_FROM_CPUS`` CPUs the graph
+pass's dry run compiles in child processes, into Triton's on-disk cache, then here, where it
+finds them: Triton's compiles in threads hold the GIL that Inductor's compile of the rest of
+the step needs (on an H200 host the fused first generate at B = 8 took 48.8 s so, 42.4 s with
+children, stock 40.2 s; docs/hf.md). ``FLASHSAMPLING_COMPILE_AHEAD_IN=threads`` or
+``=processes`` chooses either.
 """
 
 from __future__ import annotations
@@ -57,9 +60,25 @@ log = logging.getLogger("flashsampling_inductor")
 MODE = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
 # Where the graph pass's dry run compiles: "threads" of this process, or "processes":
 # _PROCESSES children that each compile a share of its kernels into Triton's on-disk cache,
-# where the first launch here finds them (no lock shared with Inductor's compile).
-WORKERS = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_IN", "threads")
+# where the first launch here finds them (no lock shared with Inductor's compile). Children
+# by default where the CPUs are there for them: each imports torch and compiles, a CPU each
+# for seconds, beside Inductor's compile workers.
 _PROCESSES = 4
+_PROCESSES_FROM_CPUS = 8
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+        return os.cpu_count() or 1
+
+
+WORKERS = os.environ.get(
+    "FLASHSAMPLING_COMPILE_AHEAD_IN",
+    "processes" if _cpus() >= _PROCESSES_FROM_CPUS else "threads",
+)
 # The modules that hold @triton.jit functions (_settle_cache_keys).
 _KERNEL_MODULES = (
     "sampling_device", "sampling_kernel", "truncation_kernel", "hopper_kernel", "knob_check",

@@ -141,6 +141,7 @@ def test_first_launch_waits_for_the_background_compile(monkeypatch):
     monkeypatch.setattr(launch_module, "_compile_only", slow_compile)
     monkeypatch.setattr(launch_module, "_launch_by_triton", launch_and_count)
     monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "WORKERS", "threads")  # (the default on hosts of few CPUs)
     monkeypatch.setattr(ahead, "_claim", lambda kinds: True)  # (else CUDA calls only)
     ahead.in_background(op._fused_sample_run, (*args[:6], 0, *args[7:]))
     assert launch_module._pending
