@@ -282,11 +282,24 @@ def child() -> None:
     # A fake CUDA tensor allocates a real one first, for autograd (a CUDA context, hundreds
     # of MB of the GPU per child); a dry run has no backward, and compiling needs no context.
     fake_tensor.init_gpu_context = lambda device: None
+    _no_stream_queries()
     run, kinds, share = pickle.loads(bytes.fromhex(sys.argv[1]))
     _settle_cache_keys()  # (the keys the parent's launches will compute: _settle_cache_keys)
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
     sys.exit(0 if _dry_run(run, kinds, share) else 1)
+
+
+def _no_stream_queries() -> None:
+    """Triton asks for the current CUDA stream before it knows that a launch only compiles,
+    and torch's first stream query makes the process's CUDA context (H200: 524 MiB of the
+    GPU, each child, until it ends). A child never launches: any stream will do."""
+    try:
+        from triton.runtime import driver
+
+        driver.active.get_current_stream = lambda device=None: 0
+    except Exception:  # (no GPU driver: nothing here would make a context)
+        pass
 
 
 class _NotStatic(Exception):
