@@ -250,19 +250,23 @@ def test_the_prompts_draw_takes_its_knobs_as_numbers(model, monkeypatch):
     """The prompt's token is drawn eagerly with the knobs as Python numbers, which the op
     checks on the host: as CUDA tensors a kernel of their own checks them (knob_check.py),
     and its compile would come during the first generate's prefill (issue 36 item 7)."""
-    eager_calls = []
-    draw = hf.sample_logits
+    from flashsampling_inductor import op
 
-    def recording_draw(logits, **knobs):
-        if not torch.compiler.is_compiling():
-            eager_calls.append(knobs)
-        return draw(logits, **knobs)
+    eager_draws = []
+    draw = op._sample_logits_run  # (eager calls only: a traced call is the custom op's)
 
-    monkeypatch.setattr(hf, "sample_logits", recording_draw)
-    settings = dict(temperature=0.6, top_k=20, top_p=0.95, min_p=0.05)
+    def recording_draw(*args):
+        eager_draws.append(args)
+        return draw(*args)
+
+    monkeypatch.setattr(op, "_sample_logits_run", recording_draw)
     model.generate(torch.randint(0, VOCAB, (2, 5)), do_sample=True, max_new_tokens=3,
-                   pad_token_id=0, **settings)  # fmt: skip
-    assert eager_calls == [settings]
+                   pad_token_id=0, temperature=0.6, top_k=20, top_p=0.95, min_p=0.05)  # fmt: skip
+    (args,) = eager_draws
+    tensors = args[1], args[6], args[8], args[11]  # temperature, top_k, top_p, min_p
+    assert tensors == (None,) * 4
+    scalars = args[2], args[7], args[9], args[12]
+    torch.testing.assert_close(scalars, (0.6, 20, 0.95, 0.05))
 
 
 @pytest.mark.gpu
