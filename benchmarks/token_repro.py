@@ -25,6 +25,7 @@ then reads them all and prints where processes and repeated calls disagree:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import os
 import sys
@@ -126,13 +127,17 @@ def run_generate(args) -> None:
                          temperature=value(params.temperature), top_k=value(params.top_k),
                          top_p=value(params.top_p), min_p=value(params.min_p),
                          params=repr(params.__class__.__name__))  # fmt: skip
-            entry["params_obj"] = params
+            # (the knobs' values only: a tensor of the CUDA graph's pool kept alive past the
+            # step fails cudagraph trees' check)
+            entry["params_obj"] = dataclasses.replace(
+                params, seed=None, temperature=None, top_k=None, top_p=None, min_p=None
+            )
         records.append(entry)
         return out
 
     dispatch.triton_fused_sample = recording
     model = bg.build("qwen3-1.7b")
-    prompt = torch.randint(0, 1000, (8, bg.PROMPT), device="cuda")
+    prompt = torch.randint(0, 1000, (args.batch, bg.PROMPT), device="cuda")
     if args.garbage:
         _fill_free_memory(args.tag)
     settings = dict(do_sample=True, temperature=bg.TEMPERATURE, top_k=50, max_new_tokens=16)
@@ -162,6 +167,8 @@ def run_generate(args) -> None:
         print(f"[{args.tag}] call {call} ({seconds:.2f} s): sum {int(outs[-1].sum())}; rows "
               f"{[int(r.sum()) for r in outs[-1]]}")  # fmt: skip
         save(outs, records, [])
+    if args.time_calls:
+        _time_calls(args, model, prompt, settings)
     weight = model.get_output_embeddings().weight
     rechecks = []
     for i, entry in enumerate(records):
@@ -170,8 +177,6 @@ def run_generate(args) -> None:
         params = entry.pop("params_obj")
         fresh = {k: (None if entry[k] is None else entry[k].cuda()) for k in
                  ("seed", "temperature", "top_k", "top_p", "min_p")}  # fmt: skip
-        import dataclasses
-
         params = dataclasses.replace(params, **fresh)
         hidden = entry["hidden"].cuda()
         again = original(hidden, weight, None, params).cpu()
@@ -181,6 +186,37 @@ def run_generate(args) -> None:
               f"eager again equal {torch.equal(again, entry['tokens'])}, rows != reference "
               f"{_rows(entry['tokens'] != reference)}")  # fmt: skip
     save(outs, records, rechecks)
+
+
+def _time_calls(args, model, prompt, settings) -> None:
+    """Time ``args.time_calls`` more calls in turns: touch ``ready_<tag>`` in ``--out``, then
+    per turn wait for ``go_<tag>_<turn>``, time, touch ``done_<tag>_<turn>`` (the caller
+    starts one process's turn at a time, on an otherwise idle GPU)."""
+    from flashsampling_inductor import hf
+
+    def touch(name):
+        open(os.path.join(args.out, name), "w").close()
+
+    touch(f"ready_{args.tag}")
+    for turn in range(args.turns):
+        while not os.path.exists(os.path.join(args.out, f"go_{args.tag}_{turn}")):
+            time.sleep(0.05)
+        hf.enable(model)
+        seconds = []
+        for _ in range(args.time_calls):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.generate(prompt, **settings)
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        hf.disable(model)
+        seconds.sort()
+        tokens = settings["max_new_tokens"]
+        median = seconds[len(seconds) // 2]
+        print(f"[{args.tag}] turn {turn}: {args.time_calls} calls of {tokens} tokens, median "
+              f"{median * 1e3:.2f} ms ({median / tokens * 1e3:.3f} ms a token), min "
+              f"{seconds[0] * 1e3:.2f} ms")  # fmt: skip
+        touch(f"done_{args.tag}_{turn}")
 
 
 def _rows(differs: torch.Tensor) -> list[int]:
@@ -216,6 +252,8 @@ def compare(args) -> None:
             for b in tags[i + 1 :]:
                 for call in range(min(len(runs[a]["outs"]), len(runs[b]["outs"]))):
                     x, y = runs[a]["outs"][call], runs[b]["outs"][call]
+                    if x.shape != y.shape:
+                        continue
                     diff = (x != y).nonzero().tolist()
                     first = min(diff, key=lambda rc: (rc[1], rc[0])) if diff else None
                     print(f"  {a} vs {b} call {call}: rows differing "
@@ -224,6 +262,8 @@ def compare(args) -> None:
             ra = [e for e in runs[a]["records"] if "hidden" in e]
             rb = [e for e in runs[b]["records"] if "hidden" in e]
             for i, (ea, eb) in enumerate(zip(ra, rb, strict=False)):
+                if ea["hidden"].shape != eb["hidden"].shape:
+                    break
                 hidden_rows = (ea["hidden"] != eb["hidden"]).any(dim=1).nonzero().flatten()
                 token_rows = (ea["tokens"] != eb["tokens"]).any(dim=1).nonzero().flatten()
                 elements = int((ea["hidden"] != eb["hidden"]).sum())
@@ -242,6 +282,9 @@ def main() -> None:
     parser.add_argument("--out", default=".")
     parser.add_argument("--garbage", action="store_true")
     parser.add_argument("--no-cudagraphs", action="store_true")
+    parser.add_argument("--batch", type=int, default=8, help="generate's rows (default 8)")
+    parser.add_argument("--time-calls", type=int, default=0, help="generate: calls to time")
+    parser.add_argument("--turns", type=int, default=2, help="generate: timing turns")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.part == "compare":

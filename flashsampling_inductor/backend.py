@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
@@ -12,6 +13,9 @@ from torch._dynamo.backends.registry import register_backend
 __all__ = ["flashsampling_backend"]
 
 BACKEND_NAME = "flashsampling"
+# FLASHSAMPLING_DETERMINISTIC=0: Inductor's own choice of kernel configurations by timing
+# (faster by what the benchmarks measure, tokens then not reproducible across processes).
+_DETERMINISTIC = os.environ.get("FLASHSAMPLING_DETERMINISTIC", "1") != "0"
 
 
 def flashsampling_backend(
@@ -37,6 +41,13 @@ def flashsampling_backend(
     from .graph_pass import FlashSamplingPass
 
     config_patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
+    if _DETERMINISTIC and hasattr(torch._inductor.config, "deterministic"):
+        # Same seed, same tokens, in every process: Inductor otherwise picks a reduction's
+        # RBLOCK and warps (and GEMM templates, matmul padding) by timing them on this
+        # process's GPU, which reorders fp32 sums; a hidden state one bf16 ulp apart moves the
+        # rounded logits, and Gumbel-max flips near-ties (docs/exactness.md). A user's
+        # options={"deterministic": False} keeps Inductor's timing.
+        config_patches.setdefault("deterministic", True)
     user_pass = config_patches.get(
         "joint_custom_pre_pass", torch._inductor.config.joint_custom_pre_pass
     )

@@ -20,11 +20,13 @@ class _Spy(CustomGraphPass):
     def __init__(self) -> None:
         self.saw_fused_call = None
         self.config = {}
+        self.deterministic = None
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         self.saw_fused_call = "flashsampling.fused_sample" in str(graph)
         cfg = torch._inductor.config
         self.config = {"max_autotune": cfg.max_autotune, "cudagraphs": cfg.triton.cudagraphs}
+        self.deterministic = getattr(cfg, "deterministic", None)
         raise RuntimeError("stop")
 
     def uuid(self) -> str:
@@ -69,3 +71,24 @@ def test_uuid_follows_the_pattern_set_and_the_chained_pass(monkeypatch):
     assert FlashSamplingPass(then=lambda graph: None).uuid() is None  # unknown: no caching
     monkeypatch.setattr(patterns, "source_hash", lambda: "another pattern set")
     assert FlashSamplingPass().uuid() != base
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._inductor.config, "deterministic"), reason="no deterministic mode"
+)
+@pytest.mark.parametrize("mode", [None, "reduce-overhead", "max-autotune"])
+def test_inductor_compiles_in_its_deterministic_mode(mode):
+    """No kernel configuration chosen by timing (a reduction's RBLOCK and warps reorder its
+    fp32 sums): the same seed draws the same tokens in every process."""
+    spy = _Spy()
+    with torch._inductor.config.patch(joint_custom_pre_pass=spy):
+        _compile_until_spy(backend="flashsampling", mode=mode)
+    assert spy.deterministic is True
+    assert torch._inductor.config.deterministic is False  # (only while compiling)
+
+
+def test_options_keep_inductors_timing():
+    spy = _Spy()
+    options = {"joint_custom_pre_pass": spy, "deterministic": False}
+    _compile_until_spy(backend=flashsampling_backend, options=options)
+    assert spy.deterministic is False
