@@ -169,6 +169,7 @@ def run_generate(args) -> None:
         save(outs, records, [])
     if args.time_calls:
         _time_calls(args, model, prompt, settings)
+        return  # (no re-checks: their calls would run past the caller's limit)
     weight = model.get_output_embeddings().weight
     rechecks = []
     for i, entry in enumerate(records):
