@@ -47,6 +47,21 @@ __all__ = [
 
 # FLASHSAMPLING_WARP_SPECIALIZED=0 keeps Hopper on the Triton kernel (default_config).
 _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
+# Stage 1 of a call whose per-row knobs may all be off, as two launches (``_split_stage1``):
+# "1" for both stage-1 kernels, "gluon" for the Gluon one alone, "0" for neither (A/B runs).
+_SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "1")
+
+
+def _split_stage1(kernel: str) -> bool:
+    """Whether stage 1 of a call with per-row knobs that may be off (both epilogues) runs
+    as two launches of the ``kernel`` ("triton" or "gluon"): first the plain kernel, whose
+    programs run their tiles only if no row of the batch is truncated, then the one with
+    both epilogues, whose programs run them only if some row is (BATCH_TRUNCATES 1 and 2:
+    each reads the batch's knobs first, on the device). A plain-sampling batch with its
+    knobs at their off values then runs the plain kernel's code, not one that carries the
+    top-m epilogue too (its registers and code cost the Gluon kernel ~9 us at B = 64, D =
+    2048), for one launch whose programs return at once."""
+    return _SPLIT_STAGE1 == "1" or _SPLIT_STAGE1 == kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,6 +446,8 @@ def triton_fused_sample(
     # (the fallback recomputes logits with stage 1's precision, so they are stage 1's)
     dot_precision = "ieee" if hidden.dtype != torch.float32 else fp32_precision
     per_row_knobs = plain and top_m > 0 and not config.programs_per_sm
+    split = per_row_knobs and _split_stage1("triton")
+    plain_config = config
     if per_row_knobs and not config.maxnreg and hidden.is_cuda and config.block_b <= 32:
         # Both epilogues compiled in took the small-batch tiles from 168 registers a thread
         # (the plain kernel) to 210 (Triton 3.6, sm_90a): two programs of four warps per SM
@@ -442,11 +459,19 @@ def triton_fused_sample(
     # Triton launches on the current device: make it the inputs' one.
     on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
     with on_device:
+        if split:  # the plain kernel's half (uncapped registers), then the other
+            plain_buffers = ("plain_score", "plain_index", "plain_value", "log_mass")
+            sampling_kernel.launch_stage1(
+                hidden, weight, bias, params, plain_config,
+                {name: stage1.get(name) for name in plain_buffers}, temperature_mode,
+                seed_mode, seed_u64, vocab_offset, dot_precision, _num_sms(hidden.device),
+                row_knobs=_row_knobs(params, True), batch_truncates=1,
+            )  # fmt: skip
         sampling_kernel.launch_stage1(
             hidden, weight, bias, params, config, stage1, temperature_mode, seed_mode,
             seed_u64, vocab_offset, dot_precision, _num_sms(hidden.device),
             top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
-            row_knobs=_row_knobs(params, per_row_knobs),
+            row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
         )  # fmt: skip
         if tile_candidates and not truncates:
             return cand_score, cand_index
@@ -588,14 +613,22 @@ def _hopper_fused_sample(
     if plain:  # per half tile
         cand_score, cand_index = _candidates(batch, num_samples, 2 * num_v_tiles, hidden.device)
         stage1.update(plain_score=cand_score, plain_index=cand_index)
+    per_row_knobs = plain and top_m > 0
+    split = per_row_knobs and _split_stage1("gluon")
+    common = (
+        hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
+        seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
+        cand_score, cand_index, config.warp_specialized_rows, _num_sms(hidden.device),
+        temperature_mode, seed_mode, vocab_offset,
+    )  # fmt: skip
     with torch.cuda.device(hidden.device):
+        if split:  # the plain kernel's half, then the other
+            hopper_kernel.launch_stage1(
+                *common, row_knobs=_row_knobs(params, True), batch_truncates=1
+            )
         hopper_kernel.launch_stage1(
-            hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
-            seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
-            cand_score, cand_index, config.warp_specialized_rows, _num_sms(hidden.device),
-            temperature_mode, seed_mode, vocab_offset,
-            stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
-            row_knobs=_row_knobs(params, plain and top_m > 0),
+            *common, stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
+            row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
         )  # fmt: skip
         if not params.truncates:
             if tile_candidates:

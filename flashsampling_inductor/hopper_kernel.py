@@ -43,8 +43,10 @@ from .launch import launch
 from .sampling_device import (
     KEY_PAD,
     LN2,
+    any_row_truncates,
     bits_to_log2_gumbel,
     is_hopper,
+    mass_rows,
     ordered_key,
     philox4x32,
     restore_low_bits,
@@ -124,14 +126,14 @@ def supported(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
 if AVAILABLE:
 
     @gluon.jit
-    def _load_tiles(h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D,
+    def _load_tiles(h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, num_tiles,
                     STAGES: gl.constexpr):  # fmt: skip
-        """The loader warp: every tile of this program, in order, stage by stage."""
+        """The loader warp: every tile of this program below ``num_tiles`` (all of them, or
+        none: BATCH_TRUNCATES), in order, stage by stage."""
         BLOCK_B: gl.constexpr = h_desc.block_type.shape[0]
         BLOCK_D: gl.constexpr = h_desc.block_type.shape[1]
         BLOCK_V: gl.constexpr = w_desc.block_type.shape[0]
         num_b_tiles = gl.cdiv(B, BLOCK_B)
-        num_tiles = num_b_tiles * gl.cdiv(V, BLOCK_V)
         k_steps = gl.cdiv(D, BLOCK_D)
         it = 0
         for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -247,14 +249,16 @@ if AVAILABLE:
     @gluon.jit
     def _keep_top_m(acc_lo, acc_hi, rows, row_mask, v_start, tile_slot, V, bias_ptr,
                     noise_scale, top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    mass_wanted,
                     HAS_BIAS: gl.constexpr, LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr,
                     TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
                     KEY_LOW_BITS: gl.constexpr):  # fmt: skip
         """The truncating epilogue, ``sampling_kernel._sample_stage1``'s with TOP_M on the same
         BLOCK_V-wide tiles, so stage 2 reads the same candidates: per row, the tile's TOP_M
         largest keys (ties to the lowest index) with their indices, the largest key left out
-        and, with ROW_MASS, the tile's (max, sum of exp2) at the row's temperature. It draws no
-        noise and reads the accumulators in their own layout (no staging)."""
+        and, with ROW_MASS where ``mass_wanted`` (``mass_rows``), the tile's (max, sum of
+        exp2) at the row's temperature. It draws no noise and reads the accumulators in their
+        own layout (no staging)."""
         HALF_V: gl.constexpr = acc_lo.shape[1]
         BLOCK_V: gl.constexpr = 2 * HALF_V
         columns = gl.arange(0, HALF_V, gl.SliceLayout(0, acc_lo.type.layout))[None, :]
@@ -264,22 +268,23 @@ if AVAILABLE:
                                  LOGITS_DTYPE, EVEN_V)  # fmt: skip
         if ROW_MASS:
             # (before the key loop below, so its scores are dead when the keys are searched)
-            lo = gl.where(lo == lo, lo, float("-inf"))
-            hi = gl.where(hi == hi, hi, float("-inf"))
-            if not EVEN_V:
-                lo = gl.where(v_start + columns < V, lo, float("-inf"))
-                hi = gl.where(v_start + HALF_V + columns < V, hi, float("-inf"))
-            tile_max = gl.maximum(gl.max(lo, axis=1), gl.max(hi, axis=1))
-            inv_temperature = gl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)[:, None]
-            w_lo = gl.exp2((lo - tile_max[:, None]) * inv_temperature)
-            w_lo = gl.where(lo == tile_max[:, None], 1.0, w_lo)
-            w_lo = gl.where(lo > float("-inf"), w_lo, 0.0)
-            w_hi = gl.exp2((hi - tile_max[:, None]) * inv_temperature)
-            w_hi = gl.where(hi == tile_max[:, None], 1.0, w_hi)
-            w_hi = gl.where(hi > float("-inf"), w_hi, 0.0)
-            gl.store(mass_ptr + tile_slot * 2, tile_max, mask=row_mask)
-            gl.store(mass_ptr + tile_slot * 2 + 1, gl.sum(w_lo, axis=1) + gl.sum(w_hi, axis=1),
-                     mask=row_mask)  # fmt: skip
+            if mass_wanted:
+                mass_lo = gl.where(lo == lo, lo, float("-inf"))
+                mass_hi = gl.where(hi == hi, hi, float("-inf"))
+                if not EVEN_V:
+                    mass_lo = gl.where(v_start + columns < V, mass_lo, float("-inf"))
+                    mass_hi = gl.where(v_start + HALF_V + columns < V, mass_hi, float("-inf"))
+                tile_max = gl.maximum(gl.max(mass_lo, axis=1), gl.max(mass_hi, axis=1))
+                inv_temperature = gl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)[:, None]
+                w_lo = gl.exp2((mass_lo - tile_max[:, None]) * inv_temperature)
+                w_lo = gl.where(mass_lo == tile_max[:, None], 1.0, w_lo)
+                w_lo = gl.where(mass_lo > float("-inf"), w_lo, 0.0)
+                w_hi = gl.exp2((mass_hi - tile_max[:, None]) * inv_temperature)
+                w_hi = gl.where(mass_hi == tile_max[:, None], 1.0, w_hi)
+                w_hi = gl.where(mass_hi > float("-inf"), w_hi, 0.0)
+                gl.store(mass_ptr + tile_slot * 2, tile_max, mask=row_mask)
+                tile_sum = gl.sum(w_lo, axis=1) + gl.sum(w_hi, axis=1)
+                gl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=row_mask)
         # (the slots in a loop, not unrolled: each depends on the one before anyway. The
         # kernel with both epilogues that per-row knobs take has 7240 SASS instructions
         # instead of 12352 (plain: 3952; sm_90a, Triton 3.9), and on an H200 (D = 2048, B =
@@ -326,7 +331,7 @@ if AVAILABLE:
         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
         top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
         top_k_ptr, top_p_ptr, min_p_ptr,
-        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+        B, V, D, num_tiles, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         PLAIN: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
@@ -347,7 +352,6 @@ if AVAILABLE:
 
         num_b_tiles = gl.cdiv(B, BLOCK_B)
         num_v_tiles = gl.cdiv(V, BLOCK_V)
-        num_tiles = num_b_tiles * num_v_tiles
         k_steps = gl.cdiv(D, BLOCK_D)
         num_programs = gl.num_programs(0)
         n = 0
@@ -398,10 +402,17 @@ if AVAILABLE:
                     TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
                 )  # fmt: skip
                 if gl.max(truncating.to(gl.int32), axis=0) > 0:
+                    # Top-p's mass partials only where a row of the tile has top-p on and
+                    # top-k off (generate's top-k with top-p at 1 as a tensor needs none).
+                    mass_wanted = True
+                    if ROW_MASS:
+                        mass_wanted = gl.max(mass_rows(
+                            top_k_ptr, top_p_ptr, rows, truncating, V, TOP_K_MODE, TOP_P_MODE,
+                        ).to(gl.int32), axis=0) > 0  # fmt: skip
                     _keep_top_m(
                         acc_lo, acc_hi, rows, row_mask, pid_v * BLOCK_V,
                         rows.to(gl.int64) * num_v_tiles + pid_v, V, bias_ptr, noise_scale,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
                         HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                     )  # fmt: skip
                 if gl.max((row_mask & ~truncating).to(gl.int32), axis=0) > 0:
@@ -415,7 +426,7 @@ if AVAILABLE:
                 _keep_top_m(
                     acc_lo, acc_hi, rows, row_mask, pid_v * BLOCK_V,
                     rows.to(gl.int64) * num_v_tiles + pid_v, V, bias_ptr, noise_scale,
-                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, True,
                     HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                 )  # fmt: skip
             else:
@@ -503,7 +514,18 @@ if AVAILABLE:
         # With PLAIN and TOP_M: the knobs' tensors (modes as in sampling_kernel's stage 1)
         top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
         TOP_K_MODE: gl.constexpr = 0, TOP_P_MODE: gl.constexpr = 0, MIN_P_MODE: gl.constexpr = 0,
+        # 1: no tile if a row of the batch is truncated, 2: none if no row is (the two
+        # launches of a split stage 1, as sampling_kernel's); 0: every tile.
+        BATCH_TRUNCATES: gl.constexpr = 0,
     ):  # fmt: skip
+        num_tiles = gl.cdiv(B, h_desc.block_type.shape[0]) * gl.cdiv(V, w_desc.block_type.shape[0])
+        if BATCH_TRUNCATES > 0:
+            rows = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
+            some_row = gl.max(any_row_truncates(
+                rows, B, V, temperature_ptr, scalar_temperature, top_k_ptr, top_p_ptr,
+                min_p_ptr, TEMPERATURE_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+            ), axis=0)  # fmt: skip
+            num_tiles *= (some_row == BATCH_TRUNCATES - 1).to(gl.int32)
         h_bufs = gl.allocate_shared_memory(
             h_desc.dtype, [STAGES] + h_desc.block_type.shape, h_desc.layout
         )
@@ -554,6 +576,7 @@ if AVAILABLE:
                         B,
                         V,
                         D,
+                        num_tiles,
                         scalar_temperature,
                         seed_lo,
                         seed_hi,
@@ -599,6 +622,7 @@ if AVAILABLE:
                         B,
                         V,
                         D,
+                        num_tiles,
                         scalar_temperature,
                         seed_lo,
                         seed_hi,
@@ -619,7 +643,10 @@ if AVAILABLE:
                         MIN_P_MODE,
                     ),
                 ),
-                (_load_tiles, (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, STAGES)),
+                (
+                    _load_tiles,
+                    (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, num_tiles, STAGES),
+                ),
             ],
             [4, 1],
             [CONSUMER_REGISTERS, LOADER_REGISTERS],
@@ -646,14 +673,15 @@ def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
     temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
-    key_low_bits=0, row_knobs=None,
+    key_low_bits=0, row_knobs=None, batch_truncates=0,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``dispatch.triton_fused_sample``, which calls this and then stage 2
     (``vocab_offset``, a multiple of 4: a tensor-parallel shard's first global index). The
     sampling epilogue runs where ``cand_score`` is given; with ``top_m`` the truncating one
     writes ``stage1``'s buffers (``dispatch._truncation_buffers``); ``row_knobs``:
-    the knobs' tensors and modes where both run (``dispatch._row_knobs``)."""
+    the knobs' tensors and modes where both run (``dispatch._row_knobs``);
+    ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
@@ -685,6 +713,7 @@ def launch_stage1(
         ROW_MASS=row_mass,
         KEY_LOW_BITS=key_low_bits,
         **(row_knobs or _NO_ROW_KNOBS),
+        BATCH_TRUNCATES=batch_truncates,
         num_warps=4,
     )  # fmt: skip
 

@@ -24,6 +24,7 @@ __all__ = [
     "LN2",
     "LOGPROB_CODES",
     "TL_DTYPES",
+    "any_row_truncates",
     "await_previous_kernel",
     "bits_to_log2_gumbel",
     "drawn_logprob",
@@ -33,6 +34,7 @@ __all__ = [
     "key_value",
     "knob_per_row",
     "masked_gumbel_chunk",
+    "mass_rows",
     "ordered_key",
     "pdl_launch",
     "philox4x32",
@@ -313,6 +315,42 @@ def truncating_rows(top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale
     top_p = rows_knob(top_p_ptr, rows, row_mask, 1.0, TOP_P_MODE).to(tl.float32)
     min_p = rows_knob(min_p_ptr, rows, row_mask, 0.0, MIN_P_MODE).to(tl.float32)
     return row_mask & truncates(top_k, top_p, min_p, noise_scale, V)
+
+
+@triton.jit
+def mass_rows(top_k_ptr, top_p_ptr, rows, row_mask, V, TOP_K_MODE: tl.constexpr,
+              TOP_P_MODE: tl.constexpr):  # fmt: skip
+    """Which of a tile's ``rows`` stage 2 takes top-p's whole-row mass for, from stage 1's
+    per-tile partials (``row_mass``): top-p on and top-k off (with top-k on, the mass of its
+    candidates is the row's). Knob modes as in ``truncating_rows``."""
+    top_k = rows_knob(top_k_ptr, rows, row_mask, 0, TOP_K_MODE).to(tl.int64)
+    top_p = rows_knob(top_p_ptr, rows, row_mask, 1.0, TOP_P_MODE).to(tl.float32)
+    return row_mask & (top_p < 1.0) & ~((top_k > 0) & (top_k < V))
+
+
+@triton.jit
+def any_row_truncates(offsets, B, V, temperature_ptr, scalar_temperature, top_k_ptr, top_p_ptr,
+                      min_p_ptr, TEMPERATURE_MODE: tl.constexpr, TOP_K_MODE: tl.constexpr,
+                      TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr):  # fmt: skip
+    """Per lane of ``offsets`` (0, 1, ..., in the caller's layout), 1 if one of the rows
+    offsets[i], offsets[i] + len, ... below B is truncated (``truncates``), else 0: the
+    caller's max says whether any row of the batch is. Knob and temperature modes as in the
+    stage-1 kernels (temperature 3: greedy, nothing truncates)."""
+    hit = (offsets < 0).to(tl.int32)
+    if TEMPERATURE_MODE != 3:
+        for start in range(0, B, offsets.shape[0]):
+            rows = start + offsets
+            mask = rows < B
+            if TEMPERATURE_MODE == 0:
+                temperature = tl.where(mask, scalar_temperature, 0.0)
+            else:
+                temperature = rows_knob(temperature_ptr, rows, mask, 0.0, TEMPERATURE_MODE)
+            truncated = truncating_rows(
+                top_k_ptr, top_p_ptr, min_p_ptr, rows, mask, temperature.to(tl.float32), V,
+                TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+            )  # fmt: skip
+            hit |= truncated.to(tl.int32)
+    return hit
 
 
 @triton.jit

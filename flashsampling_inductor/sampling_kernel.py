@@ -38,10 +38,12 @@ from .sampling_device import (
     LN2,
     LOGPROB_CODES,
     TL_DTYPES,
+    any_row_truncates,
     await_previous_kernel,
     drawn_logprob,
     gumbel_tile,
     knob_per_row,
+    mass_rows,
     ordered_key,
     pdl_launch,
     restore_low_bits,
@@ -151,11 +153,12 @@ def _tile_values(logits, v_mask, EVEN_V: tl.constexpr):
 @triton.jit
 def _top_m_epilogue(
     logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
-    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
     EVEN_V: tl.constexpr, BLOCK_V: tl.constexpr, TOP_M: tl.constexpr,
     ROW_MASS: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
 ):  # fmt: skip
-    """Stage 1's truncating epilogue (``_sample_stage1`` with TOP_M)."""
+    """Stage 1's truncating epilogue (``_sample_stage1`` with TOP_M; the mass partials with
+    ROW_MASS where ``mass_wanted``)."""
     # Truncation needs no noise here: the tile's TOP_M largest scores (ties to the
     # lowest index), then the largest one left out, which bounds what it hides.
     keys = ordered_key(logits)
@@ -189,12 +192,14 @@ def _top_m_epilogue(
             keys = tl.where(columns == arg[:, None], KEY_PAD, keys)
         tl.store(hidden_key_ptr + tile_slot, tl.max(keys, axis=1), mask=b_mask)
     if ROW_MASS:
-        # softmax(l / T) mass of the tile relative to its maximum (the reference's
-        # weights); stage 2 rescales the partials to the row maximum.
-        inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
-        tile_max, tile_sum = tile_mass(_tile_values(logits, v_mask, EVEN_V), inv_temperature)
-        tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
-        tl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=b_mask)
+        if mass_wanted:
+            # softmax(l / T) mass of the tile relative to its maximum (the reference's
+            # weights); stage 2 rescales the partials to the row maximum.
+            inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
+            values = _tile_values(logits, v_mask, EVEN_V)
+            tile_max, tile_sum = tile_mass(values, inv_temperature)
+            tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
+            tl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=b_mask)
 
 
 @triton.jit
@@ -255,6 +260,10 @@ def _sample_stage1(
     # are, 0 a scalar that is off, 1 a 0-d tensor, 2 a [B] tensor at these pointers.
     top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
     TOP_K_MODE: tl.constexpr = 0, TOP_P_MODE: tl.constexpr = 0, MIN_P_MODE: tl.constexpr = 0,
+    # 1: run no tile if a row of the batch is truncated, 2: none if no row is (the knobs'
+    # tensors read first, ``any_row_truncates``): one of two launches that split stage 1
+    # (``dispatch.triton_fused_sample``); 0: every tile.
+    BATCH_TRUNCATES: tl.constexpr = 0,
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
     perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
@@ -268,6 +277,12 @@ def _sample_stage1(
     candidate's logit there. Each program takes tiles pid, pid + num_programs, ...: one
     tile per program on a full grid, several on a persistent one."""
     num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
+    if BATCH_TRUNCATES > 0:
+        some_row = tl.max(any_row_truncates(
+            tl.arange(0, BLOCK_B), B, V, temperature_ptr, scalar_temperature, top_k_ptr,
+            top_p_ptr, min_p_ptr, TEMPERATURE_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+        ))  # fmt: skip
+        num_tiles *= (some_row == BATCH_TRUNCATES - 1).to(tl.int32)
     for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
         # Batch tiles vary fastest, so the programs that share a weight tile run together and
         # the tile is read from HBM once and from L2 by the others.
@@ -387,11 +402,18 @@ def _sample_stage1(
                 TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
             )  # fmt: skip
             tile_plain = tl.max((b_mask & ~truncating).to(tl.int32)) > 0
+            # Top-p's mass partials only where a row of the tile has top-p on and top-k off
+            # (generate's top-k with top-p at 1 as a tensor needs none).
+            mass_wanted = True
+            if ROW_MASS:
+                mass_wanted = tl.max(mass_rows(
+                    top_k_ptr, top_p_ptr, offs_b, truncating, V, TOP_K_MODE, TOP_P_MODE,
+                ).to(tl.int32)) > 0  # fmt: skip
             if tl.max(truncating.to(tl.int32)) > 0:
                 if tile_plain:
                     _top_m_epilogue(
                         logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
                         EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                     )  # fmt: skip
                     _plain_epilogue(
@@ -403,7 +425,7 @@ def _sample_stage1(
                 else:
                     _top_m_epilogue(
                         logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
                         EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                     )  # fmt: skip
             else:
@@ -418,7 +440,7 @@ def _sample_stage1(
             if TOP_M > 0:
                 _top_m_epilogue(
                     logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
-                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, True,
                     EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                 )  # fmt: skip
             if PLAIN:
@@ -483,12 +505,14 @@ def launch_stage1(
     row_mass: bool = False,
     key_low_bits: int = 0,
     row_knobs: dict,
+    batch_truncates: int = 0,
 ) -> None:
     """Launch ``_sample_stage1`` with ``config``'s tiles (``dispatch.SampleConfig``) on the
     current device. ``stage1``: the buffers it writes (``dispatch._truncation_buffers``):
     plain_score / plain_index [B, S, tiles] where it samples, plain_value and log_mass with
     log-probabilities, the top-m buffers where it truncates (``top_m`` > 0, ``row_mass``,
-    ``key_low_bits``); ``row_knobs``: the knobs' tensors and modes (``dispatch._row_knobs``).
+    ``key_low_bits``); ``row_knobs``: the knobs' tensors and modes (``dispatch._row_knobs``);
+    ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES).
     ``seed_u64``, ``vocab_offset`` as in ``dispatch.triton_fused_sample``; ``dot_precision``
     is also the fallback's, so it is the caller's."""
     batch, hidden_size = hidden.shape
@@ -532,7 +556,7 @@ def launch_stage1(
         BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
         PLAIN=cand_score is not None, TOP_M=top_m, ROW_MASS=row_mass,
         KEY_LOW_BITS=key_low_bits, LOGPROBS=LOGPROB_CODES[params.logprobs],
-        **row_knobs,
+        **row_knobs, BATCH_TRUNCATES=batch_truncates,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip

@@ -126,6 +126,22 @@ def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent
     assert torch.equal(mixed, expected)
 
 
+def test_knobs_on_greedy_rows_alone_draw_the_plain_tokens():
+    """Stage 1 with knobs that may be off runs as two launches, each reading the batch's
+    knobs first (``dispatch._split_stage1``): top-k on greedy rows alone truncates no row,
+    so the plain kernel's half runs and the tokens are the plain call's. (Batches with
+    truncated rows: the test above; generate's top-k with top-p at 1 as tensors, which
+    writes no mass partials: tests/test_gpu_truncation.py.)"""
+    hidden, weight = make_exact_problem(4, 300, 32, seed=3)
+    temperature = torch.tensor([0.7, 1.3, 0.0, 0.9], device=DEVICE)
+    common = dict(temperature=temperature, seed=torch.tensor(5, device=DEVICE), impl="triton")
+    top_k = torch.tensor([0, 0, 5, 0], device=DEVICE)
+    knobs = dict(top_k=top_k, top_p=torch.ones(4, device=DEVICE))
+    assert torch.equal(
+        fused_sample(hidden, weight, **knobs, **common), fused_sample(hidden, weight, **common)
+    )
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("top_k, top_p", [(50, None), (None, 0.9), (20, 0.95), (1000, None)])
 def test_scalar_knobs_match_the_contract_pathwise(impl, top_k, top_p):

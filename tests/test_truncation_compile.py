@@ -151,7 +151,7 @@ stage1_constants = dict(
     EVEN_D=True, EVEN_V=False, INTERPRETER=False, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128,
     PLAIN=False, TOP_M=4, ROW_MASS=True, KEY_LOW_BITS=0, cand_value_ptr=None, log_mass_ptr=None,
     LOGPROBS=0, top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TOP_K_MODE=0, TOP_P_MODE=0,
-    MIN_P_MODE=0,
+    MIN_P_MODE=0, BATCH_TRUNCATES=0,
 )
 compile_kernel(sampling_kernel._sample_stage1, stage1, stage1_constants, num_warps=4, num_stages=4)
 # Per-row knobs that may be off: both epilogues, each where a row of the tile needs it.
@@ -164,6 +164,20 @@ compile_kernel(
     | dict(PLAIN=True, TOP_M=8, TOP_K_MODE=2, TOP_P_MODE=1, MIN_P_MODE=2),
     num_warps=4, num_stages=4,
 )
+# The same split in two launches (dispatch._split_stage1): the plain kernel that runs only
+# if no row of the batch is truncated, then both epilogues only if some row is.
+for plain_half in (True, False):
+    compile_kernel(
+        sampling_kernel._sample_stage1,
+        {**stage1, "cand_score_ptr": "*fp32", "cand_index_ptr": "*i32", "top_k_ptr": "*i64",
+         "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"},
+        {key: value for key, value in stage1_constants.items()
+         if key not in ("cand_score_ptr", "cand_index_ptr", "top_k_ptr", "top_p_ptr",
+                        "min_p_ptr")}
+        | dict(PLAIN=True, TOP_M=0 if plain_half else 8, ROW_MASS=not plain_half,
+               TOP_K_MODE=2, TOP_P_MODE=1, MIN_P_MODE=2, BATCH_TRUNCATES=2 - plain_half),
+        num_warps=4, num_stages=4,
+    )
 # bf16 logits without a soft-cap: the top-m search on keys packed with their column.
 compile_kernel(
     sampling_kernel._sample_stage1, stage1,
@@ -245,13 +259,18 @@ layout_v = hk._shared_layout(hk.BLOCK_V, torch.bfloat16)
 base = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
     STAGES=hk.STAGES[64], CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
-    LOADER_REGISTERS=hk.LOADER_REGISTERS,
+    LOADER_REGISTERS=hk.LOADER_REGISTERS, BATCH_TRUNCATES=0,
 )
 variants = [
     dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, **no_knobs),  # top-k 50
     # per row: each epilogue where a row of the tile needs it
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=2,
          TOP_P_MODE=2, MIN_P_MODE=1),
+    # the same split in two launches (dispatch._split_stage1): the plain half, the other
+    dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, TOP_K_MODE=1, TOP_P_MODE=1,
+         MIN_P_MODE=0, BATCH_TRUNCATES=1, TEMPERATURE_MODE=0),
+    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=16, TOP_K_MODE=1, TOP_P_MODE=1,
+         MIN_P_MODE=1, BATCH_TRUNCATES=2),
 ]
 for variant in variants:
     constants = {**base, **variant}
