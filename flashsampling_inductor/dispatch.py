@@ -50,6 +50,8 @@ _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
 # Stage 1 of a call whose per-row knobs may all be off, as two launches (``_split_stage1``):
 # "1" for both stage-1 kernels, "gluon" for the Gluon one alone, "0" for neither (A/B runs).
 _SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "1")
+# Candidates per 64-wide tile for a per-row k tensor (``candidates_per_tile``; A/B runs).
+_TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "6"))
 
 
 def _split_stage1(kernel: str) -> bool:
@@ -243,10 +245,14 @@ def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int, b
     (larger k, per-row k, top-p or min-p alone) the table, with k counted as k * block_v /
     128 (wider tiles hold proportionally more): a chance of 4e-4 a row for m = 8 at k =
     1024 (such rows mostly take the tile-level patch); a per-row k tensor gets 8, top-p or
-    min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead)."""
+    min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead). A per-row k
+    tensor gets 8 on 128-wide tiles or wider and 6 on 64-wide ones (the small-batch Triton
+    tiles): twice the tiles, so per row the same chances to overflow at V = 151936 (k = 1024:
+    9e-4 against 4e-4 on 128-wide tiles with 8; k = 2048: 0.08 against 0.10), and stage 2
+    searches 2374 * 6 candidates in 16384 lanes instead of 2374 * 8 in 32768."""
     scale = max(1, block_v // 128)
     if params.top_k is not None:
-        return 8
+        return 8 if block_v >= 128 else _TENSOR_K_CANDIDATES_NARROW
     k = params.scalar_top_k
     if k <= 0:
         return 4 if scale == 1 else 6

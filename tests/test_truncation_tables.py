@@ -81,6 +81,20 @@ def test_candidates_per_tile_are_the_fewest_that_rarely_overflow(top_k, block_v,
         assert batch * dispatch.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-3
 
 
+def test_a_per_row_k_tensor_overflows_as_often_on_narrow_tiles_as_on_wide_ones():
+    """A per-row k tensor (any size) keeps 8 candidates per 128-wide tile and 6 per 64-wide
+    one: twice the tiles, so a row of k = 1024 overflows at V = 151936 with about the same
+    chance (< 1e-3), and one of k = 2048 less often on the narrow tiles."""
+    vocab = 151936
+    params = SamplingParams(None, 1.0, None, 0, 1, top_k=torch.zeros(4, dtype=torch.int64))
+    wide = dispatch.candidates_per_tile(params, 128, vocab, 4)
+    narrow = dispatch.candidates_per_tile(params, 64, vocab, 4)
+    assert (wide, narrow) == (8, 6)
+    assert dispatch.overflow_chance(1024, 64, vocab, narrow) < 1e-3
+    chance = dispatch.overflow_chance(2048, 64, vocab, narrow)
+    assert chance < dispatch.overflow_chance(2048, 128, vocab, wide)
+
+
 @pytest.mark.parametrize("vocab, block_v", [(16, 16), (200, 16), (1000, 64)])
 def test_small_vocabularies_keep_the_tables_candidates(vocab, block_v):
     """Where most tiles hold several of the k survivors, no m below the table's rarely
