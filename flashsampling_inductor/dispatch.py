@@ -48,8 +48,8 @@ __all__ = [
 # FLASHSAMPLING_WARP_SPECIALIZED=0 keeps Hopper on the Triton kernel (default_config).
 _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
 # Stage 1 of a call whose per-row knobs may all be off, as two launches (``_split_stage1``):
-# "1" for both stage-1 kernels, "gluon" for the Gluon one alone, "0" for neither (A/B runs).
-_SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "1")
+# "gluon" (default) for the Gluon kernel, "1" for both stage-1 kernels, "0" for neither.
+_SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "gluon")
 # Candidates per 64-wide tile for a per-row k tensor (``candidates_per_tile``; A/B runs).
 _TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "6"))
 
@@ -62,7 +62,12 @@ def _split_stage1(kernel: str) -> bool:
     each reads the batch's knobs first, on the device). A plain-sampling batch with its
     knobs at their off values then runs the plain kernel's code, not one that carries the
     top-m epilogue too (its registers and code cost the Gluon kernel ~9 us at B = 64, D =
-    2048), for one launch whose programs return at once."""
+    2048), for one launch whose programs return at once. On an H200 (D = 2048, 0-d knobs at
+    their off values, CUDA graphs) that took the Gluon kernel's batch (B = 64) from 1.089x
+    to 1.070x of plain sampling, but the Triton kernel's (B = 1 and 16, a full grid of 2374
+    programs, each reading the knobs before its MMAs) from 1.057 / 1.047x to 1.073 /
+    1.065x (bench_off_knobs_nvidia-h200_{base,split}_20261127-2358.csv): the Triton kernel
+    keeps one launch unless FLASHSAMPLING_SPLIT_STAGE1=1 (the CPU tests use it)."""
     return _SPLIT_STAGE1 == "1" or _SPLIT_STAGE1 == kernel
 
 

@@ -14,7 +14,7 @@ import torch
 from scipy import stats
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from flashsampling_inductor import fused_sample, sample_logits
+from flashsampling_inductor import dispatch, fused_sample, sample_logits
 
 from .sampling_oracle import (
     ALPHA,
@@ -98,11 +98,12 @@ def test_per_row_top_k_top_p_temperature_match_the_contract_pathwise(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent(impl):
+def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent(impl, monkeypatch):
     """Per-row (and 0-d) knob tensors at their "off" values (k 0, p 1, min-p 0; greedy rows
     too) draw exactly the tokens of the call without them; in a batch where some rows turn
     knobs on, every other row still draws those tokens, and the truncated rows draw the
-    contract's."""
+    contract's. (Stage 1 as two launches, ``dispatch._split_stage1``.)"""
+    monkeypatch.setattr(dispatch, "_SPLIT_STAGE1", "1")
     batch = 6
     hidden, weight = make_exact_problem(batch, 1000, 64, seed=5)
     logits = exact_logits(hidden, weight)
@@ -126,12 +127,15 @@ def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent
     assert torch.equal(mixed, expected)
 
 
-def test_knobs_on_greedy_rows_alone_draw_the_plain_tokens():
-    """Stage 1 with knobs that may be off runs as two launches, each reading the batch's
-    knobs first (``dispatch._split_stage1``): top-k on greedy rows alone truncates no row,
-    so the plain kernel's half runs and the tokens are the plain call's. (Batches with
-    truncated rows: the test above; generate's top-k with top-p at 1 as tensors, which
-    writes no mass partials: tests/test_gpu_truncation.py.)"""
+@pytest.mark.parametrize("split", ["1", "0"])
+def test_knobs_on_greedy_rows_alone_draw_the_plain_tokens(split, monkeypatch):
+    """Stage 1 with knobs that may be off as two launches, each reading the batch's knobs
+    first (``dispatch._split_stage1``, on the GPU the Gluon kernel's; here the Triton
+    kernel's, which the split also serves), and as one: top-k on greedy rows alone
+    truncates no row, so the tokens are the plain call's. (Batches with truncated rows:
+    the test above; generate's top-k with top-p at 1 as tensors, which writes no mass
+    partials: tests/test_gpu_truncation.py.)"""
+    monkeypatch.setattr(dispatch, "_SPLIT_STAGE1", split)
     hidden, weight = make_exact_problem(4, 300, 32, seed=3)
     temperature = torch.tensor([0.7, 1.3, 0.0, 0.9], device=DEVICE)
     common = dict(temperature=temperature, seed=torch.tensor(5, device=DEVICE), impl="triton")
