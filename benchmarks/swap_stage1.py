@@ -74,16 +74,18 @@ def swap_config(batch, hidden_size, device, schedule="ping-pong") -> SampleConfi
 
 
 def swizzled(schedule, call):
-    """``call`` with hopper_swap_kernel's swizzled staging where ``schedule`` asks for it."""
+    """``call`` with hopper_swap_kernel's swizzled staging where ``schedule`` asks for it
+    (otherwise the kernel's own choice, ``hopper_swap_kernel.swizzled``)."""
     if not schedule.endswith("+swizzle"):
         return call
 
     def with_swizzle():
+        before = hopper_swap_kernel.SWIZZLE_STAGING
         hopper_swap_kernel.SWIZZLE_STAGING = True
         try:
             return call()
         finally:
-            hopper_swap_kernel.SWIZZLE_STAGING = False
+            hopper_swap_kernel.SWIZZLE_STAGING = before
 
     return with_swizzle
 

@@ -173,10 +173,14 @@ def default_config(
     # N: B = 144 computes 144 rows, not 192 or 256). H200, whole calls against the choice
     # above, T = 1 / per-row temperatures and seeds / greedy: D = 8192 B = 144 898 -> 700 /
     # 984 -> 709 / 822 -> 689 us, B = 192 879 -> 794 / 919 -> 812 / 882 -> 768; D = 4096 B =
-    # 144 579 -> 421; D = 2048 B = 144 294 -> 242, B = 160 294 -> 254. Above 192 rows (160 at
-    # D = 2048) it was even or slower, greedy up to 19% slower (swap_stage1_h200_20261127-2027_*,
-    # benchmarks/swap_stage1.py). Truncating calls keep the kernels above.
-    swap_rows_max = 160 if hidden_size <= 2048 else 192
+    # 144 579 -> 421; D = 2048 B = 144 294 -> 242, B = 160 294 -> 254
+    # (swap_stage1_h200_20261127-2027_*, benchmarks/swap_stage1.py). With its swizzled staging
+    # (hopper_swap_kernel.swizzled) also up to 256 rows at D <= 4096, T = 1: D = 2048 B = 224 /
+    # 256 345 -> 322 / 354 -> 320 us, D = 4096 586 -> 566 / 586 -> 564, per-row knobs 9-14%
+    # faster; at D = 8192 224-256 rows 1-6% slower, and greedy above 192 rows 2-4% slower
+    # everywhere (triton_fused_sample keeps it off; swap_stage1_h200_20261127-2311_*).
+    # Truncating calls: see swap_serves_knobs.
+    swap_rows_max = 192 if hidden_size > 4096 else 256
     swap = (
         _WARP_SPECIALIZED
         and 128 < batch <= swap_rows_max
@@ -413,7 +417,8 @@ def triton_fused_sample(
     if (
         config.warp_specialized_swap
         and 128 < batch <= 256
-        and not truncates
+        and not (temperature_mode == 3 and batch > SWAP_GREEDY_ROWS_MAX)
+        and (not truncates or swap_serves_knobs(params, vocab_size))
         and not params.softcap
         and not logprobs_code
     ):
@@ -654,29 +659,61 @@ def _hopper_fused_sample(
     return out
 
 
+SWAP_TRUNCATING = False  # (an experiment: scalar-truncating calls in the swapped kernel)
+# Greedy calls (a scalar temperature of 0) above this many rows keep the Triton kernel, whose
+# 128 x 256 tiles run a bare matmul 2-4% faster there (default_config's comment).
+SWAP_GREEDY_ROWS_MAX = 192
+
+
+def swap_serves_knobs(params: SamplingParams, vocab_size: int) -> bool:
+    """Whether a truncating call at 129-256 rows takes the swapped Gluon stage 1: knobs that
+    may leave every row untruncated (tensors, as ``generate`` and continuous batching pass
+    them, or off scalars), whose stage 1 decides per block of 64 rows on the device which
+    epilogue runs, so that off-valued knobs cost the plain kernel's time. ``SWAP_TRUNCATING``
+    adds calls that truncate every row (a scalar k, p or min-p)."""
+    return SWAP_TRUNCATING or (
+        _k_may_be_off(params, vocab_size) and _p_may_be_off(params) and _min_p_may_be_off(params)
+    )
+
+
 def _hopper_swap_fused_sample(
     hidden, weight, bias, params, out, temperature_mode, seed_mode, seed_u64, vocab_offset=0,
     out_score=None, tile_candidates=False, cooperative=False,
 ):  # fmt: skip
-    """Plain sampling at 129-256 rows with stage 1 in ``hopper_swap_kernel`` (``vocab_offset``
+    """Both stages at 129-256 rows with stage 1 in ``hopper_swap_kernel`` (``vocab_offset``
     to ``tile_candidates`` as in ``triton_fused_sample``; ``cooperative``: its consumers share
-    each stage): the candidates of ``_hopper_fused_sample``'s half tiles, then stage 2."""
+    each stage). Sampling: the candidates of ``_hopper_fused_sample``'s half tiles, then
+    stage 2. Truncating: the top-m epilogue on 64-wide tiles (and the sampling one beside it
+    where knobs may be off), then truncation_kernel's stage 2 and fallback."""
     from . import hopper_swap_kernel
 
     batch, vocab_size = hidden.shape[0], weight.shape[0]
     num_samples = params.num_samples
-    cand_score, cand_index = _candidates(
-        batch, num_samples, 2 * triton.cdiv(vocab_size, 2 * hopper_swap_kernel.VOCAB_TILE),
-        hidden.device,
-    )  # fmt: skip
+    block_v = hopper_swap_kernel.VOCAB_TILE
+    stage1, plain, top_m, row_mass, key_low_bits = _truncation_buffers(
+        params, batch, vocab_size, triton.cdiv(vocab_size, block_v), block_v, hidden.device
+    )
+    cand_score = cand_index = None
+    if plain:  # per half of a 128-wide tile, as the Gluon kernel's
+        cand_score, cand_index = _candidates(
+            batch, num_samples, 2 * triton.cdiv(vocab_size, 2 * block_v), hidden.device
+        )
+        stage1.update(plain_score=cand_score, plain_index=cand_index)
     with torch.cuda.device(hidden.device):
         hopper_swap_kernel.launch_stage1(
             hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
             seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
             cand_score, cand_index, _num_sms(hidden.device), temperature_mode, seed_mode,
-            vocab_offset, coop=cooperative,
+            vocab_offset, coop=cooperative, stage1=stage1, top_m=top_m, row_mass=row_mass,
+            key_low_bits=key_low_bits, row_knobs=_row_knobs(params, plain and top_m > 0),
         )  # fmt: skip
-        if tile_candidates:
-            return cand_score, cand_index
-        sampling_kernel.launch_stage2(cand_score, cand_index, out, out_score)
+        if not params.truncates:
+            if tile_candidates:
+                return cand_score, cand_index
+            sampling_kernel.launch_stage2(cand_score, cand_index, out, out_score)
+            return out
+        # (16-bit weights: the fallback's dot takes "ieee", as the Triton kernel's does)
+        _finish_truncation(
+            hidden, weight, bias, params, stage1, block_v, temperature_mode, out, "ieee"
+        )
     return out

@@ -152,6 +152,38 @@ if AVAILABLE:
                 it += 1
 
     @gluon.jit
+    def _noise_scale(temperature_ptr, scalar_temperature, rows, row_mask,
+                     TEMPERATURE_MODE: gl.constexpr):  # fmt: skip
+        """T ln 2 of each of ``rows`` (fp32, in their layout): TEMPERATURE_MODE 0 the scalar,
+        1 a 0-d tensor, 2 a [B] tensor, 3 greedy (zeros, unused)."""
+        if TEMPERATURE_MODE == 0:
+            scale = gl.full(rows.shape, scalar_temperature * LN2, gl.float32, rows.type.layout)
+        elif TEMPERATURE_MODE == 1:
+            scale = gl.full(rows.shape, gl.load(temperature_ptr) * LN2, gl.float32,
+                            rows.type.layout)  # fmt: skip
+        elif TEMPERATURE_MODE == 2:
+            scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
+        else:
+            scale = gl.zeros(rows.shape, gl.float32, rows.type.layout)
+        return scale
+
+    @gluon.jit
+    def _seed_keys(seed_ptr, seed_lo, seed_hi, rows, row_mask, SEED_MODE: gl.constexpr):
+        """The Philox key halves (k0, k1) of ``rows``: uint32 scalars where the seed is shared
+        (SEED_MODE 0 the scalar halves, 1 a 0-d tensor), per row (2, in the rows' layout)."""
+        if SEED_MODE == 0:
+            k0 = seed_lo.to(gl.uint32)
+            k1 = seed_hi.to(gl.uint32)
+        else:
+            if SEED_MODE == 1:
+                seed = gl.load(seed_ptr)
+            else:
+                seed = gl.load(seed_ptr + rows, mask=row_mask, other=0)
+            k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
+            k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+        return k0, k1
+
+    @gluon.jit
     def _staged_words(staging, chunk, BLOCK_B: gl.constexpr, CHUNK_Q: gl.constexpr):
         """The staged logits of one chunk as four [BLOCK_B, CHUNK_Q] tensors: word w holds the
         columns 4 * quad + w, the tokens whose noise is word w of the quad's Philox output.
@@ -385,15 +417,9 @@ if AVAILABLE:
             pid_v = tile // num_b_tiles
             rows = b_start + gl.arange(0, BLOCK_B, row_layout)
             row_mask = rows < B
-            if TEMPERATURE_MODE == 0:
-                noise_scale = gl.full([BLOCK_B], scalar_temperature * LN2, gl.float32, row_layout)
-            elif TEMPERATURE_MODE == 1:
-                noise_scale = gl.full([BLOCK_B], gl.load(temperature_ptr) * LN2, gl.float32,
-                                      row_layout)  # fmt: skip
-            elif TEMPERATURE_MODE == 2:
-                noise_scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
-            else:
-                noise_scale = gl.zeros([BLOCK_B], gl.float32, row_layout)  # unused: greedy
+            noise_scale = _noise_scale(
+                temperature_ptr, scalar_temperature, rows, row_mask, TEMPERATURE_MODE
+            )
             if PLAIN and TOP_M > 0:
                 # Per-row knobs that may be off: each epilogue where a row of the tile
                 # needs it.
@@ -457,16 +483,7 @@ if AVAILABLE:
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_lo.type.layout)
         # One key for the whole batch where the seed is shared: per-row keys would make the
         # compiler keep every row's ten round keys in registers.
-        if SEED_MODE == 0:
-            k0 = seed_lo.to(gl.uint32)
-            k1 = seed_hi.to(gl.uint32)
-        else:
-            if SEED_MODE == 1:
-                seed = gl.load(seed_ptr)
-            else:
-                seed = gl.load(seed_ptr + rows, mask=row_mask, other=0)
-            k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
-            k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+        k0, k1 = _seed_keys(seed_ptr, seed_lo, seed_hi, rows, row_mask, SEED_MODE)
         for half in range(2):
             # Each half of the tile goes through shared memory once, so that the noise
             # side reads whole quads of tokens in its own layout.

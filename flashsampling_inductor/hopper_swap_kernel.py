@@ -27,7 +27,7 @@ import triton
 
 from . import hopper_kernel
 from .launch import launch
-from .sampling_device import LN2, rows_for_tma
+from .sampling_device import rows_for_tma, truncating_rows
 
 __all__ = ["disable", "extra_rows", "launch_stage1", "supported"]
 
@@ -36,7 +36,9 @@ MAIN_ROWS = 128  # the first accumulator's rows (the MMA's N)
 NOISE_ROWS = 64  # rows whose noise one pass over the staging draws (8 Philox a thread)
 SHARED_BYTES = 227 * 1024 - 1024  # an H100's / H200's shared memory a block, less barriers
 MAX_STAGES = 8
-SWIZZLE_STAGING = False  # (an experiment: the staging's layout, see _swapped_stage1)
+# The staging's layout (see _swapped_stage1): None chooses per shape (``swizzled``), a bool
+# forces it (benchmarks/swap_stage1.py compares the two).
+SWIZZLE_STAGING: bool | None = None
 
 
 _disabled_by: str | None = None  # why this process stopped using the kernel
@@ -70,6 +72,16 @@ def extra_rows(batch: int) -> int:
     return max(8, triton.next_power_of_2(batch - MAIN_ROWS))
 
 
+def swizzled(batch: int, hidden_size: int) -> bool:
+    """Whether the staging is swizzled (conflict-free transposed stores): H200, against the
+    plain layout, 3-10% faster at D = 2048 and above 160 rows (D = 2048 B = 256 351 -> 320 us,
+    D = 4096 B = 192 479 -> 449), even to 1% slower at D >= 4096 up to 160 rows in one run and
+    1-5% slower in another (swap_stage1_h200_20261127-2027_*, -2311_*)."""
+    if SWIZZLE_STAGING is not None:
+        return SWIZZLE_STAGING
+    return hidden_size <= 2048 or batch > 160
+
+
 def _stages(extra: int, coop: bool = False) -> int:
     """Ring depth: as many stages as fit beside the two consumers' staging."""
     stage = 2 * BLOCK_D * ((1 + coop) * VOCAB_TILE + MAIN_ROWS + extra)
@@ -82,6 +94,9 @@ BLOCK_D = hopper_kernel.BLOCK_D
 if hopper_kernel.AVAILABLE:
     from .hopper_kernel import (
         _best_of_staged,
+        _keep_top_m,
+        _noise_scale,
+        _seed_keys,
         _thread_barrier,
         _tma_load,
         gl,
@@ -118,53 +133,116 @@ if hopper_kernel.AVAILABLE:
                 it += 1
 
     @gluon.jit
+    def _top_m_of_block(staging, block, rows, row_mask, tile, V, bias_ptr, noise_scale,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        HAS_BIAS: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
+                        EVEN_V: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
+                        KEY_LOW_BITS: gl.constexpr):  # fmt: skip
+        """The truncating epilogue of one staged block of rows on its 64-wide vocabulary tile:
+        ``hopper_kernel._keep_top_m`` (m largest keys, the key left out, the mass partials)
+        on the block's two halves of 32 entries, loaded from the staging in a layout whose
+        reductions over the vocabulary stay in a quarter of a warp. The truncation buffers
+        are per 64-wide tile (``cdiv(V, 64)`` of them); a tile wholly past V has none."""
+        VT: gl.constexpr = staging.shape[2]
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+        if tile * VT < V:
+            row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+            block_rows = gl.convert_layout(rows, row_layout)
+            logits = staging.index(block)
+            lo = logits.slice(0, VT // 2, dim=1).load(layout)
+            hi = logits.slice(VT // 2, VT // 2, dim=1).load(layout)
+            _keep_top_m(
+                lo, hi, block_rows, gl.convert_layout(row_mask, row_layout), tile * VT,
+                block_rows.to(gl.int64) * gl.cdiv(V, VT) + tile, V, bias_ptr,
+                gl.convert_layout(noise_scale, row_layout), top_m_key_ptr, top_m_index_ptr,
+                hidden_key_ptr, mass_ptr,
+                HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+            )  # fmt: skip
+
+    @gluon.jit
     def _noise_of_staged(staging, num_blocks, row_base, tile, num_cand_tiles, B, V, bias_ptr,
                          temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
                          scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+                         top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                         top_k_ptr, top_p_ptr, min_p_ptr,
                          HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr,
                          SEED_MODE: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
-                         EVEN_V: gl.constexpr):  # fmt: skip
-        """The candidates of the staged logits (``num_blocks`` blocks of rows, [rows, 64
-        vocabulary entries] each, the first row ``row_base``) for vocabulary tile ``tile``:
-        ``hopper_kernel._draw_noise``'s noise and stores, a block of rows at a time."""
+                         EVEN_V: gl.constexpr, PLAIN: gl.constexpr, TOP_M: gl.constexpr,
+                         ROW_MASS: gl.constexpr, KEY_LOW_BITS: gl.constexpr,
+                         TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr,
+                         MIN_P_MODE: gl.constexpr):  # fmt: skip
+        """The epilogues of the staged logits (``num_blocks`` blocks of rows, [rows, 64
+        vocabulary entries] each, the first row ``row_base``) for vocabulary tile ``tile``, a
+        block of rows at a time: the sampling one (``hopper_kernel._draw_noise``'s noise and
+        stores) and with TOP_M the truncating one (``_top_m_of_block``); with both (per-row
+        knobs that may be off) each where a row of the block needs it, as in
+        ``hopper_kernel._consume_tiles``."""
         ROWS: gl.constexpr = staging.shape[1]
-        VT: gl.constexpr = staging.shape[2]
         row_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         for block in range(num_blocks):
             b_start = row_base + block * ROWS
             rows = b_start + gl.arange(0, ROWS, row_layout)
             row_mask = rows < B
-            if TEMPERATURE_MODE == 0:
-                noise_scale = gl.full([ROWS], scalar_temperature * LN2, gl.float32, row_layout)
-            elif TEMPERATURE_MODE == 1:
-                noise_scale = gl.full([ROWS], gl.load(temperature_ptr) * LN2, gl.float32,
-                                      row_layout)  # fmt: skip
-            elif TEMPERATURE_MODE == 2:
-                noise_scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
-            else:
-                noise_scale = gl.zeros([ROWS], gl.float32, row_layout)  # unused: greedy
-            if SEED_MODE == 0:
-                k0 = seed_lo.to(gl.uint32)
-                k1 = seed_hi.to(gl.uint32)
-            else:
-                if SEED_MODE == 1:
-                    seed = gl.load(seed_ptr)
-                else:
-                    seed = gl.load(seed_ptr + rows, mask=row_mask, other=0)
-                k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
-                k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
-            for sample_index in range(num_samples):
-                best, index = _best_of_staged(
-                    staging, block, tile * (VT // 4), quad_offset, b_start, V, bias_ptr,
-                    noise_scale, sample_index, k0, k1,
-                    HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,
-                    ROWS, 1, VT // 4,
+            noise_scale = _noise_scale(
+                temperature_ptr, scalar_temperature, rows, row_mask, TEMPERATURE_MODE
+            )
+            if PLAIN and TOP_M > 0:
+                truncating = truncating_rows(
+                    top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale, V,
+                    TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
                 )  # fmt: skip
-                best = gl.convert_layout(best, row_layout)
-                index = gl.convert_layout(index, row_layout)
-                out = (rows * num_samples + sample_index) * num_cand_tiles + tile
-                gl.store(cand_score_ptr + out, best, mask=row_mask)
-                gl.store(cand_index_ptr + out, index, mask=row_mask)
+                if gl.max(truncating.to(gl.int32), axis=0) > 0:
+                    _top_m_of_block(
+                        staging, block, rows, row_mask, tile, V, bias_ptr, noise_scale,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                    )  # fmt: skip
+                if gl.max((row_mask & ~truncating).to(gl.int32), axis=0) > 0:
+                    _noise_of_block(
+                        staging, block, b_start, rows, row_mask, tile, num_cand_tiles, V, bias_ptr,
+                        seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo,
+                        seed_hi, num_samples, quad_offset,
+                        HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+                    )  # fmt: skip
+            elif TOP_M > 0:
+                _top_m_of_block(
+                    staging, block, rows, row_mask, tile, V, bias_ptr, noise_scale,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                )  # fmt: skip
+            else:
+                _noise_of_block(
+                    staging, block, b_start, rows, row_mask, tile, num_cand_tiles, V, bias_ptr,
+                    seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo, seed_hi,
+                    num_samples, quad_offset,
+                    HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+                )  # fmt: skip
+
+    @gluon.jit
+    def _noise_of_block(staging, block, b_start, rows, row_mask, tile, num_cand_tiles, V, bias_ptr,
+                        seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo, seed_hi,
+                        num_samples, quad_offset,
+                        HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr,
+                        SEED_MODE: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
+                        EVEN_V: gl.constexpr):  # fmt: skip
+        """The sampling epilogue of one staged block of ``rows`` (from ``b_start``, in a row
+        layout) on vocabulary tile ``tile``: ``hopper_kernel._draw_noise``'s noise and stores,
+        per sample."""
+        ROWS: gl.constexpr = staging.shape[1]
+        VT: gl.constexpr = staging.shape[2]
+        k0, k1 = _seed_keys(seed_ptr, seed_lo, seed_hi, rows, row_mask, SEED_MODE)
+        for sample_index in range(num_samples):
+            best, index = _best_of_staged(
+                staging, block, tile * (VT // 4), quad_offset, b_start, V, bias_ptr,
+                noise_scale, sample_index, k0, k1,
+                HAS_BIAS, LOGITS_DTYPE, TEMPERATURE_MODE == 3, EVEN_V, SEED_MODE == 2,
+                ROWS, 1, VT // 4,
+            )  # fmt: skip
+            best = gl.convert_layout(best, rows.type.layout)
+            index = gl.convert_layout(index, rows.type.layout)
+            out = (rows * num_samples + sample_index) * num_cand_tiles + tile
+            gl.store(cand_score_ptr + out, best, mask=row_mask)
+            gl.store(cand_index_ptr + out, index, mask=row_mask)
 
     @gluon.jit
     def _stage(acc, staging):
@@ -187,10 +265,14 @@ if hopper_kernel.AVAILABLE:
     def _consume_swapped(
         parity, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging, staging_b,
         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+        top_k_ptr, top_p_ptr, min_p_ptr,
         B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
-        NB: gl.constexpr, COOP: gl.constexpr,
+        NB: gl.constexpr, COOP: gl.constexpr, PLAIN: gl.constexpr, TOP_M: gl.constexpr,
+        ROW_MASS: gl.constexpr, KEY_LOW_BITS: gl.constexpr, TOP_K_MODE: gl.constexpr,
+        TOP_P_MODE: gl.constexpr, MIN_P_MODE: gl.constexpr,
     ):  # fmt: skip
         """One consumer warpgroup. Ping-pong (``hopper_kernel._consume_tiles``'s): the
         program's vocabulary tiles number parity, parity + 2, ..., main loops in turn. COOP:
@@ -254,15 +336,19 @@ if hopper_kernel.AVAILABLE:
             _noise_of_staged(
                 staging, staging.shape[0], 0, tile, num_cand_tiles, B, V, bias_ptr,
                 temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, scalar_temperature,
-                seed_lo, seed_hi, num_samples, quad_offset,
-                HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+                seed_lo, seed_hi, num_samples, quad_offset, top_m_key_ptr, top_m_index_ptr,
+                hidden_key_ptr, mass_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+                HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V, PLAIN, TOP_M,
+                ROW_MASS, KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
             )  # fmt: skip
             _stage(acc_b, staging_b)
             _noise_of_staged(
                 staging_b, NB // staging_b.shape[1], NA, tile, num_cand_tiles, B, V, bias_ptr,
                 temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, scalar_temperature,
-                seed_lo, seed_hi, num_samples, quad_offset,
-                HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
+                seed_lo, seed_hi, num_samples, quad_offset, top_m_key_ptr, top_m_index_ptr,
+                hidden_key_ptr, mass_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+                HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V, PLAIN, TOP_M,
+                ROW_MASS, KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
             )  # fmt: skip
             n += 1
 
@@ -270,11 +356,19 @@ if hopper_kernel.AVAILABLE:
     @gluon.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "quad_offset"])
     def _swapped_stage1(
         ha_desc, hb_desc, w_desc, bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr,
-        cand_index_ptr, B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+        cand_index_ptr, top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         NB: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
         COOP: gl.constexpr = False, SWIZZLE: gl.constexpr = False,
+        PLAIN: gl.constexpr = True,  # the sampling epilogue (cand_score / cand_index)
+        TOP_M: gl.constexpr = 0,  # > 0: the truncating epilogue (_top_m_of_block)
+        ROW_MASS: gl.constexpr = False,
+        KEY_LOW_BITS: gl.constexpr = 0,
+        # With PLAIN and TOP_M: the knobs' tensors (hopper_kernel._hopper_stage1's)
+        top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
+        TOP_K_MODE: gl.constexpr = 0, TOP_P_MODE: gl.constexpr = 0, MIN_P_MODE: gl.constexpr = 0,
     ):  # fmt: skip
         NA: gl.constexpr = ha_desc.block_type.shape[0]
         VT: gl.constexpr = 64
@@ -323,9 +417,11 @@ if hopper_kernel.AVAILABLE:
                     (  # the default partition: the kernel's 4 warps
                         0, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging0, staging_b0,
                         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-                        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
-                        quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE,
-                        EVEN_V, STAGES, NB, COOP,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, top_k_ptr,
+                        top_p_ptr, min_p_ptr, B, V, D, scalar_temperature, seed_lo, seed_hi,
+                        num_samples, quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
+                        LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
+                        KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
                     ),
                 ),
                 (
@@ -333,9 +429,11 @@ if hopper_kernel.AVAILABLE:
                     (
                         1, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging1, staging_b1,
                         bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-                        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples,
-                        quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE,
-                        EVEN_V, STAGES, NB, COOP,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, top_k_ptr,
+                        top_p_ptr, min_p_ptr, B, V, D, scalar_temperature, seed_lo, seed_hi,
+                        num_samples, quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
+                        LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
+                        KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
                     ),
                 ),
                 (
@@ -357,12 +455,16 @@ if hopper_kernel.AVAILABLE:
 def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, num_sms, temperature_mode, seed_mode,
-    vocab_offset=0, coop=False,
+    vocab_offset=0, coop=False, stage1=None, top_m=0, row_mass=False, key_low_bits=0,
+    row_knobs=None,
 ):  # fmt: skip
-    """The sampling epilogue's stage 1 for 129-256 rows on a persistent grid of one program
-    per SM; arguments and candidates as ``hopper_kernel.launch_stage1``'s (cand_* [B,
-    num_samples, 2 * cdiv(V, 128)]); ``coop``: the consumers share each stage's hidden
+    """Stage 1 for 129-256 rows on a persistent grid of one program per SM; arguments and
+    candidates as ``hopper_kernel.launch_stage1``'s (cand_* [B, num_samples, 2 * cdiv(V,
+    128)], where ``cand_score`` is given), except that the truncating epilogue (``top_m``)
+    writes ``stage1``'s buffers per 64-wide tile (``dispatch._truncation_buffers`` with
+    block_v = VOCAB_TILE); ``coop``: the consumers share each stage's hidden
     (``_consume_swapped``)."""
+    stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     if not MAIN_ROWS < batch <= 2 * MAIN_ROWS:
@@ -384,8 +486,9 @@ def launch_stage1(
     launch(
         _swapped_stage1, (min(num_tiles, num_sms),),
         ha_desc, hb_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
-        batch, vocab_size, hidden_size, scalar_temperature, seed_lo, seed_hi, num_samples,
-        vocab_offset // 4,
+        stage1.get("top_m_key"), stage1.get("top_m_index"), stage1.get("hidden_key"),
+        stage1.get("mass"), batch, vocab_size, hidden_size, scalar_temperature, seed_lo,
+        seed_hi, num_samples, vocab_offset // 4,
         HAS_BIAS=bias is not None,
         TEMPERATURE_MODE=temperature_mode,
         SEED_MODE=seed_mode,
@@ -394,8 +497,13 @@ def launch_stage1(
         STAGES=_stages(extra, coop),
         NB=extra,
         COOP=coop,
-        SWIZZLE=SWIZZLE_STAGING,
+        SWIZZLE=swizzled(batch, hidden_size),
         CONSUMER_REGISTERS=hopper_kernel.CONSUMER_REGISTERS,
         LOADER_REGISTERS=hopper_kernel.LOADER_REGISTERS,
+        PLAIN=cand_score is not None,
+        TOP_M=top_m,
+        ROW_MASS=row_mass,
+        KEY_LOW_BITS=key_low_bits,
+        **(row_knobs or hopper_kernel._NO_ROW_KNOBS),
         num_warps=4,
     )  # fmt: skip

@@ -529,7 +529,12 @@ def _pdl_supported(device: torch.device) -> bool:
 
 @functools.cache
 def is_hopper(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    # (a CUDA device without CUDA: offline tools such as benchmarks/kernel_sass.py)
+    return (
+        device.type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability(device) == (9, 0)
+    )
 
 
 def rows_for_tma(hidden: torch.Tensor, block_rows: int) -> torch.Tensor:

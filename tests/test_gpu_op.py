@@ -337,3 +337,63 @@ def test_gpu_swapped_kernel_draws_the_triton_kernels_tokens(batch, monkeypatch):
             assert torch.equal(tokens, expected), (schedule, params)
     assert len(launches) == 2 * len(cases)
     assert hopper_swap_kernel._disabled_by is None
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not _warp_specialized_runs(),
+    reason="the swapped warp-specialized kernel needs Gluon and a Hopper GPU",
+)
+@pytest.mark.parametrize("batch", [150, 256])  # second accumulator 32 / 128 rows
+def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
+    """Truncation knobs in the swapped Gluon stage 1 (its top-m epilogue on 64-wide tiles,
+    the sampling one beside it where knobs may be off, each per block of rows on the device)
+    draw the Triton kernel's tokens: 0-d knobs at their off values and 0-d top-k 50 as
+    ``generate`` passes them, [B] knobs with per-row temperatures (greedy rows), seeds, a bias
+    and bf16 logits over two samples, top-p alone, and a scalar top-k that truncates every row
+    (``SWAP_TRUNCATING``), on a ragged vocabulary whose last 64-wide tile lies past V."""
+    from flashsampling_inductor import dispatch, hopper_swap_kernel
+    from flashsampling_inductor.params import SamplingParams
+
+    launches = []
+    launch = hopper_swap_kernel.launch_stage1
+    monkeypatch.setattr(
+        hopper_swap_kernel, "launch_stage1", lambda *a, **k: launches.append(1) or launch(*a, **k)
+    )
+    monkeypatch.setattr(dispatch, "SWAP_TRUNCATING", True)
+    generator = torch.Generator(device=CUDA).manual_seed(batch)
+    vocab, hidden_size = 5000, 512  # 5000 = 39 * 128 + 8: 79 tiles of 64, 80 half tiles
+    hidden = torch.randn(batch, hidden_size, generator=generator, device=CUDA).bfloat16()
+    weight = torch.randn(vocab, hidden_size, generator=generator, device=CUDA)
+    weight = (weight * 4 / hidden_size**0.5).bfloat16()
+    bias = torch.randn(vocab, generator=generator, device=CUDA).bfloat16()
+    seed = torch.tensor(11, device=CUDA)
+
+    def zero_d(value, dtype=torch.float32):
+        return torch.tensor(value, dtype=dtype, device=CUDA)
+
+    on = torch.arange(batch, device=CUDA) % 4 == 0
+    off_knobs = dict(top_k=zero_d(0, torch.int64), top_p=zero_d(1.0), min_p=zero_d(0.0))
+    k50 = {**off_knobs, "top_k": zero_d(50, torch.int64)}
+    row_seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=CUDA)
+    row_knobs = dict(
+        logits_dtype=torch.bfloat16, top_k=torch.where(on, 50, 0),
+        top_p=torch.where(on, 0.9, 1.0), min_p=torch.zeros(batch, device=CUDA),
+    )  # fmt: skip
+    cases = [
+        (SamplingParams(zero_d(0.7), 1.0, seed, 0, 1, **off_knobs), None),
+        (SamplingParams(zero_d(0.7), 1.0, seed, 0, 1, **k50), None),
+        (SamplingParams(temperature_rows(batch), 1.0, row_seeds, 0, 2, **row_knobs), bias),
+        (SamplingParams(None, 0.8, seed, 0, 1, top_p=zero_d(0.9)), None),
+        (SamplingParams(None, 0.8, None, 5, 1, scalar_top_k=50), None),
+    ]
+    triton_tiles = dispatch.SampleConfig(
+        128, 128, 64, swap_ab=False, num_warps=8, maxnreg=128, tma=True, programs_per_sm=2,
+        epilogue_chunks=4,
+    )  # fmt: skip
+    swapped = dataclasses.replace(triton_tiles, warp_specialized_swap="ping-pong")
+    for params, case_bias in cases:
+        tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
+        expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
+        assert torch.equal(tokens, expected), params
+    assert len(launches) == len(cases)
+    assert hopper_swap_kernel._disabled_by is None

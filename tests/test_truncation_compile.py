@@ -295,28 +295,39 @@ for variant in variants:
 # The swapped kernel (hopper_swap_kernel, 129-256 rows), a second accumulator of 32 rows.
 kernel = sk._swapped_stage1
 extra = sk.extra_rows(150)
-constants = dict(
+swap_base = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
     STAGES=sk._stages(extra), NB=extra, COOP=False, SWIZZLE=False,
     CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS, LOADER_REGISTERS=hk.LOADER_REGISTERS,
+    PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0,
 )
-boxes = {"ha_desc": sk.MAIN_ROWS, "hb_desc": extra, "w_desc": sk.VOCAB_TILE}
-signature = {}
-for name in kernel.arg_names:
-    if name in constants:
-        signature[name] = "constexpr"
-    elif name in boxes:
-        layout = hk._shared_layout(boxes[name], torch.bfloat16)
-        signature[name] = f"tensordesc<bf16[{boxes[name]}, {sk.BLOCK_D}],{layout!r}>"
-    elif name.endswith("_ptr"):
-        signature[name] = {"seed_ptr": "*i64", "cand_index_ptr": "*i32"}.get(name, "*fp32")
-    else:
-        signature[name] = "fp32" if name == "scalar_temperature" else "i32"
-constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
-triton.compile(
-    GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-    options={"num_warps": 4},
-)
+# plain, then knob tensors that may be off (both epilogues), then a truncating call alone
+swap_variants = [
+    dict(**no_knobs),
+    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=1,
+         TOP_P_MODE=1, MIN_P_MODE=1),
+    dict(PLAIN=False, TOP_M=3, ROW_MASS=False, KEY_LOW_BITS=16, NB=8, STAGES=sk._stages(8),
+         **no_knobs),
+]
+for variant in swap_variants:
+    constants = {**swap_base, **variant}
+    boxes = {"ha_desc": sk.MAIN_ROWS, "hb_desc": constants["NB"], "w_desc": sk.VOCAB_TILE}
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in boxes:
+            layout = hk._shared_layout(boxes[name], torch.bfloat16)
+            signature[name] = f"tensordesc<bf16[{boxes[name]}, {sk.BLOCK_D}],{layout!r}>"
+        elif name.endswith("_ptr"):
+            signature[name] = pointers.get(name, "*fp32")
+        else:
+            signature[name] = "fp32" if name == "scalar_temperature" else "i32"
+    constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
+    triton.compile(
+        GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4},
+    )
 print("compiled")
 """
 

@@ -1,0 +1,266 @@
+"""Truncation knobs at 129-256 rows in the swapped Gluon stage 1 (``hopper_swap_kernel``'s
+top-m epilogue on 64-wide tiles, and the sampling one beside it where knobs may be off)
+against the kernels such calls took before, and their exactness.
+
+    python benchmarks/swap_knobs.py exact [--batches 144,256] [--out-dir DIR]
+    python benchmarks/swap_knobs.py time [--batches 144,192,256] [--rounds 3] [--out-dir DIR]
+
+The knobs as ``generate`` after ``hf.enable`` passes them (0-d tensors, each knob at its off
+value when off): ``off`` (every knob off), ``k50`` (top-k 50, generate's default), ``qwen3``
+(top-k 20, top-p 0.95), ``p09`` (top-p 0.9 alone), ``minp`` (min-p 0.1), ``greedy`` (a 0-d
+temperature of 0, knobs off); as continuous batching passes them, [B] tensors: ``mixed``
+(every fourth row top-k 50 / top-p 0.9, per-row temperatures with greedy rows, per-row seeds);
+and scalar knobs, which truncate every row (``scalar_k50``, ``scalar_p09``: the swapped kernel
+only with ``dispatch.SWAP_TRUNCATING``). ``before`` is the same call with the swapped kernel
+off (``warp_specialized_swap=""``), ``swap`` with it on.
+
+``exact``: the two draw the same tokens (both are exact and share the noise), the swapped
+kernel ran, at D = 2048 / 4096 (V = 151936) and a ragged V = 50200 (its last half tile past
+V). ``time``: CUDA-graph medians, round-robin, with cuBLAS ``hidden @ W.T`` and the plain
+call (0-d temperature and seed alone) beside. CSVs to ``--out-dir``. Needs a Hopper GPU
+(elsewhere it says so and exits 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+from sweep_configs import graph_median_us  # noqa: E402  (this folder)
+
+from flashsampling_inductor import dispatch, fused_sample, hopper_swap_kernel  # noqa: E402
+from flashsampling_inductor.launch import compile_ahead  # noqa: E402
+
+CASES = ["off", "k50", "qwen3", "p09", "minp", "greedy", "mixed", "scalar_k50", "scalar_p09"]
+ZERO_D = {
+    "off": dict(top_k=0, top_p=1.0, min_p=0.0),
+    "k50": dict(top_k=50, top_p=1.0, min_p=0.0),
+    "qwen3": dict(top_k=20, top_p=0.95, min_p=0.0),
+    "p09": dict(top_k=0, top_p=0.9, min_p=0.0),
+    "minp": dict(top_k=0, top_p=1.0, min_p=0.1),
+    "greedy": dict(top_k=0, top_p=1.0, min_p=0.0),
+}
+
+_swap_launches = 0
+_launch = hopper_swap_kernel.launch_stage1
+
+
+def _counting_launch(*args, **kwargs):
+    global _swap_launches
+    _swap_launches += 1
+    return _launch(*args, **kwargs)
+
+
+hopper_swap_kernel.launch_stage1 = _counting_launch
+_default_config = dispatch.default_config
+
+
+def _config_without_swap(*args, **kwargs):
+    return dataclasses.replace(_default_config(*args, **kwargs), warp_specialized_swap="")
+
+
+def _config_with_swap(*args, **kwargs):
+    return dataclasses.replace(_default_config(*args, **kwargs), warp_specialized_swap="ping-pong")
+
+
+def routed(call, swap: bool):
+    """``call`` with the swapped kernel forced on or off (default_config's other choices)."""
+
+    def run():
+        dispatch.default_config = _config_with_swap if swap else _config_without_swap
+        dispatch.SWAP_TRUNCATING = swap
+        try:
+            return call()
+        finally:
+            dispatch.default_config = _default_config
+            dispatch.SWAP_TRUNCATING = False
+
+    return run
+
+
+def knobs(case: str, batch: int, generator) -> dict:
+    """fused_sample's keyword arguments for ``case``."""
+    cuda = "cuda"
+    seed = torch.tensor(1234567, device=cuda)
+    if case in ZERO_D:
+        temperature = torch.tensor(0.0 if case == "greedy" else 0.7, device=cuda)
+        values = {
+            name: torch.tensor(value, dtype=torch.int64 if name == "top_k" else None, device=cuda)
+            for name, value in ZERO_D[case].items()
+        }
+        return dict(temperature=temperature, seed=seed, **values)
+    if case == "plain":
+        return dict(temperature=torch.tensor(0.7, device=cuda), seed=seed)
+    if case == "mixed":
+        on = torch.arange(batch, device=cuda) % 4 == 0
+        temperature = torch.rand(batch, generator=generator, device=cuda) + 0.3
+        temperature[1::7] = 0.0  # greedy rows
+        return dict(
+            temperature=temperature,
+            seed=torch.randint(0, 2**62, (batch,), generator=generator, device=cuda),
+            top_k=torch.where(on, 50, 0).to(torch.int64),
+            top_p=torch.where(on, 0.9, 1.0),
+            min_p=torch.zeros(batch, device=cuda),
+        )
+    if case == "scalar_k50":
+        return dict(temperature=0.7, seed=seed, top_k=50)
+    if case == "scalar_p09":
+        return dict(temperature=0.7, seed=seed, top_p=0.9)
+    raise ValueError(case)
+
+
+def problem(batch, hidden_size, vocab, generator):
+    """hidden and W (bf16) whose logits have std ~5."""
+    hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
+    weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
+    weight *= 5 / hidden_size**0.5
+    return hidden.bfloat16(), weight.bfloat16()
+
+
+def precompile(calls) -> None:
+    start = time.time()
+    try:
+        with compile_ahead(threads=16):
+            for call in calls:
+                call()
+    except Exception:  # noqa: BLE001 - they then compile at their first launch
+        traceback.print_exc()
+    torch.cuda.synchronize()
+    print(f"compiled ahead in {time.time() - start:.1f} s", flush=True)
+
+
+def _call(hidden, weight, kwargs):
+    return lambda: fused_sample(hidden, weight, **kwargs)
+
+
+def _matmul(hidden, weight):
+    return lambda: hidden @ weight.T
+
+
+def _points(args, shapes):
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    cases = args.cases.split(",")
+    for hidden_size, vocab in shapes:
+        _, weight = problem(1, hidden_size, vocab, generator)
+        points = []
+        for batch in (int(b) for b in args.batches.split(",")):
+            hidden, _ = problem(batch, hidden_size, 1, generator)
+            calls = {
+                case: _call(hidden, weight, knobs(case, batch, generator))
+                for case in cases + (["plain"] if args.what == "time" else [])
+            }
+            points.append((batch, hidden, calls))
+        yield hidden_size, vocab, weight, points
+
+
+def exact(args) -> None:
+    shapes = [(2048, 151936), (4096, 151936), (2048, 50200)]
+    failures = 0
+    with open(Path(args.out_dir) / "swap_knobs_exact.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["D", "V", "B", "case", "same_tokens", "swap_ran", "error"])
+        for hidden_size, vocab, _, points in _points(args, shapes):
+            precompile(
+                routed(call, swap)
+                for _, _, calls in points
+                for call in calls.values()
+                for swap in (False, True)
+            )
+            for batch, _, calls in points:
+                for case, call in calls.items():
+                    row = [hidden_size, vocab, batch, case]
+                    try:
+                        before = routed(call, False)()
+                        launches = _swap_launches
+                        swap = routed(call, True)()
+                        ran = _swap_launches > launches
+                        same = torch.equal(before, swap)
+                        if not same:
+                            rows = (before != swap).any(dim=1).nonzero().flatten()
+                            print(f"  {case} B={batch}: rows differ {rows[:8].tolist()}")
+                        row += [same, ran, ""]
+                        failures += not (same and ran)
+                    except Exception as error:  # noqa: BLE001 - logged, the sweep goes on
+                        traceback.print_exc()
+                        row += ["", "", repr(error)[:300]]
+                        failures += 1
+                    print(*row, flush=True)
+                    writer.writerow(row)
+                    f.flush()
+    print(f"exact: {failures} failing cases; swap disabled by: {hopper_swap_kernel._disabled_by}")
+
+
+def timing(args) -> None:
+    shapes = [(int(d), int(v)) for d, v in (s.split("x") for s in args.shapes.split(","))]
+    with open(Path(args.out_dir) / "swap_knobs_time.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["D", "V", "B", "provider", "round", "us"])
+        for hidden_size, vocab, weight, points in _points(args, shapes):
+            providers_at = []
+            for batch, hidden, calls in points:
+                providers = {"matmul": _matmul(hidden, weight)}
+                for case, call in calls.items():
+                    if case == "plain":
+                        providers["plain"] = call
+                        continue
+                    providers[f"{case}_before"] = routed(call, False)
+                    providers[f"{case}_swap"] = routed(call, True)
+                providers_at.append((batch, providers))
+            precompile(
+                fn for _, providers in providers_at for n, fn in providers.items() if n != "matmul"
+            )
+            for batch, providers in providers_at:
+                times = {name: [] for name in providers}
+                for round_index in range(args.rounds):
+                    for name, fn in providers.items():
+                        try:
+                            us = graph_median_us(fn)
+                        except Exception:  # noqa: BLE001
+                            traceback.print_exc()
+                            continue
+                        times[name].append(us)
+                        writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
+                f.flush()
+                med = {n: statistics.median(t) for n, t in times.items() if t}
+                mm = med.get("matmul", float("nan"))
+                line = f"D={hidden_size} B={batch}: " + "  ".join(
+                    f"{n} {u:.1f}us ({u / mm:.3f}x)" for n, u in med.items()
+                )
+                print(line, flush=True)
+                with open(Path(args.out_dir) / "swap_knobs_summary.txt", "a") as summary:
+                    summary.write(line + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("what", choices=["exact", "time"])
+    parser.add_argument("--batches", default="144,256")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"of {CASES}")
+    parser.add_argument("--shapes", default="2048x151936,4096x151936", help="(time) DxV,...")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out-dir", default=".")
+    args = parser.parse_args()
+    if not (torch.cuda.is_available() and hopper_swap_kernel.supported(
+        torch.empty(1, 64, device="cuda", dtype=torch.bfloat16),
+        torch.empty(64, 64, device="cuda", dtype=torch.bfloat16),
+    )):  # fmt: skip
+        print("swap_knobs.py needs a Hopper GPU with Gluon: nothing to run here")
+        return
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    exact(args) if args.what == "exact" else timing(args)
+
+
+if __name__ == "__main__":
+    main()
