@@ -14,11 +14,11 @@ and scalar knobs, which truncate every row (``scalar_k50``, ``scalar_p09``: the 
 only with ``dispatch.SWAP_TRUNCATING``). ``before`` is the same call with the swapped kernel
 off (``warp_specialized_swap=""``), ``swap`` with it on.
 
-``exact``: the two draw the same tokens (both are exact and share the noise), the swapped
-kernel ran, at D = 2048 / 4096 (V = 151936) and a ragged V = 50200 (its last half tile past
-V). ``time``: CUDA-graph medians, round-robin, with cuBLAS ``hidden @ W.T`` and the plain
-call (0-d temperature and seed alone) beside. CSVs to ``--out-dir``. Needs a Hopper GPU
-(elsewhere it says so and exits 0).
+``exact``: both draw the Triton kernel's tokens (without the Gluon kernels: all are exact and
+share the noise) and the swapped kernel ran, per ``--shapes`` (DxV; the default's V = 50200
+is ragged: its last 64-wide tile lies past V). ``time``: CUDA-graph medians, round-robin,
+with cuBLAS ``hidden @ W.T`` and the plain call (0-d temperature and seed alone) beside. CSVs
+to ``--out-dir``. Needs a Hopper GPU (elsewhere it says so and exits 0).
 """
 
 from __future__ import annotations
@@ -72,12 +72,20 @@ def _config_with_swap(*args, **kwargs):
     return dataclasses.replace(_default_config(*args, **kwargs), warp_specialized_swap="ping-pong")
 
 
-def routed(call, swap: bool):
-    """``call`` with the swapped kernel forced on or off (default_config's other choices)."""
+def _triton_config(*args, **kwargs):
+    return dataclasses.replace(
+        _default_config(*args, **kwargs), warp_specialized_swap="", warp_specialized_rows=0
+    )
+
+
+def routed(call, swap: bool | None):
+    """``call`` with the swapped kernel forced on or off (default_config's other choices), or
+    with None on the Triton kernel alone (no Gluon: the reference of ``exact``)."""
+    config = {True: _config_with_swap, False: _config_without_swap, None: _triton_config}[swap]
 
     def run():
-        dispatch.default_config = _config_with_swap if swap else _config_without_swap
-        dispatch.SWAP_TRUNCATING = swap
+        dispatch.default_config = config
+        dispatch.SWAP_TRUNCATING = bool(swap)
         try:
             return call()
         finally:
@@ -163,35 +171,37 @@ def _points(args, shapes):
 
 
 def exact(args) -> None:
-    shapes = [(2048, 151936), (4096, 151936), (2048, 50200)]
+    shapes = [(int(d), int(v)) for d, v in (s.split("x") for s in args.shapes.split(","))]
     failures = 0
     with open(Path(args.out_dir) / "swap_knobs_exact.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["D", "V", "B", "case", "same_tokens", "swap_ran", "error"])
+        writer.writerow(["D", "V", "B", "case", "swap_same", "before_same", "swap_ran", "error"])
         for hidden_size, vocab, _, points in _points(args, shapes):
             precompile(
                 routed(call, swap)
                 for _, _, calls in points
                 for call in calls.values()
-                for swap in (False, True)
+                for swap in (False, True, None)
             )
             for batch, _, calls in points:
                 for case, call in calls.items():
                     row = [hidden_size, vocab, batch, case]
                     try:
+                        reference = routed(call, None)()
                         before = routed(call, False)()
                         launches = _swap_launches
                         swap = routed(call, True)()
                         ran = _swap_launches > launches
-                        same = torch.equal(before, swap)
+                        same = torch.equal(reference, swap)
+                        before_same = torch.equal(reference, before)
                         if not same:
-                            rows = (before != swap).any(dim=1).nonzero().flatten()
+                            rows = (reference != swap).any(dim=1).nonzero().flatten()
                             print(f"  {case} B={batch}: rows differ {rows[:8].tolist()}")
-                        row += [same, ran, ""]
-                        failures += not (same and ran)
+                        row += [same, before_same, ran, ""]
+                        failures += not (same and before_same and ran)
                     except Exception as error:  # noqa: BLE001 - logged, the sweep goes on
                         traceback.print_exc()
-                        row += ["", "", repr(error)[:300]]
+                        row += ["", "", "", repr(error)[:300]]
                         failures += 1
                     print(*row, flush=True)
                     writer.writerow(row)
@@ -248,7 +258,7 @@ def main() -> None:
     parser.add_argument("what", choices=["exact", "time"])
     parser.add_argument("--batches", default="144,256")
     parser.add_argument("--cases", default=",".join(CASES), help=f"of {CASES}")
-    parser.add_argument("--shapes", default="2048x151936,4096x151936", help="(time) DxV,...")
+    parser.add_argument("--shapes", default="2048x151936,4096x151936,2048x50200", help="DxV,...")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out-dir", default=".")
     args = parser.parse_args()

@@ -175,10 +175,12 @@ def default_config(
     # 984 -> 709 / 822 -> 689 us, B = 192 879 -> 794 / 919 -> 812 / 882 -> 768; D = 4096 B =
     # 144 579 -> 421; D = 2048 B = 144 294 -> 242, B = 160 294 -> 254
     # (swap_stage1_h200_20261127-2027_*, benchmarks/swap_stage1.py). With its swizzled staging
-    # (hopper_swap_kernel.swizzled) also up to 256 rows at D <= 4096, T = 1: D = 2048 B = 224 /
-    # 256 345 -> 322 / 354 -> 320 us, D = 4096 586 -> 566 / 586 -> 564, per-row knobs 9-14%
-    # faster; at D = 8192 224-256 rows 1-6% slower, and greedy above 192 rows 2-4% slower
-    # everywhere (triton_fused_sample keeps it off; swap_stage1_h200_20261127-2311_*).
+    # (hopper_swap_kernel.swizzled) also up to 256 rows at D <= 4096: per-row temperatures and
+    # seeds 8-9% faster at B = 224 / 256 (D = 2048 395 -> 363 / 396 -> 362 us, D = 4096 636 ->
+    # 581 / 636 -> 582), T = 1 3-5% faster at D = 2048 and even to 3% slower at D = 4096 (the
+    # same Triton kernel timed twice in that run differed by up to 7%); at D = 8192 224-256 rows
+    # 1-9% slower, and greedy above 192 rows 2-4% slower everywhere (triton_fused_sample keeps
+    # it off; swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
     # Truncating calls: see swap_serves_knobs.
     swap_rows_max = 192 if hidden_size > 4096 else 256
     swap = (

@@ -263,22 +263,26 @@ if hopper_kernel.AVAILABLE:
 
     @gluon.jit
     def _consume_swapped(
-        parity, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging, staging_b,
-        bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
-        top_k_ptr, top_p_ptr, min_p_ptr,
-        B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+        parity, staging, staging_b, shared,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         NB: gl.constexpr, COOP: gl.constexpr, PLAIN: gl.constexpr, TOP_M: gl.constexpr,
         ROW_MASS: gl.constexpr, KEY_LOW_BITS: gl.constexpr, TOP_K_MODE: gl.constexpr,
         TOP_P_MODE: gl.constexpr, MIN_P_MODE: gl.constexpr,
     ):  # fmt: skip
-        """One consumer warpgroup. Ping-pong (``hopper_kernel._consume_tiles``'s): the
-        program's vocabulary tiles number parity, parity + 2, ..., main loops in turn. COOP:
-        each ring stage holds two tiles' weights, the consumer takes the half ``parity``
+        """One consumer warpgroup (``shared``: the arguments both take, in one tuple so that
+        ``_swapped_stage1`` lists them once). Ping-pong (``hopper_kernel._consume_tiles``'s):
+        the program's vocabulary tiles number parity, parity + 2, ..., main loops in turn.
+        COOP: each ring stage holds two tiles' weights, the consumer takes the half ``parity``
         (hidden read once for both), and the two run their MMAs and their noise together.
         Each tile is [64, NA + NB] in two accumulators, then its noise."""
+        (
+            ha_bufs, hb_bufs, w_bufs, ready, empty, turn,
+            bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+            top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+            top_k_ptr, top_p_ptr, min_p_ptr,
+            B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+        ) = shared  # fmt: skip
         NA: gl.constexpr = ha_bufs.shape[1]
         VT: gl.constexpr = 64
         BLOCK_D: gl.constexpr = w_bufs.shape[2]
@@ -410,31 +414,28 @@ if hopper_kernel.AVAILABLE:
                 mbarrier.init(empty.index(i), count=1)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
+        shared = (
+            ha_bufs, hb_bufs, w_bufs, ready, empty, turn,
+            bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+            top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+            top_k_ptr, top_p_ptr, min_p_ptr,
+            B, V, D, scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+        )  # fmt: skip
         gl.warp_specialize(
             [
+                # the default partition (the kernel's 4 warps), then the second consumer (the
+                # constexprs one by one: in a tuple Triton 3.6 would make them tensors)
                 (
                     _consume_swapped,
-                    (  # the default partition: the kernel's 4 warps
-                        0, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging0, staging_b0,
-                        bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, top_k_ptr,
-                        top_p_ptr, min_p_ptr, B, V, D, scalar_temperature, seed_lo, seed_hi,
-                        num_samples, quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
-                        LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
-                        KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
-                    ),
+                    (0, staging0, staging_b0, shared, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
+                     LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
+                     KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE),
                 ),
                 (
                     _consume_swapped,
-                    (
-                        1, ha_bufs, hb_bufs, w_bufs, ready, empty, turn, staging1, staging_b1,
-                        bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, top_k_ptr,
-                        top_p_ptr, min_p_ptr, B, V, D, scalar_temperature, seed_lo, seed_hi,
-                        num_samples, quad_offset, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
-                        LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
-                        KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
-                    ),
+                    (1, staging1, staging_b1, shared, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
+                     LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
+                     KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE),
                 ),
                 (
                     _load_swapped,
