@@ -301,11 +301,12 @@ swap_base = dict(
     CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS, LOADER_REGISTERS=hk.LOADER_REGISTERS,
     PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0,
 )
-# plain, then knob tensors that may be off (both epilogues), then a truncating call alone
+# plain, then knob tensors that may be off (both epilogues; swizzled staging), then a
+# truncating call alone
 swap_variants = [
     dict(**no_knobs),
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=1,
-         TOP_P_MODE=1, MIN_P_MODE=1),
+         TOP_P_MODE=1, MIN_P_MODE=1, SWIZZLE=True),
     dict(PLAIN=False, TOP_M=3, ROW_MASS=False, KEY_LOW_BITS=16, NB=8, STAGES=sk._stages(8),
          **no_knobs),
 ]
