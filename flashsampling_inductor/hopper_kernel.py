@@ -163,8 +163,9 @@ if AVAILABLE:
                             rows.type.layout)  # fmt: skip
         elif TEMPERATURE_MODE == 2:
             scale = gl.load(temperature_ptr + rows, mask=row_mask, other=0.0) * LN2
-        else:
-            scale = gl.zeros(rows.shape, gl.float32, rows.type.layout)
+        else:  # (gl.full, not gl.zeros: a jit function in Triton 3.6, whose layout argument
+            # must be a constexpr, and rows.type.layout is a plain object)
+            scale = gl.full(rows.shape, 0.0, gl.float32, rows.type.layout)
         return scale
 
     @gluon.jit

@@ -290,7 +290,7 @@ def test_gpu_warp_specialized_kernel_matches_reference_pathwise(case, block_b, m
     from flashsampling_inductor import dispatch, hopper_kernel
 
     config = dispatch.SampleConfig(64, 128, 64, warp_specialized_rows=block_b)
-    monkeypatch.setattr(dispatch, "default_config", lambda *args: config)
+    monkeypatch.setattr(dispatch, "default_config", lambda *args, **kwargs: config)
     assert_kernel_matches_reference(case)
     assert hopper_kernel._disabled_by is None
 

@@ -271,6 +271,9 @@ variants = [
          MIN_P_MODE=0, BATCH_TRUNCATES=1, TEMPERATURE_MODE=0),
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=16, TOP_K_MODE=1, TOP_P_MODE=1,
          MIN_P_MODE=1, BATCH_TRUNCATES=2),
+    # greedy (the noise scale's zeros: a layout passed on, which Triton 3.6 once rejected)
+    dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, TEMPERATURE_MODE=3, SEED_MODE=0,
+         **no_knobs),
 ]
 for variant in variants:
     constants = {**base, **variant}
@@ -301,18 +304,20 @@ swap_base = dict(
     CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS, LOADER_REGISTERS=hk.LOADER_REGISTERS,
     PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0,
 )
-# plain, then knob tensors that may be off (both epilogues; swizzled staging), then a
-# truncating call alone
+# plain, then knob tensors that may be off (both epilogues; swizzled staging), a truncating
+# call alone, and greedy on the cooperative schedule
 swap_variants = [
     dict(**no_knobs),
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=1,
          TOP_P_MODE=1, MIN_P_MODE=1, SWIZZLE=True),
     dict(PLAIN=False, TOP_M=3, ROW_MASS=False, KEY_LOW_BITS=16, NB=8, STAGES=sk._stages(8),
          **no_knobs),
+    dict(TEMPERATURE_MODE=3, SEED_MODE=0, COOP=True, STAGES=sk._stages(extra, True), **no_knobs),
 ]
 for variant in swap_variants:
     constants = {**swap_base, **variant}
-    boxes = {"ha_desc": sk.MAIN_ROWS, "hb_desc": constants["NB"], "w_desc": sk.VOCAB_TILE}
+    w_rows = (1 + constants["COOP"]) * sk.VOCAB_TILE
+    boxes = {"ha_desc": sk.MAIN_ROWS, "hb_desc": constants["NB"], "w_desc": w_rows}
     signature = {}
     for name in kernel.arg_names:
         if name in constants:
