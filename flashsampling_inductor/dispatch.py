@@ -179,8 +179,9 @@ def default_config(
     # seeds 8-9% faster at B = 224 / 256 (D = 2048 395 -> 363 / 396 -> 362 us, D = 4096 636 ->
     # 581 / 636 -> 582), T = 1 3-5% faster at D = 2048 and even to 3% slower at D = 4096 (the
     # same Triton kernel timed twice in that run differed by up to 7%); at D = 8192 224-256 rows
-    # 1-9% slower, and greedy above 192 rows 2-4% slower everywhere (triton_fused_sample keeps
-    # it off; swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
+    # 1-9% slower, and greedy above 192 rows 2-9% slower at D = 4096 (within that noise at
+    # D = 2048; triton_fused_sample keeps it off: SWAP_GREEDY_ROWS_MAX;
+    # swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
     # Truncating calls: see swap_serves_knobs.
     swap_rows_max = 192 if hidden_size > 4096 else 256
     swap = (
@@ -663,7 +664,7 @@ def _hopper_fused_sample(
 
 SWAP_TRUNCATING = False  # (an experiment: scalar-truncating calls in the swapped kernel)
 # Greedy calls (a scalar temperature of 0) above this many rows keep the Triton kernel, whose
-# 128 x 256 tiles run a bare matmul 2-4% faster there (default_config's comment).
+# tiles run a bare matmul 2-9% faster there at D = 4096 (default_config's comment).
 SWAP_GREEDY_ROWS_MAX = 192
 
 
