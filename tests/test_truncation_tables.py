@@ -136,3 +136,27 @@ def test_wider_tiles_keep_more_candidates_per_tile(block_v, top_k, batch):
     per_row = tail * triton.cdiv(vocab, block_v)
     bound = max(1e-3 / batch, 5e-6) if top_k <= 256 else 5e-4
     assert per_row <= bound, (m, per_row)
+
+
+@pytest.mark.parametrize(
+    "knobs, served",
+    [
+        ({"top_k": torch.tensor(0), "top_p": torch.tensor(1.0), "min_p": torch.tensor(0.0)}, True),
+        ({"top_k": torch.tensor(50), "top_p": torch.tensor(1.0)}, True),
+        ({"top_k": torch.tensor([50, 0]), "top_p": torch.tensor([0.9, 1.0])}, True),
+        ({"scalar_top_k": 50}, False),
+        ({"scalar_top_p": 0.9, "top_k": torch.tensor(0)}, False),
+        ({"scalar_min_p": 0.1}, False),
+        ({"scalar_top_k": 151936, "top_p": torch.tensor(0.9)}, True),
+    ],
+    ids=["generate-off", "generate-k50", "rows", "k50", "p0.9", "min-p", "k-off+p-tensor"],
+)  # fmt: skip
+def test_swapped_kernel_serves_knobs_that_may_be_off(knobs, served, monkeypatch):
+    """At 129-256 rows the swapped Gluon stage 1 takes truncating calls whose knobs may leave
+    every row untruncated (tensors, as generate and continuous batching pass them: it chooses
+    its epilogues on the device), not those that truncate every row (a scalar k < V, p < 1
+    or min-p > 0), unless SWAP_TRUNCATING asks for them too."""
+    params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
+    assert dispatch.swap_serves_knobs(params, vocab_size=151936) is served
+    monkeypatch.setattr(dispatch, "SWAP_TRUNCATING", True)
+    assert dispatch.swap_serves_knobs(params, vocab_size=151936)
