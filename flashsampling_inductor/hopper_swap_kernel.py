@@ -1,5 +1,5 @@
 """Stage 1 for Hopper from 129 to 256 rows: the warp-specialized kernel with the MMA's operands
-swapped (plain sampling and greedy; truncating calls keep ``hopper_kernel``).
+swapped (plain sampling, greedy, and truncation knobs; ``dispatch`` says which calls).
 
 Why. ``hopper_kernel`` tiles the batch by 64 or 128 rows (wgmma's M is 64 per warpgroup), so
 B = 144 computes 192 or 256 rows, and its m64n64 MMAs re-read both operands from shared
@@ -17,6 +17,12 @@ Philox counters keyed on the global row and vocabulary index) and the candidates
 [B, num_samples, 2 * cdiv(V, 128)] are the same bits, so stage 2 and every token are unchanged.
 The accumulators go through shared memory transposed, 64 rows at a time, so the noise side
 reads the rows' quads of tokens as in ``hopper_kernel``.
+
+Truncation (top-k / top-p / min-p): ``hopper_kernel._keep_top_m`` on each staged block of rows
+and its 64-wide tile (the truncation buffers per 64-wide tile, which ``truncation_kernel``'s
+stage 2 reads as it reads the Triton kernel's), so that a call with knobs that may be off
+(``generate``'s 0-d tensors, continuous batching's [B]) runs, per block of 64 rows, each
+epilogue only where a row needs it: off-valued knobs draw the noise alone.
 """
 
 from __future__ import annotations
