@@ -12,7 +12,8 @@ temperature of 0, knobs off); as continuous batching passes them, [B] tensors: `
 (every fourth row top-k 50 / top-p 0.9, per-row temperatures with greedy rows, per-row seeds);
 and scalar knobs, which truncate every row (``scalar_k50``, ``scalar_p09``: the swapped kernel
 only with ``dispatch.SWAP_TRUNCATING``), and plain greedy (``scalar_greedy``). ``before`` is
-the same call with the swapped kernel off (``warp_specialized_swap=""``), ``swap`` with it on.
+the same call with the swapped kernel off (``warp_specialized_swap=""``), ``swap`` with it on
+(``dispatch.SWAP_KNOBS`` and ``SWAP_TRUNCATING`` set).
 
 ``exact``: both draw the Triton kernel's tokens (without the Gluon kernels: all are exact and
 share the noise) and the swapped kernel ran, per ``--shapes`` (DxV; the default's V = 50200
@@ -89,12 +90,12 @@ def routed(call, swap: bool | None):
 
     def run():
         dispatch.default_config = config
-        dispatch.SWAP_TRUNCATING = bool(swap)
+        dispatch.SWAP_KNOBS = dispatch.SWAP_TRUNCATING = bool(swap)
         try:
             return call()
         finally:
             dispatch.default_config = _default_config
-            dispatch.SWAP_TRUNCATING = False
+            dispatch.SWAP_KNOBS = dispatch.SWAP_TRUNCATING = False
 
     return run
 

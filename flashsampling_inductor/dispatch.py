@@ -662,7 +662,13 @@ def _hopper_fused_sample(
     return out
 
 
-SWAP_TRUNCATING = False  # (an experiment: scalar-truncating calls in the swapped kernel)
+# Truncating calls in the swapped kernel. Off: its top-m epilogue compiles (sm_90a, Triton
+# 3.6 and 3.9: tests/test_truncation_compile.py) but has not run on a GPU yet; turn on once
+# tests/test_gpu_op.py -k serves_truncation_knobs and benchmarks/swap_knobs.py exact pass and
+# swap_knobs.py time shows it faster. SWAP_KNOBS: knobs that may be off (generate's 0-d
+# tensors, continuous batching's [B]); SWAP_TRUNCATING: also calls that truncate every row.
+SWAP_KNOBS = False
+SWAP_TRUNCATING = False
 # Greedy calls (a scalar temperature of 0) above this many rows keep the Triton kernel, whose
 # tiles run a bare matmul 2-9% faster there at D = 4096 (default_config's comment).
 SWAP_GREEDY_ROWS_MAX = 192
@@ -672,10 +678,13 @@ def swap_serves_knobs(params: SamplingParams, vocab_size: int) -> bool:
     """Whether a truncating call at 129-256 rows takes the swapped Gluon stage 1: knobs that
     may leave every row untruncated (tensors, as ``generate`` and continuous batching pass
     them, or off scalars), whose stage 1 decides per block of 64 rows on the device which
-    epilogue runs, so that off-valued knobs cost the plain kernel's time. ``SWAP_TRUNCATING``
-    adds calls that truncate every row (a scalar k, p or min-p)."""
+    epilogue runs, so that off-valued knobs cost the plain kernel's time (with SWAP_KNOBS).
+    ``SWAP_TRUNCATING`` adds calls that truncate every row (a scalar k, p or min-p)."""
     return SWAP_TRUNCATING or (
-        _k_may_be_off(params, vocab_size) and _p_may_be_off(params) and _min_p_may_be_off(params)
+        SWAP_KNOBS
+        and _k_may_be_off(params, vocab_size)
+        and _p_may_be_off(params)
+        and _min_p_may_be_off(params)
     )
 
 

@@ -359,6 +359,7 @@ def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
     monkeypatch.setattr(
         hopper_swap_kernel, "launch_stage1", lambda *a, **k: launches.append(1) or launch(*a, **k)
     )
+    monkeypatch.setattr(dispatch, "SWAP_KNOBS", True)
     monkeypatch.setattr(dispatch, "SWAP_TRUNCATING", True)
     generator = torch.Generator(device=CUDA).manual_seed(batch)
     vocab, hidden_size = 5000, 512  # 5000 = 39 * 128 + 8: 79 tiles of 64, 80 half tiles

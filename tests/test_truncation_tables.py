@@ -155,8 +155,11 @@ def test_swapped_kernel_serves_knobs_that_may_be_off(knobs, served, monkeypatch)
     """At 129-256 rows the swapped Gluon stage 1 takes truncating calls whose knobs may leave
     every row untruncated (tensors, as generate and continuous batching pass them: it chooses
     its epilogues on the device), not those that truncate every row (a scalar k < V, p < 1
-    or min-p > 0), unless SWAP_TRUNCATING asks for them too."""
+    or min-p > 0), unless SWAP_TRUNCATING asks for them too; none while SWAP_KNOBS is off
+    (the default until the epilogue has run on a GPU)."""
     params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
+    assert not dispatch.swap_serves_knobs(params, vocab_size=151936)
+    monkeypatch.setattr(dispatch, "SWAP_KNOBS", True)
     assert dispatch.swap_serves_knobs(params, vocab_size=151936) is served
     monkeypatch.setattr(dispatch, "SWAP_TRUNCATING", True)
     assert dispatch.swap_serves_knobs(params, vocab_size=151936)
