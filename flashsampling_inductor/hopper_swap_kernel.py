@@ -34,7 +34,7 @@ import triton
 
 from . import hopper_kernel
 from .launch import launch
-from .sampling_device import rows_for_tma, truncating_rows
+from .sampling_device import mass_rows, rows_for_tma, truncating_rows
 
 __all__ = ["disable", "extra_rows", "launch_stage1", "supported"]
 
@@ -141,12 +141,13 @@ if hopper_kernel.AVAILABLE:
 
     @gluon.jit
     def _top_m_of_block(staging, block, rows, row_mask, tile, V, bias_ptr, noise_scale,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
                         HAS_BIAS: gl.constexpr, LOGITS_DTYPE: gl.constexpr,
                         EVEN_V: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
                         KEY_LOW_BITS: gl.constexpr):  # fmt: skip
         """The truncating epilogue of one staged block of rows on its 64-wide vocabulary tile:
-        ``hopper_kernel._keep_top_m`` (m largest keys, the key left out, the mass partials)
+        ``hopper_kernel._keep_top_m`` (m largest keys, the key left out, the mass partials
+        where ``mass_wanted``)
         on the block's two halves of 32 entries, loaded from the staging in a layout whose
         reductions over the vocabulary stay in a quarter of a warp. The truncation buffers
         are per 64-wide tile (``cdiv(V, 64)`` of them); a tile wholly past V has none."""
@@ -162,7 +163,7 @@ if hopper_kernel.AVAILABLE:
                 lo, hi, block_rows, gl.convert_layout(row_mask, row_layout), tile * VT,
                 block_rows.to(gl.int64) * gl.cdiv(V, VT) + tile, V, bias_ptr,
                 gl.convert_layout(noise_scale, row_layout), top_m_key_ptr, top_m_index_ptr,
-                hidden_key_ptr, mass_ptr,
+                hidden_key_ptr, mass_ptr, mass_wanted,
                 HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
             )  # fmt: skip
 
@@ -199,9 +200,16 @@ if hopper_kernel.AVAILABLE:
                     TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
                 )  # fmt: skip
                 if gl.max(truncating.to(gl.int32), axis=0) > 0:
+                    # (top-p's mass partials only where a row has top-p on and top-k off, as
+                    # in hopper_kernel._consume_tiles)
+                    mass_wanted = True
+                    if ROW_MASS:
+                        mass_wanted = gl.max(mass_rows(
+                            top_k_ptr, top_p_ptr, rows, truncating, V, TOP_K_MODE, TOP_P_MODE,
+                        ).to(gl.int32), axis=0) > 0  # fmt: skip
                     _top_m_of_block(
                         staging, block, rows, row_mask, tile, V, bias_ptr, noise_scale,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
                         HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                     )  # fmt: skip
                 if gl.max((row_mask & ~truncating).to(gl.int32), axis=0) > 0:
@@ -214,7 +222,7 @@ if hopper_kernel.AVAILABLE:
             elif TOP_M > 0:
                 _top_m_of_block(
                     staging, block, rows, row_mask, tile, V, bias_ptr, noise_scale,
-                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, True,
                     HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                 )  # fmt: skip
             else:
