@@ -1,13 +1,14 @@
 #!/bin/bash
 # One GPU-machine call (<= 150 s on one GPU): the backend's deterministic mode (backend.py)
 # checked across fresh processes (generate at B = 8 with the mode, with Inductor's timings
-# inverted, and FLASHSAMPLING_DETERMINISTIC=0 as the control; tests/test_gpu_determinism.py),
+# inverted, and the default (mode off) as the control; tests/test_gpu_determinism.py),
 # then its cost: B = 8 and 64, mode on / off, timed in turns one process at a time.
 # Writes $OUT/determ/ (default ./determ). Not run yet (written 2026-11-28, no device time left).
 cd "$(dirname "$0")/.."
 O="${OUT:-.}/determ"; mkdir -p "$O"
 export PYTHONPATH=$PWD
 export TORCHINDUCTOR_COMPILE_THREADS=4
+export FLASHSAMPLING_DETERMINISTIC=1  # (the mode is opt-in; OFF below is the default)
 { nvidia-smi -L; python3 -c 'import torch,triton,transformers;print(torch.__version__,triton.__version__,transformers.__version__)'; } > "$O/env.txt" 2>&1
 start=$SECONDS
 run() {  # tag, "VAR=value ..." (or -), part, extra args...

@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.backends.registry import lookup_backend
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from flashsampling_inductor import flashsampling_backend, patterns
+from flashsampling_inductor import backend, flashsampling_backend, patterns
 from flashsampling_inductor.graph_pass import FlashSamplingPass
 
 from .test_patterns import hidden, nanogpt
@@ -77,9 +77,11 @@ def test_uuid_follows_the_pattern_set_and_the_chained_pass(monkeypatch):
     not hasattr(torch._inductor.config, "deterministic"), reason="no deterministic mode"
 )
 @pytest.mark.parametrize("mode", [None, "reduce-overhead", "max-autotune"])
-def test_inductor_compiles_in_its_deterministic_mode(mode):
-    """No kernel configuration chosen by timing (a reduction's RBLOCK and warps reorder its
-    fp32 sums): the same seed draws the same tokens in every process."""
+def test_deterministic_mode_reaches_inductor(mode, monkeypatch):
+    """FLASHSAMPLING_DETERMINISTIC=1: no kernel configuration chosen by timing (a reduction's
+    RBLOCK and warps reorder its fp32 sums): the same seed draws the same tokens in every
+    process."""
+    monkeypatch.setattr(backend, "_DETERMINISTIC", True)
     spy = _Spy()
     with torch._inductor.config.patch(joint_custom_pre_pass=spy):
         _compile_until_spy(backend="flashsampling", mode=mode)
@@ -87,7 +89,15 @@ def test_inductor_compiles_in_its_deterministic_mode(mode):
     assert torch._inductor.config.deterministic is False  # (only while compiling)
 
 
-def test_options_keep_inductors_timing():
+def test_inductors_timing_is_kept_by_default():
+    """Opt-in, as in stock Inductor: the mode changes the whole step's kernels."""
+    spy = _Spy()
+    _compile_until_spy(backend=flashsampling_backend, options={"joint_custom_pre_pass": spy})
+    assert not spy.deterministic
+
+
+def test_options_keep_inductors_timing(monkeypatch):
+    monkeypatch.setattr(backend, "_DETERMINISTIC", True)
     spy = _Spy()
     options = {"joint_custom_pre_pass": spy, "deterministic": False}
     _compile_until_spy(backend=flashsampling_backend, options=options)

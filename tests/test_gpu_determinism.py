@@ -1,7 +1,7 @@
-"""Same seed, same tokens, in every process: ``generate`` after ``hf.enable`` in fresh
-processes (fresh Inductor and Triton caches) whose Inductor would pick other kernel
-configurations (its benchmark timings inverted) draws the same tokens. GPU only
-(``pytest -m gpu``)."""
+"""Same seed, same tokens, in every process, with the backend's deterministic mode
+(``FLASHSAMPLING_DETERMINISTIC=1``): ``generate`` after ``hf.enable`` in fresh processes (fresh
+Inductor and Triton caches) whose Inductor would pick other kernel configurations (its
+benchmark timings inverted) draws the same tokens. GPU only (``pytest -m gpu``)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def _start(tmp_path, name: str, **env):
     caches = {
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name / "inductor"),
         "TRITON_CACHE_DIR": str(tmp_path / name / "triton"),
+        "FLASHSAMPLING_DETERMINISTIC": "1",
     }
     return subprocess.Popen(
         [sys.executable, "-c", _CHILD],
