@@ -46,7 +46,6 @@ from .sampling_device import (
     any_row_truncates,
     bits_to_log2_gumbel,
     is_hopper,
-    mass_rows,
     ordered_key,
     philox4x32,
     restore_low_bits,
@@ -429,17 +428,14 @@ if AVAILABLE:
                     TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
                 )  # fmt: skip
                 if gl.max(truncating.to(gl.int32), axis=0) > 0:
-                    # Top-p's mass partials only where a row of the tile has top-p on and
-                    # top-k off (generate's top-k with top-p at 1 as a tensor needs none).
-                    mass_wanted = True
-                    if ROW_MASS:
-                        mass_wanted = gl.max(mass_rows(
-                            top_k_ptr, top_p_ptr, rows, truncating, V, TOP_K_MODE, TOP_P_MODE,
-                        ).to(gl.int32), axis=0) > 0  # fmt: skip
+                    # (every tile's mass partials with ROW_MASS: deciding it per tile, as the
+                    # Triton kernel and the swapped one do with sampling_device.mass_rows,
+                    # gained nothing measurable here at B = 64 on an H200 and never ran on a
+                    # GPU with rows that need the mass)
                     _keep_top_m(
                         acc_lo, acc_hi, rows, row_mask, pid_v * BLOCK_V,
                         rows.to(gl.int64) * num_v_tiles + pid_v, V, bias_ptr, noise_scale,
-                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
+                        top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, True,
                         HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
                     )  # fmt: skip
                 if gl.max((row_mask & ~truncating).to(gl.int32), axis=0) > 0:
