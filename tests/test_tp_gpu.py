@@ -154,12 +154,13 @@ def _benchmark_shapes_worker(rank, world, dims, batches, seeds):
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("world", [4, 3])
+@pytest.mark.parametrize("world", [8, 4, 3])
 def test_symmetric_exchange_at_the_benchmarks_shapes(world):
-    """B = 256 and 512 at D = 4096 and 8192, seed=None and explicit, on 4 ranks and on 3
-    (uneven shards): every call completes, the ranks agree, explicit seeds draw TP = 1's
-    tokens. (The exchange's wait once read each message word in several threads of a
-    program, which then decided apart: B = 256 at these shapes failed or hung on 4 H200s.)"""
+    """B = 256 and 512 at D = 4096 and 8192, seed=None and explicit, on 8 ranks (where the
+    host has them), 4 and 3 (uneven shards): every call completes, the ranks agree, explicit
+    seeds draw TP = 1's tokens. (The exchange's wait once read each message word in several
+    threads of a program, which then decided apart: B = 256 at these shapes failed or hung
+    on 4 H200s.)"""
     if world_size() < world:
         pytest.skip(f"needs {world} GPUs")
     per_rank = run_ranks(
