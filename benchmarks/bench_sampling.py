@@ -68,8 +68,10 @@ specialised) and B >= 2. Every provider runs in try/except: a failure is recorde
 CSV's note column and the sweep goes on; a provider that fails twice in one shape is skipped
 for the rest of it. FlashInfer's one-time JIT (about a minute) runs once before the sweep.
 
-Writes ``bench_sampling_<gpu>_<date>.csv`` (gpu, torch, triton, date, D, V, B, provider,
-timing, median_us, ratio_to_matmul, note; rows appended as measured) and a PNG of the
+Writes ``bench_sampling_<gpu>_<date>.csv`` (gpu, torch, triton, flashinfer (its
+``__version__`` when a FlashInfer provider runs, so the CSVs of two versions' processes tell
+apart; also in the file name), date, D, V, B, provider, timing, median_us, ratio_to_matmul,
+note; rows appended as measured) and a PNG of the
 speedup of fused over each peer (one panel per shape and timing mode) into ``--out-dir``,
 then prints a markdown table of the speedups last. SIGTERM (e.g. from ``timeout``) and
 ``--budget-s`` end the sweep early but still write the plot and the table.
@@ -111,7 +113,7 @@ DTYPE = torch.bfloat16
 DEVICE = "cuda"
 TIMINGS = ("events", "graph")
 CSV_COLUMNS = (
-    "gpu", "torch", "triton", "date", "D", "V", "B",
+    "gpu", "torch", "triton", "flashinfer", "date", "D", "V", "B",
     "provider", "timing", "median_us", "ratio_to_matmul", "note",
 )  # fmt: skip
 
@@ -640,7 +642,8 @@ class Results:
         ratio = row.median_us / matmul if row.median_us and matmul else None
         with self.path.open("a", newline="") as file:
             csv.writer(file).writerow([
-                self.meta["gpu"], self.meta["torch"], self.meta["triton"], self.meta["date"],
+                self.meta["gpu"], self.meta["torch"], self.meta["triton"],
+                self.meta.get("flashinfer", ""), self.meta["date"],
                 row.dim, row.vocab, row.batch, row.provider, row.timing,
                 "" if row.median_us is None else f"{row.median_us:.2f}",
                 "" if ratio is None else f"{ratio:.4f}", row.note,
