@@ -131,6 +131,14 @@ EOF
 }
 echo "full:    $(check "$full" "$dir/scratch/ws_full")"
 echo "trimmed: $(check "$dir/site" "$dir/scratch/ws_site")"
+# Prebuilt modules, if any: DIR/aot/<name>/<name>.so (a GPU call's aot.tar, or built here with
+# nvcc 13, curand's headers and a stub libcuda.so, see docs/performance.md) load without a build.
+for so in "$dir"/aot/*/*.so; do
+    [ -f "$so" ] || continue
+    name=$(basename "$(dirname "$so")")
+    mkdir -p "$dir/site/flashinfer/data/aot/$name" && cp "$so" "$dir/site/flashinfer/data/aot/$name/"
+    echo "prebuilt: $name"
+done
 rm -f "$dir/site.tar.xz"
 XZ_OPT="-T0 -6" tar -C "$dir/site" -cJf "$dir/site.tar.xz" .
 du -sh "$dir/site" "$dir/site.tar.xz"
