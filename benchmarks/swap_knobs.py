@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import statistics
 import sys
 import time
 import traceback
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
-from sweep_configs import graph_median_us  # noqa: E402  (this folder)
+from swap_stage1 import matmul, problem, time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import dispatch, hopper_swap_kernel  # noqa: E402
 from flashsampling_inductor.launch import compile_ahead  # noqa: E402
@@ -132,14 +131,6 @@ def knobs(case: str, batch: int, generator) -> SamplingParams:
     raise ValueError(case)
 
 
-def problem(batch, hidden_size, vocab, generator):
-    """hidden and W (bf16) whose logits have std ~5."""
-    hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
-    weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
-    weight *= 5 / hidden_size**0.5
-    return hidden.bfloat16(), weight.bfloat16()
-
-
 def precompile(calls) -> None:
     start = time.time()
     try:
@@ -154,10 +145,6 @@ def precompile(calls) -> None:
 
 def _call(hidden, weight, params):
     return lambda: dispatch.triton_fused_sample(hidden, weight, None, params)
-
-
-def _matmul(hidden, weight):
-    return lambda: hidden @ weight.T
 
 
 def _points(args, shapes):
@@ -224,7 +211,7 @@ def timing(args) -> None:
         for hidden_size, vocab, weight, points in _points(args, shapes):
             providers_at = []
             for batch, hidden, calls in points:
-                providers = {"matmul": _matmul(hidden, weight)}
+                providers = {"matmul": matmul(hidden, weight)}
                 for case, call in calls.items():
                     if case == "plain":
                         providers["plain"] = call
@@ -236,25 +223,11 @@ def timing(args) -> None:
                 fn for _, providers in providers_at for n, fn in providers.items() if n != "matmul"
             )
             for batch, providers in providers_at:
-                times = {name: [] for name in providers}
-                for round_index in range(args.rounds):
-                    for name, fn in providers.items():
-                        try:
-                            us = graph_median_us(fn)
-                        except Exception:  # noqa: BLE001
-                            traceback.print_exc()
-                            continue
-                        times[name].append(us)
-                        writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
+                time_rounds(
+                    providers, args.rounds, writer, (hidden_size, vocab, batch),
+                    Path(args.out_dir) / "swap_knobs_summary.txt",
+                )  # fmt: skip
                 f.flush()
-                med = {n: statistics.median(t) for n, t in times.items() if t}
-                mm = med.get("matmul", float("nan"))
-                line = f"D={hidden_size} B={batch}: " + "  ".join(
-                    f"{n} {u:.1f}us ({u / mm:.3f}x)" for n, u in med.items()
-                )
-                print(line, flush=True)
-                with open(Path(args.out_dir) / "swap_knobs_summary.txt", "a") as summary:
-                    summary.write(line + "\n")
 
 
 def main() -> None:

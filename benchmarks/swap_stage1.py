@@ -222,7 +222,31 @@ def exact(args) -> None:
           hopper_swap_kernel._disabled_by, "; gluon:", hopper_kernel._disabled_by)  # fmt: skip
 
 
-def _matmul(hidden, weight):
+def time_rounds(providers: dict, rounds: int, writer, point: tuple, summary_path: Path) -> None:
+    """Each provider's graph-timed median ``rounds`` times in turns, a CSV row each (``point``
+    = D, V, B first), then one line of medians over matmul's to stdout and ``summary_path``."""
+    hidden_size, vocab, batch = point
+    times = {name: [] for name in providers}
+    for round_index in range(rounds):
+        for name, fn in providers.items():
+            try:
+                us = graph_median_us(fn)
+            except Exception:  # noqa: BLE001 - logged, the others go on
+                traceback.print_exc()
+                continue
+            times[name].append(us)
+            writer.writerow([*point, name, round_index, f"{us:.2f}"])
+    med = {n: statistics.median(t) for n, t in times.items() if t}
+    mm = med.get("matmul", float("nan"))
+    line = f"D={hidden_size} B={batch}: " + "  ".join(
+        f"{n} {u:.1f}us ({u / mm:.3f}x)" for n, u in med.items()
+    )
+    print(line, flush=True)
+    with open(summary_path, "a") as summary:
+        summary.write(line + "\n")
+
+
+def matmul(hidden, weight):
     return lambda: hidden @ weight.T
 
 
@@ -248,7 +272,7 @@ def _providers(batch, hidden_size, weight, generator) -> dict:
         "swap": swap_config(batch, hidden_size, hidden.device),
         "coop": swap_config(batch, hidden_size, hidden.device, "cooperative"),
     }
-    providers = {"matmul": _matmul(hidden, weight)}
+    providers = {"matmul": matmul(hidden, weight)}
     for suffix, params in (("", plain), ("_rows", rows), ("_greedy", greedy)):
         for name, config in configs.items():
             providers[name + suffix] = _call(hidden, weight, params, config)
@@ -271,7 +295,6 @@ def timing(args) -> None:
                 fn for _, providers in points for name, fn in providers.items() if name != "matmul"
             )
             for batch, providers in points:
-                times = {name: [] for name in providers}
                 for name, fn in list(providers.items()):
                     try:
                         fn()
@@ -279,24 +302,11 @@ def timing(args) -> None:
                     except Exception:  # noqa: BLE001 - logged, the others go on
                         traceback.print_exc()
                         del providers[name]
-                for round_index in range(args.rounds):
-                    for name, fn in providers.items():
-                        try:
-                            us = graph_median_us(fn)
-                        except Exception:  # noqa: BLE001
-                            traceback.print_exc()
-                            continue
-                        times[name].append(us)
-                        writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
+                time_rounds(
+                    providers, args.rounds, writer, (hidden_size, vocab, batch),
+                    Path(args.out_dir) / "swap_time_summary.txt",
+                )  # fmt: skip
                 f.flush()
-                med = {n: statistics.median(t) for n, t in times.items() if t}
-                mm = med.get("matmul", float("nan"))
-                line = f"D={hidden_size} B={batch}: " + "  ".join(
-                    f"{n} {u:.1f}us ({u / mm:.3f}x)" for n, u in med.items()
-                )
-                print(line, flush=True)
-                with open(Path(args.out_dir) / "swap_time_summary.txt", "a") as summary:
-                    summary.write(line + "\n")
 
 
 def main() -> None:
