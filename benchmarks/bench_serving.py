@@ -157,7 +157,10 @@ def compile_settings() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     # transformers' decorators (deprecation, output capturing) wrap many functions with one
     # code object each, whose graphs pass Dynamo's default limit of 8: room for them.
-    stack.enter_context(torch._dynamo.config.patch(recompile_limit=64))
+    # Floats as constants: with dynamic shapes Dynamo makes the modules' float attributes
+    # (epsilons, scalings) symbols, fails to turn some into tensors and traces the whole step
+    # again (on the CPU, transformers 5.17: "Restarting analysis due to _tensorify_python_scalars").
+    stack.enter_context(torch._dynamo.config.patch(recompile_limit=64, specialize_float=True))
     # The manager pads a step's query tokens to multiples of 64 and its rows to min(query
     # tokens, max requests): with duck sizing, a first compile whose two sizes happen to be
     # equal makes them one symbol, and the first step where they differ compiles every graph
@@ -248,6 +251,10 @@ def run_shape(shape: str, args, deadline: float):
     from torch._dynamo.utils import counters
 
     model = build_model(shape)
+    if args.attention == "torch_flash":
+        import torch_flash
+
+        model.set_attn_implementation(torch_flash.install())
     configs = args.configs.split(",")
     counters.clear()
     managers = make_managers(model, args, configs)
@@ -269,6 +276,9 @@ def run_shape(shape: str, args, deadline: float):
                 for config in [c for c in configs if c in managers]:
                     manager, setup = managers[config]
                     tag = f"{config}-{concurrency}-{repeat}"
+                    sampler = None
+                    if args.timeline and config not in first and repeat == 0:
+                        sampler = generation_thread_sampler(manager)
                     try:
                         run = serve(manager, config, load, concurrency, tag)
                     except Exception:  # one failing configuration keeps the others
@@ -277,6 +287,13 @@ def run_shape(shape: str, args, deadline: float):
                         del managers[config]
                         first.pop(config, None)
                         continue
+                    finally:
+                        if sampler is not None:
+                            sampler.running = False
+                            sampler.join()
+                    if sampler is not None:
+                        print(f"== {shape} B={concurrency} {config}: the first run's", end=" ")
+                        sampler.report(None, run["wall"])
                     if config not in first:
                         first[config] = run["wall"] + setup
                         managers[config] = (manager, 0.0)
@@ -318,6 +335,17 @@ def run_shape(shape: str, args, deadline: float):
         torch._dynamo.reset()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def generation_thread_sampler(manager):
+    """profile_first_call's stack sampler on the manager's generation thread (where the steps
+    compile, capture and run), started: its report names the phases of a first run."""
+    from profile_first_call import StackSampler
+
+    sampler = StackSampler([time.perf_counter()], period=0.05)
+    sampler.main = manager._generation_thread.ident
+    sampler.start()
+    return sampler
 
 
 def profile(shape: str, concurrency: int, load, managers, args) -> None:
@@ -407,6 +435,12 @@ def main() -> None:
         " eager step in its CUDA graphs (none: on torch 2.11 Inductor failed to generate code"
         " for the per-request top-p warper's cumsum with dynamic shapes)",
     )  # fmt: skip
+    parser.add_argument(
+        "--attention", choices=("torch_flash", "sdpa"), default="torch_flash",
+        help="both managers' attention: transformers' flash path with torch's FlashAttention-2"
+        " kernels (torch_flash.py; the flash-attn package is not on our GPU machines) or its"
+        " paged|sdpa, which attends every request to the whole batch's keys under a mask",
+    )  # fmt: skip
     parser.add_argument("--prompt-min", type=int, default=32, help="shortest prompt, tokens")
     parser.add_argument("--prompt-max", type=int, default=512, help="longest prompt, tokens")
     parser.add_argument("--new-min", type=int, default=128, help="fewest new tokens a request")
@@ -434,6 +468,11 @@ def main() -> None:
         "--profile-s", type=float, default=2.0,
         help="where a cell misses the goal: seconds of each configuration's steps profiled"
         " (the shape's smallest such B; 0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeline", action="store_true",
+        help="sample the generation thread's stack during each configuration's first run and"
+        " print where its time went (compiles, captures, steps)",
     )  # fmt: skip
     parser.add_argument("--profile-at", type=float, default=4.0, help="s into the run")
     parser.add_argument("--profile-rows", type=int, default=15, help="kernels listed per profile")
