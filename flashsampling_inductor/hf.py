@@ -667,7 +667,11 @@ def _compiled_batching_step(config):
     from torch.fx.experimental import _config as shapes_config
 
     compiled = torch.compile(_batching_step, **config.to_dict())
-    settings = dict(recompile_limit=_STEP_GRAPHS_LIMIT)
+    # Floats as constants: with dynamic shapes Dynamo makes the modules' float attributes
+    # (epsilons, scalings) symbols, fails to turn some into tensors and traces the whole step
+    # a second time ("Restarting analysis due to _tensorify_python_scalars"; transformers 5.17,
+    # CPU). Every knob of the step is a tensor: no float of it changes between calls.
+    settings = dict(recompile_limit=_STEP_GRAPHS_LIMIT, specialize_float=True)
     if hasattr(torch._dynamo.config, "nested_graph_breaks"):  # torch >= 2.9
         settings["nested_graph_breaks"] = True
     patch = torch._dynamo.config.patch(**settings)
