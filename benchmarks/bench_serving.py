@@ -14,6 +14,13 @@ Greedy is ``temperature=0`` for the fused manager (the op's greedy rows); transf
 warpers divide by the temperature, so the stock manager's greedy requests are ``top_k=1``
 (the argmax, up to ties).
 
+Both managers attend through transformers' flash path (--attention torch_flash, the default):
+its varlen attention, no mask, its CUDA graphs and asynchronous batching on by default, with
+torch's own FlashAttention-2 kernels standing in for the flash-attn package, which our GPU
+machines lack (torch_flash.py). Without a flash implementation transformers runs paged|sdpa
+(--attention sdpa), which attends every request to the whole batch's keys under a mask: at
+B = 128 that attention took ~90% of an 8B model's step and hid the sampling.
+
   stock   the manager with its CUDA graphs and its eager step (--stock-compile none, the
           default: its own level-1 compile config, Inductor "default" dynamic, failed on
           torch 2.11 in Inductor's code generation of the per-request top-p warper's cumsum;
