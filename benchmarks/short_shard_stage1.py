@@ -1,0 +1,204 @@
+"""Stage 1 of the TP step on one vocabulary shard, per candidate tile configuration (issue 39).
+
+    python benchmarks/short_shard_stage1.py [--shapes 4096x37984,8192x32064] [--batches 64,256]
+                                            [--rounds 3] [--out-dir DIR]
+
+A TP = 4 step with symmetric memory runs stage 1 on its shard (``tile_candidates``: per-tile
+candidates, no stage 2) and then the exchange's kernel. This times that stage 1 alone, each
+candidate and cuBLAS ``hidden @ W_shard.T`` replayed from CUDA graphs, round-robin over
+``--rounds`` rounds (median of the rounds' medians; T = 1, a device seed, the shard starting
+at rank 1's offset), and checks that every candidate's best per-tile candidate is the
+default's (the tokens do not depend on the tiles). One GPU; without CUDA it says so and
+exits 0. Writes ``short_shard_stage1_<gpu>_<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+from flashsampling_inductor.dispatch import (  # noqa: E402
+    SampleConfig,
+    default_config,
+    triton_fused_sample,
+)
+from flashsampling_inductor.params import SamplingParams  # noqa: E402
+
+LARGE = dict(swap_ab=False, num_warps=8, num_stages=3, tma=True)
+
+
+def candidates(batch: int) -> dict[str, SampleConfig]:
+    """Named stage-1 configurations worth trying on a short shard, by batch bucket."""
+    if batch <= 64:
+        return {
+            "triton64x64": SampleConfig(64, 64, 64, swap_ab=False, num_stages=4),
+            "triton64x64_s5": SampleConfig(64, 64, 64, swap_ab=False, num_stages=5),
+            "triton64x64_w8": SampleConfig(64, 64, 64, swap_ab=False, num_stages=4, num_warps=8),
+            "triton64x64_d128": SampleConfig(64, 64, 128, swap_ab=False, num_stages=3),
+            "triton64x32": SampleConfig(64, 32, 64, swap_ab=False, num_stages=4),
+            "swapab64x64x128": SampleConfig(64, 64, 128, num_warps=8, num_stages=3),
+            "gluon64x128": SampleConfig(
+                64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=64
+            ),
+        }
+    return {
+        "t128x128_pps2_c2": SampleConfig(
+            128, 128, 64, maxnreg=128, programs_per_sm=2, epilogue_chunks=2, **LARGE
+        ),
+        "t128x128_pps2_c4": SampleConfig(
+            128, 128, 64, maxnreg=128, programs_per_sm=2, epilogue_chunks=4, **LARGE
+        ),
+        "t128x256_pps1_c4": SampleConfig(
+            128, 256, 64, programs_per_sm=1, epilogue_chunks=4, **LARGE
+        ),
+        "t128x64_pps2": SampleConfig(128, 64, 64, maxnreg=128, programs_per_sm=2, **LARGE),
+        "t64x128_pps2": SampleConfig(
+            64, 128, 64, swap_ab=False, num_stages=4, programs_per_sm=2, tma=True
+        ),
+        "gluon64rows": SampleConfig(
+            64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=64
+        ),
+        "swap_pingpong": swapped("ping-pong"),
+        "swap_coop": swapped("cooperative"),
+    }
+
+
+def swapped(consumers: str) -> SampleConfig:
+    """The swapped Gluon kernel (vocabulary on the MMA's M), whatever the default routes."""
+    return SampleConfig(
+        128, 128, 64, maxnreg=128, programs_per_sm=2, epilogue_chunks=4,
+        warp_specialized_swap=consumers, **LARGE,
+    )  # fmt: skip
+
+
+def _gluon_disabled(config: SampleConfig) -> bool:
+    """Whether the Gluon kernel a config asks for failed to compile (the call then ran the
+    Triton tiles: not the candidate named)."""
+    from flashsampling_inductor import hopper_kernel, hopper_swap_kernel
+
+    if config.warp_specialized_swap:
+        return hopper_swap_kernel._disabled_by is not None
+    return bool(config.warp_specialized_rows) and hopper_kernel._disabled_by is not None
+
+
+def graph_us(fn, replays: int = 20) -> float:
+    """Median per call of a CUDA graph of ``replays`` calls of fn (captured after warm-up)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(replays):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / replays)
+    return statistics.median(times)
+
+
+def best(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Each lane's best per-tile candidate's global index (ties to the lowest index)."""
+    top = score.amax(-1, keepdim=True)
+    masked = torch.where(score == top, index.long(), torch.iinfo(torch.int64).max)
+    return masked.amin(-1)
+
+
+def time_point(hidden, weight, offset, named, rounds, label) -> dict[str, list[float]]:
+    """Per usable candidate its per-round medians (us), and "matmul": cuBLAS's; a candidate
+    that fails, runs another kernel than named, or draws other tokens is left out (said)."""
+    params = SamplingParams(None, 1.0, torch.tensor(12345, device=hidden.device), 0, 1)
+
+    def call(config):
+        return lambda: triton_fused_sample(
+            hidden, weight, None, params, config, vocab_offset=offset, tile_candidates=True
+        )
+
+    expected = best(*call(named["default"])())
+    usable = {}
+    for name, config in named.items():
+        try:
+            got = best(*call(config)())
+        except Exception as error:  # noqa: BLE001 (a candidate that cannot run)
+            print(f"{label} {name}: failed: {type(error).__name__}: {error}")
+            continue
+        if _gluon_disabled(config):
+            print(f"{label} {name}: its Gluon kernel was disabled: {config}")
+            continue
+        if not torch.equal(got, expected):
+            print(f"{label} {name}: OTHER TOKENS than the default")
+            continue
+        usable[name] = call(config)
+    times = {name: [] for name in ["matmul", *usable]}
+    for _ in range(rounds):
+        times["matmul"].append(graph_us(lambda: hidden @ weight.T))
+        for name, fn in usable.items():
+            times[name].append(graph_us(fn))
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default="4096x37984,8192x32064", help="DxV_shard list")
+    parser.add_argument("--batches", default="64,256", help="B list")
+    parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds")
+    parser.add_argument("--only", default="", help="comma-separated candidate names")
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path(__file__).parent / "results", help="JSON's folder"
+    )
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("short_shard_stage1.py times kernels on a CUDA GPU; there is none here: nothing run")
+        return
+    gpu = torch.cuda.get_device_name()
+    print(gpu, f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    only = set(filter(None, args.only.split(",")))
+    rows = []
+    for shape in args.shapes.split(","):
+        dim, vocab = map(int, shape.split("x"))
+        offset = vocab // 4 * 4  # rank 1's start: global indices past the first shard
+        weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
+        for batch in map(int, args.batches.split(",")):
+            hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
+            named = {"default": default_config(batch, dim, hidden.device, vocab_size=vocab)}
+            named.update(
+                (name, config)
+                for name, config in candidates(batch).items()
+                if not only or name in only
+            )
+            label = f"D={dim} V_shard={vocab} B={batch}"
+            times = time_point(hidden, weight, offset, named, args.rounds, label)
+            matmul = statistics.median(times.pop("matmul"))
+            print(f"{label}: cuBLAS {matmul:.1f} us", flush=True)
+            for name in sorted(times, key=lambda n: statistics.median(times[n])):
+                us = statistics.median(times[name])
+                print(f"  {name:<18s} {us:7.1f} us  {us / matmul:.3f}x  {named[name]}", flush=True)
+                rows.append(dict(D=dim, V=vocab, B=batch, name=name, config=str(named[name]),
+                                 us=times[name], matmul_us=matmul))  # fmt: skip
+    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+    path = args.out_dir / f"short_shard_stage1_{gpu.lower().replace(' ', '-')}_{stamp}.json"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(gpu=gpu, torch=torch.__version__, rows=rows), indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
