@@ -38,6 +38,7 @@ import triton.language as tl
 
 from . import teardown
 from .launch import launch
+from .sampling_device import await_previous_kernel, pdl_launch
 
 __all__ = [
     "EXCHANGE_TIMEOUT_MS",
@@ -203,6 +204,7 @@ def _exchange(
     timeout_ns,
     PER_ROW_SEED: tl.constexpr, WORLD: tl.constexpr, WORLD_BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr, SEND: tl.constexpr, RECEIVE: tl.constexpr, SPIN: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One tensor-parallel exchange, per lane (row x sample) of the batch:
 
@@ -222,7 +224,11 @@ def _exchange(
     stream). ``ok`` becomes 0 and ``error`` the largest code on a failure: 1 + a rank that
     sampled something else, WORLD + 1 for shards that do not tile [0, V), WORLD + 2 + a rank
     whose message did not come within ``timeout_ns``. SEND / RECEIVE: the halves (tests run
-    them on simulated ranks in turn, without SPIN)."""
+    them on simulated ranks in turn, without SPIN). PDL: launched as a programmatic
+    dependent of stage 1 (``pdl_launch``): its launch overlaps stage 1's last programs, and
+    it reads nothing before stage 1 has finished (the wait for the peers begins after that
+    too, so every program of the grid is resident as before)."""
+    await_previous_kernel(PDL)
     words = tl.arange(0, _MESSAGE_WORDS)
     ranks = tl.arange(0, WORLD_BLOCK)
     in_world = ranks < WORLD
@@ -419,6 +425,7 @@ class SymmetricExchange:
                 WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)),
                 BLOCK_C=max(16, triton.next_power_of_2(num_candidates)),
                 SEND=send, RECEIVE=receive, SPIN=spin, num_warps=EXCHANGE_NUM_WARPS,
+                **pdl_launch(score.device),
             )  # fmt: skip
         return tokens
 

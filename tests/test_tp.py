@@ -614,7 +614,7 @@ signature = {
 }
 for world_block in (2, 4, 8):
     constants = dict(PER_ROW_SEED=world_block == 4, WORLD=world_block, WORLD_BLOCK=world_block,
-                     BLOCK_C=2048, SEND=True, RECEIVE=True, SPIN=True)
+                     BLOCK_C=2048, SEND=True, RECEIVE=True, SPIN=True, PDL=True)
     types = dict(signature, **{name: "constexpr" for name in constants})
     constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
     compiled = triton.compile(
@@ -624,6 +624,8 @@ for world_block in (2, 4, 8):
     ptx = compiled.asm["ptx"]
     # The wait reads the peers' words as volatile (system-scope) loads, with the GPU's timer.
     assert "ld.volatile.global.b64" in ptx and "%globaltimer" in ptx
+    # A programmatic dependent of stage 1: nothing read before stage 1 has finished.
+    assert "griddepcontrol.wait" in ptx
     # ... each word by one thread: the loads' layout covers no more than their shape.
     ttgir = compiled.asm["ttgir"]
     layouts = dict(re.findall(r"^(#\w+) = #ttg\.blocked<\{(.*)\}>", ttgir, re.M))
