@@ -5,7 +5,8 @@
 #     shard (short_shard_stage1.py, candidates against cuBLAS) B = 64 on GPU 2, B = 256 on GPU 3
 #   B (parallel): hf_tp.py TP = 2 32B shape, 2 layers, on GPUs 0,1 | teardown control with
 #     release, 25 s exit bound, on GPUs 2,3
-#   C: tests/test_tp_gpu.py::test_10000_skewed_steps_agree_on_every_rank at world 4
+#   C: tests/test_tp_gpu.py::test_10000_skewed_steps_agree_on_every_rank at world 4 (the
+#     exchange kernel now launched with PDL: its first GPU run)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 O=${OUT:-/tmp/out}/tp4/r2; mkdir -p "$O"
