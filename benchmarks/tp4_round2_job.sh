@@ -2,9 +2,10 @@
 # tp4 round 2 (issue 39; 4 GPUs, CUDA_VISIBLE_DEVICES=0,1,2,3, <= 225 s). Everything under
 # $OUT/tp4/r2/, summary.txt first.
 #   A (parallel): hf_tp.py TP = 2 Llama-3.1-8B dims, 4 layers, on GPUs 0,1 | stage 1 on a TP = 4
-#     shard (short_shard_stage1.py, candidates against cuBLAS) B = 64 on GPU 2, B = 256 on GPU 3
+#     shard of D = 4096 (short_shard_stage1.py, candidates against cuBLAS) B = 64 on GPU 2,
+#     B = 256 on GPU 3
 #   B (parallel): hf_tp.py TP = 2 32B shape, 2 layers, on GPUs 0,1 | teardown control with
-#     release, 25 s exit bound, on GPUs 2,3
+#     release, 25 s exit bound, on GPUs 2,3, then the D = 8192 shard's stage 1 (few candidates)
 #   C: tests/test_tp_gpu.py::test_10000_skewed_steps_agree_on_every_rank at world 4 (the
 #     exchange kernel now launched with PDL: its first GPU run)
 set -u
@@ -30,33 +31,39 @@ hf_tp2() {  # $1 GPUs, $2 port, $3 shape, $4 layers, $5 limit
     echo "hf_tp TP=2 $3 $4 layers (GPUs $1): rc=$? wall $(( $(date +%s)-t )) s" > "$O/hf_tp2_$3.sum"
     grep -E "^B=|barrier|destroyed|Timeout|Error" "$O/hf_tp2_$3.log" | head -8 >> "$O/hf_tp2_$3.sum"
 }
-stage1() {  # $1 GPU, $2 batches, $3 limit
+stage1() {  # $1 GPU, $2 shape, $3 batches, $4 limit, $5 candidates (empty: all)
     local t; t=$(date +%s)
-    CUDA_VISIBLE_DEVICES=$1 timeout -k 5 "$3" python3 benchmarks/short_shard_stage1.py \
-        --shapes 4096x37984,8192x32064 --batches "$2" --rounds 3 --out-dir "$O" \
-        > "$O/stage1_b$2.log" 2>&1
-    echo "short_shard_stage1 B=$2 (GPU $1): rc=$? wall $(( $(date +%s)-t )) s" > "$O/stage1_b$2.sum"
-    grep -vE "Warning|warn" "$O/stage1_b$2.log" | tail -40 >> "$O/stage1_b$2.sum"
+    CUDA_VISIBLE_DEVICES=$1 timeout -k 5 "$4" python3 benchmarks/short_shard_stage1.py \
+        --shapes "$2" --batches "$3" --rounds 3 --only "${5:-}" --out-dir "$O" \
+        > "$O/stage1_$2_b$3.log" 2>&1
+    echo "short_shard_stage1 $2 B=$3 (GPU $1): rc=$? wall $(( $(date +%s)-t )) s" > "$O/stage1_$2_b$3.sum"
+    grep -vE "Warning|warn" "$O/stage1_$2_b$3.log" | tail -24 >> "$O/stage1_$2_b$3.sum"
 }
 
 # A
-L=$(cap 90 130)
+L=$(cap 92 130)
 hf_tp2 0,1 29511 llama-3.1-8b 4 "$L" &
-stage1 2 64 "$L" &
-stage1 3 256 "$L" &
+stage1 2 4096x37984 64 "$L" &
+stage1 3 4096x37984 256 "$L" &
 wait
-cat "$O"/hf_tp2_llama-3.1-8b.sum "$O"/stage1_b64.sum "$O"/stage1_b256.sum >> "$S" 2>/dev/null
+cat "$O"/hf_tp2_llama-3.1-8b.sum "$O"/stage1_4096x37984_b64.sum "$O"/stage1_4096x37984_b256.sum >> "$S" 2>/dev/null
 
-# B
+# B: the control first on GPUs 2,3, then the D = 8192 shard's stage 1 on them, few candidates
 L=$(cap 68 62)
 hf_tp2 0,1 29512 32b 2 "$L" &
 ( t=$(date +%s)
-  CUDA_VISIBLE_DEVICES=2,3 timeout -k 3 "$(cap 60 62)" python3 benchmarks/teardown_control.py \
+  CUDA_VISIBLE_DEVICES=2,3 timeout -k 3 "$(cap 45 62)" python3 benchmarks/teardown_control.py \
       --release --exit-s 25 > "$O/control_release.log" 2>&1
   echo "control --release (bound 25 s, GPUs 2,3): rc=$? wall $(( $(date +%s)-t )) s" > "$O/control.sum"
-  grep -E "^control|tp_ranks: rank" "$O/control_release.log" >> "$O/control.sum" ) &
+  grep -E "^control|tp_ranks: rank" "$O/control_release.log" >> "$O/control.sum"
+  L2=$(cap 60 64)
+  if [ "$L2" -gt 20 ]; then
+      stage1 2 8192x32064 64 "$L2" default,gluon64x128,triton64x64_d128,swapab64x64x128 &
+      stage1 3 8192x32064 256 "$L2" default,swap_pingpong,t128x64_pps2,gluon64rows &
+      wait
+  fi ) &
 wait
-cat "$O"/hf_tp2_32b.sum "$O"/control.sum >> "$S" 2>/dev/null
+cat "$O"/hf_tp2_32b.sum "$O"/control.sum "$O"/stage1_8192x32064_b*.sum >> "$S" 2>/dev/null
 
 # C
 L=$(cap 62 3)
