@@ -18,6 +18,11 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
     tp1_fused             fused_sample over the whole V on one GPU (the TP = 1 line)
     tp1_matmul            cuBLAS over the whole V on one GPU
 
+Not in the default list (A/B runs of the TP step): ``fused_tp_nopdl`` (the exchange's kernel
+launched plainly, not as a programmatic dependent of stage 1) and ``fused_tp_best`` (stage 1
+on the configuration that ``short_shard_stage1.py`` timed fastest at the shard's shape and
+batch; ``--best-of`` its JSON).
+
 Top-k 50 (not in the default list; ``--providers`` names them, and a second table shows
 them): ``fused_tp_topk50`` (tp_fused_sample(top_k=50): each rank's 50 largest scores
 exchanged, the shard's logits materialized), ``allgather_fi1_topk50`` (the logits gathered,
@@ -44,8 +49,11 @@ TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
+import functools
+import json
 import os
 import statistics
 import sys
@@ -97,6 +105,45 @@ PEERS = (
 )
 
 
+BEST_OF: list[dict] = []  # --best-of: short_shard_stage1.py's rows
+
+
+def best_stage1(hidden, weight_shard):
+    """The fastest stage-1 configuration that short_shard_stage1.py timed at this shard's
+    shape and batch (``--best-of``), or an error (the provider's row then says so)."""
+    from short_shard_stage1 import candidates  # benchmarks/ is this script's folder
+
+    (batch, dim), rows = hidden.shape, weight_shard.shape[0]
+    timed = [r for r in BEST_OF if (r["D"], r["V"], r["B"]) == (dim, rows, batch)]
+    if not timed:
+        raise LookupError(f"no stage-1 sweep at D={dim} V_shard={rows} B={batch}")
+    fastest = min(timed, key=lambda r: statistics.median(r["us"]))
+    if fastest["name"] == "default":
+        return None
+    print(f"fused_tp_best D={dim} B={batch}: {fastest['name']}", flush=True)
+    return candidates(batch)[fastest["name"]]
+
+
+def _raise(error: Exception):
+    raise error
+
+
+@contextlib.contextmanager
+def stage1_config(config):
+    """Stage 1 of the calls inside takes ``config`` (None: the call's own choice)."""
+    if config is None:
+        yield
+        return
+    from flashsampling_inductor import dispatch
+
+    chosen = dispatch.default_config
+    dispatch.default_config = lambda *args, **kwargs: config
+    try:
+        yield
+    finally:
+        dispatch.default_config = chosen
+
+
 def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, world):
     """-> a step() callable for the provider."""
     if provider == "tp1_matmul":
@@ -112,11 +159,21 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         if "topp90" in provider:
             top_k["top_p"] = 0.9
 
+        pdl = "0" if provider == "fused_tp_nopdl" else "1"
+        stage1 = None
+        if provider == "fused_tp_best":
+            try:
+                stage1 = best_stage1(hidden, weight_shard)
+            except LookupError as error:  # every rank alike: the row records it
+                return functools.partial(_raise, error)
+
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
-            return fs.tp_fused_sample(
-                hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size, **top_k
-            )
+            os.environ["FLASHSAMPLING_TP_EXCHANGE_PDL"] = pdl
+            with stage1_config(stage1):
+                return fs.tp_fused_sample(
+                    hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size, **top_k
+                )
 
         return fused_step
     if provider.startswith("step_"):
@@ -248,6 +305,10 @@ def main() -> int:
         "--modes", default="events,graph", help="timing modes: events, graph or both"
     )
     parser.add_argument("--iters", type=int, default=20, help="calls per timed repeat")
+    parser.add_argument(
+        "--best-of", action="append", default=[],
+        help="short_shard_stage1.py's JSON (repeatable): fused_tp_best's configurations",
+    )  # fmt: skip
     parser.add_argument("--out-dir", default="benchmarks/results", help="folder of the CSV and PNG")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -259,6 +320,8 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group("nccl", device_id=device)
     providers = args.providers.split(",")
+    for path in args.best_of:
+        BEST_OF.extend(json.loads(Path(path).read_text())["rows"])
     # Each (shape, B) compiles the step anew (static shapes, like CUDA graphs want): more
     # graphs per code object than Dynamo's default limit of 8.
     torch._dynamo.config.recompile_limit = 64

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -120,9 +121,12 @@ def best(score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return masked.amin(-1)
 
 
-def time_point(hidden, weight, offset, named, rounds, label) -> dict[str, list[float]]:
+def time_point(
+    hidden, weight, offset, named, rounds, label, deadline=math.inf
+) -> dict[str, list[float]]:
     """Per usable candidate its per-round medians (us), and "matmul": cuBLAS's; a candidate
-    that fails, runs another kernel than named, or draws other tokens is left out (said)."""
+    that fails, runs another kernel than named, or draws other tokens is left out (said), as
+    are those not compiled by ``deadline`` (time.monotonic())."""
     params = SamplingParams(None, 1.0, torch.tensor(12345, device=hidden.device), 0, 1)
 
     def call(config):
@@ -133,6 +137,9 @@ def time_point(hidden, weight, offset, named, rounds, label) -> dict[str, list[f
     expected = best(*call(named["default"])())
     usable = {}
     for name, config in named.items():
+        if time.monotonic() > deadline:
+            print(f"{label} {name}: not run (--budget-s spent)")
+            continue
         try:
             got = best(*call(config)())
         except Exception as error:  # noqa: BLE001 (a candidate that cannot run)
@@ -162,6 +169,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds")
     parser.add_argument("--only", default="", help="comma-separated candidate names")
     parser.add_argument(
+        "--budget-s", type=float, default=0.0,
+        help="compile no more candidates after this many seconds (0: no limit); those "
+        "compiled are still timed",
+    )  # fmt: skip
+    parser.add_argument(
         "--out-dir", type=Path, default=Path(__file__).parent / "results", help="JSON's folder"
     )
     args = parser.parse_args()
@@ -171,6 +183,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     print(gpu, f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
     only = set(filter(None, args.only.split(",")))
+    deadline = time.monotonic() + args.budget_s if args.budget_s else math.inf
     rows = []
     for shape in args.shapes.split(","):
         dim, vocab = map(int, shape.split("x"))
@@ -185,7 +198,7 @@ def main() -> None:
                 if not only or name in only
             )
             label = f"D={dim} V_shard={vocab} B={batch}"
-            times = time_point(hidden, weight, offset, named, args.rounds, label)
+            times = time_point(hidden, weight, offset, named, args.rounds, label, deadline)
             matmul = statistics.median(times.pop("matmul"))
             print(f"{label}: cuBLAS {matmul:.1f} us", flush=True)
             for name in sorted(times, key=lambda n: statistics.median(times[n])):

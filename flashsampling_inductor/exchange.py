@@ -425,9 +425,18 @@ class SymmetricExchange:
                 WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)),
                 BLOCK_C=max(16, triton.next_power_of_2(num_candidates)),
                 SEND=send, RECEIVE=receive, SPIN=spin, num_warps=EXCHANGE_NUM_WARPS,
-                **pdl_launch(score.device),
+                **_exchange_pdl(score.device),
             )  # fmt: skip
         return tokens
+
+
+def _exchange_pdl(device: torch.device) -> dict[str, bool]:
+    """The exchange's launch as a programmatic dependent of stage 1 where the GPU has PDL
+    (``pdl_launch``); FLASHSAMPLING_TP_EXCHANGE_PDL=0 launches it plainly (read at each call:
+    benchmarks/bench_tp.py's ``fused_tp_nopdl`` times both in one process)."""
+    if os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", "1") == "0":
+        return {"PDL": False}
+    return pdl_launch(device)
 
 
 def _on(device: torch.device):
