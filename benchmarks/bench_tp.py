@@ -159,7 +159,7 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         if "topp90" in provider:
             top_k["top_p"] = 0.9
 
-        pdl = "0" if provider == "fused_tp_nopdl" else "1"
+        plain_exchange = provider == "fused_tp_nopdl"
         stage1 = None
         if provider == "fused_tp_best":
             try:
@@ -169,7 +169,10 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
 
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
-            os.environ["FLASHSAMPLING_TP_EXCHANGE_PDL"] = pdl
+            if plain_exchange:
+                os.environ["FLASHSAMPLING_TP_EXCHANGE_PDL"] = "0"
+            else:
+                os.environ.pop("FLASHSAMPLING_TP_EXCHANGE_PDL", None)  # the default
             with stage1_config(stage1):
                 return fs.tp_fused_sample(
                     hidden, weight_shard, vocab_start=vocab_start, vocab_size=vocab_size, **top_k
