@@ -125,8 +125,9 @@ class StackSampler(threading.Thread):
 
 
 def child(
-    config: str, batch: int, top_k: int, new_tokens: int, profile: bool, timeline: str | None
-) -> None:
+    config: str, batches: list[int], top_k: int, new_tokens: int, profile: bool,
+    timeline: str | None,
+) -> None:  # fmt: skip
     import torch
     import triton
     import triton.compiler.compiler as triton_compiler
@@ -242,6 +243,7 @@ def child(
         return timed_step
 
     fs_hf._mark_steps = timed_mark_steps
+    batch, *batches = batches
     model = bg.build("qwen3-1.7b")
     prompt = torch.randint(0, 1000, (batch, bg.PROMPT), device="cuda")
     prefills: list[tuple[float, float]] = []
@@ -281,15 +283,7 @@ def child(
     tokens = outputs[0][:, prompt.shape[1] :]
     print(f"first call's new tokens (torch.manual_seed(1)): sum {int(tokens.sum())}, "
           f"row 0 {tokens[0].tolist()}")  # fmt: skip
-    for at, seconds, thread in dry_runs:
-        print(f"compile ahead (dry run and its compiles) at {at:.2f} s, {seconds:.2f} s [{thread}]")
-    for at, seconds in waits:
-        print(f"first launch waited for the compiles ahead: at {at:.2f} s, {seconds:.2f} s")
-    triton_s = sum(seconds for _, seconds, _ in in_first)
-    print(f"Triton compiles in the main process during the first call: {len(in_first)}, "
-          f"{triton_s:.2f} s")  # fmt: skip
-    for at, seconds, name in in_first:
-        print(f"  at {at:7.2f} s  {seconds:6.2f} s  {name}")
+    report_compiles(dry_runs, waits, in_first)
     for at, seconds in prefills[:1]:
         print(f"prefill (eager, transformers' own): at {at:.2f} s, {seconds:.2f} s")
     print(
@@ -313,7 +307,38 @@ def child(
         sampler.report(timeline, first_end)
     if profiler is not None:  # (cProfile slows Python-heavy phases: read it as shares)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+    for later in batches:
+        # A new batch size in the same process, as a server meets them: Dynamo compiles the
+        # step again with a dynamic batch at the second size (both configurations), and the
+        # op's kernels may need variants of their own.
+        for record in (compiles, waits, first_launches, dry_runs, events):
+            record.clear()
+        prompt = torch.randint(0, 1000, (later, bg.PROMPT), device="cuda")
+        torch.cuda.synchronize()
+        origin[0] = time.perf_counter()
+        first = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
+        first_end = time.perf_counter() - origin[0]
+        second = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
+        print(f"== {config} B={later} (after B={batch} in this process): first call "
+              f"{first:.2f} s, second {second:.3f} s")  # fmt: skip
+        report_compiles(dry_runs, waits, [entry for entry in compiles if entry[0] <= first_end])
+        for at, seconds, label in events:
+            if at <= first_end and (label != "decode step" or seconds > 0.05):
+                print(f"  at {at:7.2f} s  {seconds:6.2f} s  {label}")
+        batch = later
     print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
+
+
+def report_compiles(dry_runs: list, waits: list, in_first: list) -> None:
+    for at, seconds, thread in dry_runs:
+        print(f"compile ahead (dry run and its compiles) at {at:.2f} s, {seconds:.2f} s [{thread}]")
+    for at, seconds in waits:
+        print(f"first launch waited for the compiles ahead: at {at:.2f} s, {seconds:.2f} s")
+    triton_s = sum(seconds for _, seconds, _ in in_first)
+    print(f"Triton compiles in the main process during the first call: {len(in_first)}, "
+          f"{triton_s:.2f} s")  # fmt: skip
+    for at, seconds, name in in_first:
+        print(f"  at {at:7.2f} s  {seconds:6.2f} s  {name}")
 
 
 def main() -> None:
@@ -321,7 +346,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--configs", default="hf_stock,hf_fused", help="hf_stock and/or hf_fused")
-    parser.add_argument("--batch", type=int, default=1, help="rows per call (default 1)")
+    parser.add_argument(
+        "--batch",
+        default="1",
+        help="rows per call (default 1); several, comma-separated (16,64): the first call of "
+        "each in turn in one process (the first one's report in full)",
+    )
     parser.add_argument("--top-k", type=int, default=50, help="generate's top_k (default 50)")
     parser.add_argument("--new-tokens", type=int, default=16, help="tokens per call (default 16)")
     parser.add_argument(
@@ -339,7 +369,8 @@ def main() -> None:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.batch, args.top_k, args.new_tokens, args.cprofile, args.timeline)
+        batches = [int(batch) for batch in args.batch.split(",")]
+        child(args.child, batches, args.top_k, args.new_tokens, args.cprofile, args.timeline)
         # (the compile workers' shutdown and the CUDA teardown are no part of the report:
         # seconds a run saves on a GPU machine's time)
         sys.stdout.flush()

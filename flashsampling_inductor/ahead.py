@@ -52,7 +52,7 @@ import torch
 
 from . import launch as _launch
 
-__all__ = ["before_first_run", "in_background"]
+__all__ = ["before_first_run", "in_background", "prestart"]
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -85,6 +85,10 @@ _KERNEL_MODULES = (
     "exchange", "tp_truncation",
 )  # fmt: skip
 _CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
+_IDLE_CHILD_S = 900  # (a prestarted child whose call never comes: prestart)
+# Children started ahead of the next dry run in processes (prestart), with their error files.
+_waiting_children: list = []
+_children_lock = threading.Lock()
 # Gluon's TMA descriptor checks its base's address, which a fake tensor gives as 0 with a
 # deprecation warning meant for user code; the dry run knows it has no address.
 warnings.filterwarnings(
@@ -118,8 +122,10 @@ def before_first_run(run: Callable, args: tuple) -> None:
 def in_background(run: Callable, args: tuple) -> None:
     """Start compiling the kernels of ``run(*args)`` in a thread of its own (its compiles in
     ``WORKERS``); ``args`` hold fake tensors (a graph's ``meta["val"]``) or real ones, the
-    first on the call's CUDA device, read here and not kept. Calls whose shapes are symbolic
-    are left to ``before_first_run``."""
+    first on the call's CUDA device, read here and not kept. A symbolic size is read as its
+    hint, its size in the call being compiled (a step compiled again with a dynamic batch
+    for a new batch size compiles that size's kernels here, behind Inductor); calls with a
+    size that has none are left to ``before_first_run``."""
     if MODE != "1":
         return
     try:
@@ -166,8 +172,10 @@ def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
     Triton's cache directory (this process's, passed on); when all have ended, ``_dry_run``
     here, which finds their kernels in that cache (a file read each) and compiles any that
     a child did not leave there, so that the first launch finds every kernel loaded."""
-    _settle_cache_keys()
     _compile_in_children(run, kinds)
+    # (here, not before the children: this thread then holds the GIL while Inductor waits
+    # for its compile workers, not during the joint graph passes)
+    _settle_cache_keys()
     _dry_run(run, kinds)
 
 
@@ -230,14 +238,48 @@ def _callees(function, callable_type) -> list:
     return found
 
 
-def _compile_in_children(run: Callable, kinds: tuple) -> None:
+def prestart() -> None:
+    """Start the children of the next ``_dry_run_in_processes`` now, where the compile ahead
+    compiles in processes: each imports torch and this package and settles its cache keys
+    (seconds of a CPU each) and then waits for its share of a call, so that the call's
+    compiles start as soon as the graph pass has rewritten it. The backend calls it before
+    Inductor compiles a CUDA graph (Dynamo has traced it; the pass runs after AOT's trace).
+    Children that get no call end after ``_IDLE_CHILD_S``. (On an H100 host the children
+    took 27 s from the pass to their last compile at B = 8, the first launch waiting 1.9 s
+    for them: their start was on that path.)"""
+    if MODE != "1" or WORKERS != "processes":
+        return
+    with _children_lock:
+        if _usable(_waiting_children):
+            return
+        _end(_waiting_children)
+        _waiting_children[:] = _start_children()
+
+
+def _usable(children: list) -> bool:
+    """Whether prestarted ``children`` can take a call: all still waiting, for this
+    process's Triton cache directory."""
+    return len(children) == _PROCESSES and all(
+        process.poll() is None and cache == _triton_cache_dir() for process, _, cache in children
+    )
+
+
+def _triton_cache_dir() -> str | None:
     import triton
 
-    environment = dict(os.environ)
     try:
-        environment["TRITON_CACHE_DIR"] = triton.knobs.cache.dir
+        return triton.knobs.cache.dir
     except AttributeError:  # (older Triton: its cache directory from the environment alone)
-        pass
+        return os.environ.get("TRITON_CACHE_DIR")
+
+
+def _start_children() -> list:
+    """``_PROCESSES`` children waiting for their job on stdin: (process, a file for its
+    errors, the Triton cache directory it compiles into)."""
+    environment = dict(os.environ)
+    cache = _triton_cache_dir()
+    if cache is not None:
+        environment["TRITON_CACHE_DIR"] = cache
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     environment["PYTHONPATH"] = os.pathsep.join(
         [package_parent, *filter(None, [environment.get("PYTHONPATH")])]
@@ -245,21 +287,54 @@ def _compile_in_children(run: Callable, kinds: tuple) -> None:
     code = "from flashsampling_inductor import ahead; ahead.child()"
     children = []
     try:
-        for index in range(_PROCESSES):
-            job = pickle.dumps((run, kinds, (index, _PROCESSES))).hex()
+        for _ in range(_PROCESSES):
             errors = tempfile.TemporaryFile()
             children.append(
                 (
                     subprocess.Popen(
-                        [sys.executable, "-c", code, job], stdin=subprocess.DEVNULL,
+                        [sys.executable, "-c", code], stdin=subprocess.PIPE,
                         stdout=subprocess.DEVNULL, stderr=errors, env=environment,
                     ),
                     errors,
+                    cache,
                 )
             )  # fmt: skip
-    except (OSError, pickle.PicklingError) as error:
+    except OSError as error:
         log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
-    for process, errors in children:
+    return children
+
+
+def _end(children: list) -> None:
+    for process, errors, _ in children:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        errors.close()
+    children.clear()
+
+
+def _compile_in_children(run: Callable, kinds: tuple) -> None:
+    with _children_lock:  # (the prestarted ones if they are all still waiting)
+        children = list(_waiting_children)
+        _waiting_children.clear()
+    if not _usable(children):
+        _end(children)
+        children = _start_children()
+    try:
+        jobs = [
+            pickle.dumps((run, kinds, (index, len(children)))).hex()
+            for index in range(len(children))
+        ]
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
+        jobs = [""] * len(children)  # (an empty line: the children end)
+    for (process, _, _), job in zip(children, jobs, strict=True):
+        try:
+            process.stdin.write(job.encode() + b"\n")
+            process.stdin.close()
+        except OSError as error:  # (a child that ended: its share compiles in the parent)
+            log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
+    for process, errors, _ in children:
         try:
             failed = process.wait(timeout=_CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:  # (never seen; the first launch would wait for it)
@@ -275,16 +350,24 @@ def _compile_in_children(run: Callable, kinds: tuple) -> None:
 
 
 def child() -> None:
-    """A child of ``_dry_run_in_processes``: its dry run from its argument (the call, its kinds,
-    the share of the launches to compile, pickled, in hex)."""
+    """A child of ``_dry_run_in_processes``: its dry run from the line its parent writes to
+    its stdin (the call, its kinds, the share of the launches to compile, pickled, in hex),
+    after the imports and the cache keys, which it does while it waits for that line."""
     from torch._subclasses import fake_tensor
 
     # A fake CUDA tensor allocates a real one first, for autograd (a CUDA context, hundreds
     # of MB of the GPU per child); a dry run has no backward, and compiling needs no context.
     fake_tensor.init_gpu_context = lambda device: None
     _no_stream_queries()
-    run, kinds, share = pickle.loads(bytes.fromhex(sys.argv[1]))
     _settle_cache_keys()  # (the keys the parent's launches will compute: _settle_cache_keys)
+    import select
+
+    if not select.select([sys.stdin], [], [], _IDLE_CHILD_S)[0]:
+        sys.exit(0)  # (prestarted for a call that never came)
+    job = sys.stdin.readline().strip()
+    if not job:
+        sys.exit(0)  # (the parent ended, or ended this child, before it had a call)
+    run, kinds, share = pickle.loads(bytes.fromhex(job))
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
     sys.exit(0 if _dry_run(run, kinds, share) else 1)
@@ -327,16 +410,28 @@ def _fake_kinds(args: tuple) -> tuple:
 
 def _fake_kind(value):
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise _NotStatic
+        value = _hint(value)
     if type(value) is float:
         return _float_class(value)
     if not isinstance(value, torch.Tensor):
         return value
-    if not all(isinstance(size, int) for size in (*value.shape, *value.stride())):
-        raise _NotStatic
+    shape = torch.Size(_hint(size) for size in value.shape)
+    stride = tuple(_hint(step) for step in value.stride())
     # (an allocation is 16-byte aligned; a view is where its offset says)
-    aligned = value.storage_offset() * value.element_size() % 16 == 0
-    return _TensorKind((value.shape, value.stride(), value.dtype, aligned))
+    aligned = _hint(value.storage_offset()) * value.element_size() % 16 == 0
+    return _TensorKind((shape, stride, value.dtype, aligned))
+
+
+def _hint(value):
+    """A symbolic size's value in the call being compiled (its hint: a graph compiled with a
+    dynamic batch is compiled for a call of some batch, the one that runs first), or the
+    value itself; ``_NotStatic`` where there is none (a size only known at run time)."""
+    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return value
+    hint = getattr(value.node, "hint", None)
+    if hint is None or isinstance(hint, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise _NotStatic
+    return hint
 
 
 def _fake(kind: _TensorKind, device: torch.device) -> torch.Tensor:

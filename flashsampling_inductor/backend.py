@@ -40,8 +40,13 @@ def flashsampling_backend(
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
+    from . import ahead
     from .graph_pass import FlashSamplingPass
 
+    if _on_cuda(example_inputs) and _may_sample(gm):
+        # (the compile ahead's child processes import while AOT traces the graph: the pass
+        # hands them its calls 5-10 s later)
+        ahead.prestart()
     config_patches = {**(list_mode_options(mode) if mode else {}), **(options or {})}
     if _DETERMINISTIC and hasattr(torch._inductor.config, "deterministic"):
         # Same seed, same tokens, in every process: Inductor otherwise picks a reduction's
@@ -55,6 +60,25 @@ def flashsampling_backend(
     )
     config_patches["joint_custom_pre_pass"] = FlashSamplingPass(then=user_pass)
     return compile_fx(gm, example_inputs, config_patches=config_patches)
+
+
+# Names in a traced graph's calls that a sampling site of the catalog calls (a miss only
+# leaves the compile ahead's children to start when the pass has rewritten a call).
+_SAMPLING_CALLS = ("multinomial", "argmax", "exponential", "sample", "rand", "topk", "max")
+
+
+def _on_cuda(example_inputs: list[Any]) -> bool:
+    return any(isinstance(value, torch.Tensor) and value.is_cuda for value in example_inputs)
+
+
+def _may_sample(gm: torch.fx.GraphModule) -> bool:
+    """Whether Dynamo's graph calls something a sampling site calls (by name)."""
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            name = node.target if isinstance(node.target, str) else repr(node.target)
+            if any(call in name for call in _SAMPLING_CALLS):
+                return True
+    return False
 
 
 def _register() -> None:

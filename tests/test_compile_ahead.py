@@ -195,14 +195,43 @@ def test_processes_split_the_launches(monkeypatch, index):
 
 
 def test_children_run_the_dry_run(monkeypatch, tmp_path):
-    """The children get the call and its kinds (pickled: the call by reference) and run it.
-    (One child: each imports torch, seconds on a CPU.)"""
+    """The children, started ahead (``prestart``: the backend, before AOT), get the call and
+    its kinds (pickled: the call by reference) and run it. (One child: each imports torch,
+    seconds on a CPU.)"""
     import pathlib
 
     monkeypatch.setattr(ahead, "_PROCESSES", 1)
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "WORKERS", "processes")
+    ahead.prestart()
+    [(waiting, _, _)] = ahead._waiting_children
     ran = tmp_path / "ran"
     ahead._compile_in_children(pathlib.Path.touch, (torch.device("cpu"), ran))
-    assert ran.exists()
+    assert ran.exists() and waiting.returncode == 0 and not ahead._waiting_children
+
+
+def test_symbolic_sizes_are_read_as_the_calls(monkeypatch):
+    """A graph with a dynamic batch (a step compiled again for a second batch size) is
+    compiled ahead for the call it is compiled for: the pass's key of the traced call, its
+    sizes read as their hints, is the key of that call's first run."""
+    hidden, weight = torch.randn(B, D), torch.randn(V, D)
+    seed = torch.tensor(3)
+
+    def step(hidden, weight, seed):
+        return fused_sample(hidden, weight, top_k=5, temperature=0.7, seed=seed, impl="triton")
+
+    graph = make_fx(step, tracing_mode="symbolic")(hidden, weight, seed).graph
+    started = []
+    monkeypatch.setattr(op, "_triton_interpreter_on", lambda: False)  # (as on a GPU)
+    monkeypatch.setattr(ahead, "in_background", lambda run, args: started.append(args))
+    for node in graph.nodes:
+        op.compile_ahead_in_background(node)
+    assert len(started) == 1
+    assert isinstance(started[0][0].shape[0], torch.SymInt)
+    monkeypatch.undo()
+    real = _flat_call(monkeypatch, dict(top_k=5, temperature=0.7, seed=seed))
+    real = (*real[:6], ahead.seed_class(real[6]), *real[7:])
+    assert ahead._fake_kinds(started[0]) == ahead._real_kinds(real)
 
 
 def test_settled_cache_keys_do_not_depend_on_what_ran_before():
