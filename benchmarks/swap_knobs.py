@@ -1,9 +1,9 @@
-"""Truncation knobs at 129-256 rows in the swapped Gluon stage 1 (``hopper_swap_kernel``'s
-top-m epilogue on 64-wide tiles, and the sampling one beside it where knobs may be off)
-against the kernels such calls took before, and their exactness.
+"""Truncation knobs at 129-256 rows: each stage 1 that can take them (``--routes``), timed
+against cuBLAS, their tokens against the Triton kernel's, and where the time goes.
 
-    python benchmarks/swap_knobs.py exact [--batches 144,256] [--out-dir DIR]
+    python benchmarks/swap_knobs.py exact [--batches 144,256] [--routes default,swap,gluon]
     python benchmarks/swap_knobs.py time [--batches 144,192,256] [--rounds 3] [--out-dir DIR]
+    python benchmarks/swap_knobs.py profile [--batches 256] [--routes default,persistent]
 
 The knobs as ``generate`` after ``hf.enable`` passes them (0-d tensors, each knob at its off
 value when off): ``off`` (every knob off), ``k50`` (top-k 50, generate's default), ``qwen3``
@@ -11,15 +11,17 @@ value when off): ``off`` (every knob off), ``k50`` (top-k 50, generate's default
 temperature of 0, knobs off); as continuous batching passes them, [B] tensors: ``mixed``
 (every fourth row top-k 50 / top-p 0.9, per-row temperatures with greedy rows, per-row seeds);
 and scalar knobs, which truncate every row (``scalar_k50``, ``scalar_p09``: the swapped kernel
-only with ``dispatch.SWAP_TRUNCATING``), and plain greedy (``scalar_greedy``). ``before`` is
-the same call with the swapped kernel off (``warp_specialized_swap=""``), ``swap`` with it on
-(``dispatch.SWAP_KNOBS`` and ``SWAP_TRUNCATING`` set).
+only with ``dispatch.SWAP_TRUNCATING``), and plain greedy (``scalar_greedy``). Routes
+(``ROUTES``): ``default`` (dispatch's choice), ``swap`` (the swapped Gluon kernel, its top-m
+epilogue), ``gluon`` (the Gluon kernel's 64-row tiles), ``persistent`` (main ccf987c's Triton
+tiles: persistent above 64 rows), ``triton64`` (64 x 64 Triton tiles, eight warps).
 
-``exact``: both draw the Triton kernel's tokens (without the Gluon kernels: all are exact and
-share the noise) and the swapped kernel ran, per ``--shapes`` (DxV; the default's V = 50200
-is ragged: its last 64-wide tile lies past V). ``time``: CUDA-graph medians, round-robin,
-with cuBLAS ``hidden @ W.T`` and the plain call (0-d temperature and seed alone) beside. CSVs
-to ``--out-dir``. Needs a Hopper GPU (elsewhere it says so and exits 0).
+``exact``: each route draws the Triton kernel's tokens (all kernels are exact and share the
+noise) and which stage 1 ran, per ``--shapes`` (DxV; the default's V = 50200 is ragged: its
+last 64-wide tile lies past V). ``time``: CUDA-graph medians, round-robin, with cuBLAS
+``hidden @ W.T`` and the plain call (0-d temperature and seed alone) beside. ``profile``: the
+kernels of five calls (torch.profiler). Files to ``--out-dir``. Needs a Hopper GPU (elsewhere
+it says so and exits 0).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
 from swap_stage1 import matmul, problem, time_rounds  # noqa: E402  (this folder)
 
-from flashsampling_inductor import dispatch, hopper_swap_kernel  # noqa: E402
+from flashsampling_inductor import dispatch, hopper_kernel, hopper_swap_kernel  # noqa: E402
 from flashsampling_inductor.launch import compile_ahead  # noqa: E402
 from flashsampling_inductor.params import SamplingParams  # noqa: E402
 
@@ -54,49 +56,67 @@ ZERO_D = {
     "greedy": dict(top_k=0, top_p=1.0, min_p=0.0),
 }
 
-_swap_launches = 0
-_launch = hopper_swap_kernel.launch_stage1
+_launches = {"swap": 0, "gluon": 0}
 
 
-def _counting_launch(*args, **kwargs):
-    global _swap_launches
-    _swap_launches += 1
-    return _launch(*args, **kwargs)
+def _counting(name, launch):
+    def counted(*args, **kwargs):
+        _launches[name] += 1
+        return launch(*args, **kwargs)
+
+    return counted
 
 
-hopper_swap_kernel.launch_stage1 = _counting_launch
+hopper_swap_kernel.launch_stage1 = _counting("swap", hopper_swap_kernel.launch_stage1)
+hopper_kernel.launch_stage1 = _counting("gluon", hopper_kernel.launch_stage1)
 _default_config = dispatch.default_config
 
 
-def _config_without_swap(*args, **kwargs):
-    return dataclasses.replace(_default_config(*args, **kwargs), warp_specialized_swap="")
+def _persistent(batch, hidden_size, device, truncates=False, vocab_size=None, *_):
+    """main ccf987c's Triton tiles (no knobs_per_row): persistent above 64 rows."""
+    config = _default_config(batch, hidden_size, device, truncates, vocab_size)
+    return dataclasses.replace(config, warp_specialized_swap="", warp_specialized_rows=0)
 
 
-def _config_with_swap(*args, **kwargs):
-    return dataclasses.replace(_default_config(*args, **kwargs), warp_specialized_swap="ping-pong")
+# The kernel a route forces (a config from default_config's arguments); "default" forces none.
+ROUTES = {
+    "default": None,
+    "persistent": _persistent,
+    "gluon": lambda *a: dataclasses.replace(
+        _default_config(*a), warp_specialized_swap="", warp_specialized_rows=64
+    ),
+    "swap": lambda *a: dataclasses.replace(_default_config(*a), warp_specialized_swap="ping-pong"),
+    "triton64": lambda *a: dispatch.SampleConfig(64, 64, 128, num_warps=8, num_stages=3),
+    # the reference of ``exact``: the Triton kernel alone, default_config's tiles
+    "triton": lambda *a: dataclasses.replace(
+        _default_config(*a), warp_specialized_swap="", warp_specialized_rows=0
+    ),
+}
 
 
-def _triton_config(*args, **kwargs):
-    return dataclasses.replace(
-        _default_config(*args, **kwargs), warp_specialized_swap="", warp_specialized_rows=0
-    )
-
-
-def routed(call, swap: bool | None):
-    """``call`` with the swapped kernel forced on or off (default_config's other choices), or
-    with None on the Triton kernel alone (no Gluon: the reference of ``exact``)."""
-    config = {True: _config_with_swap, False: _config_without_swap, None: _triton_config}[swap]
+def routed(call, route: str):
+    """``call`` with stage 1 forced onto ``route``'s kernel (ROUTES); "swap" also takes
+    scalar truncation (SWAP_TRUNCATING)."""
 
     def run():
-        dispatch.default_config = config
-        dispatch.SWAP_KNOBS = dispatch.SWAP_TRUNCATING = bool(swap)
+        if ROUTES[route] is not None:
+            dispatch.default_config = ROUTES[route]
+        dispatch.SWAP_TRUNCATING = route == "swap"
         try:
             return call()
         finally:
             dispatch.default_config = _default_config
-            dispatch.SWAP_KNOBS = dispatch.SWAP_TRUNCATING = False
+            dispatch.SWAP_TRUNCATING = False
 
     return run
+
+
+def _ran(call) -> str:
+    """Which stage 1 ``call`` launched."""
+    before = dict(_launches)
+    out = call()
+    ran = [name for name in _launches if _launches[name] > before[name]]
+    return out, "+".join(ran) or "triton"
 
 
 def knobs(case: str, batch: int, generator) -> SamplingParams:
@@ -164,47 +184,60 @@ def _points(args, shapes):
 
 
 def exact(args) -> None:
+    """Per point, case and route: the tokens against the Triton kernel's, and which stage 1
+    ran (a forced route must run its kernel; "default" shows dispatch's choice)."""
     shapes = [(int(d), int(v)) for d, v in (s.split("x") for s in args.shapes.split(","))]
+    routes = args.routes.split(",")
     failures = 0
     with open(Path(args.out_dir) / "swap_knobs_exact.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["D", "V", "B", "case", "swap_same", "before_same", "swap_ran", "error"])
+        writer.writerow(["D", "V", "B", "case", "route", "same", "ran", "error"])
         for hidden_size, vocab, _, points in _points(args, shapes):
             precompile(
-                routed(call, swap)
+                routed(call, route)
                 for _, _, calls in points
                 for call in calls.values()
-                for swap in (False, True, None)
+                for route in ["triton", *routes]
             )
             for batch, _, calls in points:
                 for case, call in calls.items():
-                    row = [hidden_size, vocab, batch, case]
                     try:
-                        reference = routed(call, None)()
-                        before = routed(call, False)()
-                        launches = _swap_launches
-                        swap = routed(call, True)()
-                        ran = _swap_launches > launches
-                        same = torch.equal(reference, swap)
-                        before_same = torch.equal(reference, before)
-                        if not same:
-                            rows = (reference != swap).any(dim=1).nonzero().flatten()
-                            print(f"  {case} B={batch}: rows differ {rows[:8].tolist()}")
-                        row += [same, before_same, ran, ""]
-                        # (below 129 rows the swapped kernel does not run: the others checked)
-                        failures += not (same and before_same and (ran or batch <= 128))
+                        reference = routed(call, "triton")()
                     except Exception as error:  # noqa: BLE001 - logged, the sweep goes on
                         traceback.print_exc()
-                        row += ["", "", "", repr(error)[:300]]
+                        writer.writerow(
+                            [hidden_size, vocab, batch, case, "triton", "", "", repr(error)[:300]]
+                        )
                         failures += 1
-                    print(*row, flush=True)
-                    writer.writerow(row)
-                    f.flush()
-    print(f"exact: {failures} failing cases; swap disabled by: {hopper_swap_kernel._disabled_by}")
+                        continue
+                    for route in routes:
+                        row = [hidden_size, vocab, batch, case, route]
+                        try:
+                            tokens, ran = _ran(routed(call, route))
+                            same = torch.equal(reference, tokens)
+                            if not same:
+                                rows = (reference != tokens).any(dim=1).nonzero().flatten()
+                                print(
+                                    f"  {case} B={batch} {route}: rows differ {rows[:8].tolist()}"
+                                )
+                            row += [same, ran, ""]
+                            failures += not same
+                        except Exception as error:  # noqa: BLE001 - logged, the sweep goes on
+                            traceback.print_exc()
+                            row += ["", "", repr(error)[:300]]
+                            failures += 1
+                        print(*row, flush=True)
+                        writer.writerow(row)
+                        f.flush()
+    print(
+        f"exact: {failures} failing cases; disabled by: swap {hopper_swap_kernel._disabled_by},"
+        f" gluon {hopper_kernel._disabled_by}"
+    )
 
 
 def timing(args) -> None:
     shapes = [(int(d), int(v)) for d, v in (s.split("x") for s in args.shapes.split(","))]
+    routes = args.routes.split(",")
     with open(Path(args.out_dir) / "swap_knobs_time.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["D", "V", "B", "provider", "round", "us"])
@@ -216,8 +249,8 @@ def timing(args) -> None:
                     if case == "plain":
                         providers["plain"] = call
                         continue
-                    providers[f"{case}_before"] = routed(call, False)
-                    providers[f"{case}_swap"] = routed(call, True)
+                    for route in routes:
+                        providers[f"{case}_{route}"] = routed(call, route)
                 providers_at.append((batch, providers))
             precompile(
                 fn for _, providers in providers_at for n, fn in providers.items() if n != "matmul"
@@ -230,12 +263,40 @@ def timing(args) -> None:
                 f.flush()
 
 
+def profile(args) -> None:
+    """Per point, case and route: the kernels of 5 calls (torch.profiler, CUDA time)."""
+    shapes = [(int(d), int(v)) for d, v in (s.split("x") for s in args.shapes.split(","))]
+    routes = args.routes.split(",")
+    with open(Path(args.out_dir) / "swap_knobs_profile.txt", "w") as f:
+        for hidden_size, vocab, _, points in _points(args, shapes):
+            for batch, _, calls in points:
+                for case, call in calls.items():
+                    for route in routes:
+                        run = routed(call, route)
+                        _, ran = _ran(run)
+                        torch.cuda.synchronize()
+                        activities = [torch.profiler.ProfilerActivity.CUDA]
+                        with torch.profiler.profile(activities=activities) as prof:
+                            for _ in range(5):
+                                run()
+                            torch.cuda.synchronize()
+                        table = prof.key_averages().table(
+                            sort_by="cuda_time_total", row_limit=8, max_name_column_width=60
+                        )
+                        point = f"D={hidden_size} V={vocab} B={batch} {case} {route}"
+                        head = f"== {point} (ran {ran}), 5 calls"
+                        print(head, flush=True)
+                        f.write(head + "\n" + table + "\n")
+                        f.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("what", choices=["exact", "time"])
+    parser.add_argument("what", choices=["exact", "time", "profile"])
+    parser.add_argument("--routes", default="default,swap,gluon", help=f"of {list(ROUTES)}")
     parser.add_argument("--batches", default="144,256")
     parser.add_argument("--cases", default=",".join(CASES), help=f"of {CASES}")
     parser.add_argument("--shapes", default="2048x151936,4096x151936,2048x50200", help="DxV,...")
@@ -249,7 +310,7 @@ def main() -> None:
         print("swap_knobs.py needs a Hopper GPU with Gluon: nothing to run here")
         return
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    exact(args) if args.what == "exact" else timing(args)
+    {"exact": exact, "time": timing, "profile": profile}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -100,12 +100,15 @@ def default_config(
     device: torch.device,
     truncates: bool = False,
     vocab_size: int | None = None,
+    knobs_per_row: bool = False,
 ) -> SampleConfig:
     """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
     from sweeps on an H200 and an H100 (benchmarks/results/kernel_sweep_*.json); ``truncates``
     for a call with top-k / top-p / min-p, whose stage 1 keeps each tile's largest scores
     instead of drawing noise; ``vocab_size`` the rows of the weight this call sees (a
-    tensor-parallel shard's, V / P), when known."""
+    tensor-parallel shard's, V / P), when known; ``knobs_per_row`` for truncating knobs
+    that may leave rows untruncated (tensors, as ``generate`` and continuous batching pass
+    them: ``knobs_may_be_off``), whose stage 1 carries both epilogues."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
@@ -190,6 +193,18 @@ def default_config(
         and not short_vocab_shard  # (not measured)
         and is_hopper(device)
     )
+    if knobs_per_row:
+        # Both epilogues (knob tensors that may be off) in the persistent tiles above spill:
+        # ptxas for sm_90a (Triton 3.9) gives them 1720 bytes of stack a thread at D = 2048 and
+        # 2408 at D = 4096, against 48 / 184 for plain sampling, and on an H100 such calls took
+        # 3.7-5.1x of cuBLAS alone (D = 2048 B = 256, D = 4096 B = 144 / 256; swap_knobs.py
+        # time, .results_bigb3_s4r1) where the Gluon kernel's 64-row tiles took 1.0-2.0x. The
+        # Triton kernel takes 64 x 64 tiles with eight warps (no stack with both epilogues),
+        # Hopper the Gluon kernel's 64-row tiles at every batch, or the swapped kernel where it
+        # is faster (``_swap_takes_knobs``).
+        triton_config = SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
+        hopper_rows = 64 if _WARP_SPECIALIZED and is_hopper(device) else 0
+        swap = swap and _swap_takes_knobs(batch, hidden_size)
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
     return dataclasses.replace(
         triton_config,
@@ -281,6 +296,28 @@ def _fewest_candidates(k: int, block_v: int, vocab_size: int, batch: int, table:
         if batch * overflow_chance(k, block_v, vocab_size, m) <= 1e-3:
             return m
     return table
+
+
+def _swap_takes_knobs(batch: int, hidden_size: int) -> bool:
+    """Whether a call with knobs that may be off takes the swapped kernel (else the Gluon
+    kernel's 64-row tiles) at 129-256 rows. H100, 0-d knobs off / top-k 50 / [B] mixed, us
+    (swap_knobs.py time, .results_bigb3_s4r1): D = 2048 B = 144 swapped 283 / 411 / 476
+    against Gluon 292 / 506 / 551, B = 192 324 / 445 / 694 against 282 / 417 / 530; D = 4096
+    B = 192 535 / 656 / 896 against 492 / 630 / 720. At 161-192 rows the swapped kernel's
+    second accumulator holds 64 rows (``hopper_swap_kernel.extra_rows``), where the Gluon
+    kernel's three 64-row tiles compute the same 192. Measured at D <= 4096 only."""
+    return hidden_size <= 4096 and not 160 < batch <= 192
+
+
+def knobs_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
+    """Whether a truncating call's knobs may leave some row untruncated (tensors, or
+    scalars at their off values): its stage 1 then carries both epilogues."""
+    return (
+        params.truncates
+        and _k_may_be_off(params, vocab_size)
+        and _p_may_be_off(params)
+        and _min_p_may_be_off(params)
+    )
 
 
 def _k_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
@@ -396,8 +433,9 @@ def triton_fused_sample(
         return out if logprobs is None else (out, logprobs)
     if config is None:
         config = default_config(
-            batch, hidden_size, hidden.device, params.truncates, vocab_size=vocab_size
-        )
+            batch, hidden_size, hidden.device, params.truncates, vocab_size,
+            knobs_may_be_off(params, vocab_size),
+        )  # fmt: skip
         if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
             # Truncating calls that stage 2 does not merge keep m candidates per tile for
             # stage 2, one program per row: 128-wide tiles halve them. H100, D = 2048, B = 1
@@ -662,12 +700,13 @@ def _hopper_fused_sample(
     return out
 
 
-# Truncating calls in the swapped kernel. Off: its top-m epilogue compiles (sm_90a, Triton
-# 3.6 and 3.9: tests/test_truncation_compile.py) but has not run on a GPU yet; turn on once
-# tests/test_gpu_op.py -k serves_truncation_knobs and benchmarks/swap_knobs.py exact pass and
-# swap_knobs.py time shows it faster. SWAP_KNOBS: knobs that may be off (generate's 0-d
-# tensors, continuous batching's [B]); SWAP_TRUNCATING: also calls that truncate every row.
-SWAP_KNOBS = False
+# Truncating calls in the swapped kernel. SWAP_KNOBS: knobs that may be off (generate's 0-d
+# tensors, continuous batching's [B]) where default_config routes them there
+# (``_swap_takes_knobs``); on an H100 its top-m epilogue drew the Triton kernel's tokens at
+# B = 64 / 144 / 256, D = 2048 (off, k50, mixed, top-p 0.9; swap_knobs.py exact,
+# .results_bigb3_s4r1). SWAP_TRUNCATING: also calls that truncate every row (off: the Triton
+# kernel's top-m alone is faster there, scalar_k50 in the same run).
+SWAP_KNOBS = True
 SWAP_TRUNCATING = False
 # Greedy calls (a scalar temperature of 0) above this many rows keep the Triton kernel, whose
 # tiles run a bare matmul 2-9% faster there at D = 4096 (default_config's comment).
@@ -680,12 +719,7 @@ def swap_serves_knobs(params: SamplingParams, vocab_size: int) -> bool:
     them, or off scalars), whose stage 1 decides per block of 64 rows on the device which
     epilogue runs, so that off-valued knobs cost the plain kernel's time (with SWAP_KNOBS).
     ``SWAP_TRUNCATING`` adds calls that truncate every row (a scalar k, p or min-p)."""
-    return SWAP_TRUNCATING or (
-        SWAP_KNOBS
-        and _k_may_be_off(params, vocab_size)
-        and _p_may_be_off(params)
-        and _min_p_may_be_off(params)
-    )
+    return SWAP_TRUNCATING or (SWAP_KNOBS and knobs_may_be_off(params, vocab_size))
 
 
 def _hopper_swap_fused_sample(

@@ -398,3 +398,56 @@ def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
         assert torch.equal(tokens, expected), params
     assert len(launches) == len(cases)
     assert hopper_swap_kernel._disabled_by is None
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not _warp_specialized_runs(),
+    reason="the warp-specialized kernels need Gluon and a Hopper GPU",
+)
+@pytest.mark.parametrize("batch", [144, 192, 256])
+def test_gpu_knobs_that_may_be_off_take_a_gluon_stage1_above_128_rows(batch, monkeypatch):
+    """Knob tensors that may be off at 129-256 rows, as dispatch routes them (the swapped
+    kernel or the Gluon kernel's 64-row tiles: ``_swap_takes_knobs``; never the persistent
+    Triton tiles, which spill with both epilogues), draw the tokens of the Triton kernel's
+    64 x 64 tiles: 0-d knobs at their off values, 0-d top-k 50, and [B] knobs with per-row
+    temperatures (greedy rows) and seeds."""
+    from flashsampling_inductor import dispatch, hopper_kernel, hopper_swap_kernel
+    from flashsampling_inductor.params import SamplingParams
+
+    launches = []
+    for module, name in ((hopper_swap_kernel, "swap"), (hopper_kernel, "gluon")):
+        launch = module.launch_stage1
+        monkeypatch.setattr(
+            module, "launch_stage1",
+            lambda *a, _launch=launch, _name=name, **k: launches.append(_name) or _launch(*a, **k),
+        )  # fmt: skip
+    generator = torch.Generator(device=CUDA).manual_seed(batch)
+    vocab, hidden_size = 5000, 512
+    hidden = torch.randn(batch, hidden_size, generator=generator, device=CUDA).bfloat16()
+    weight = torch.randn(vocab, hidden_size, generator=generator, device=CUDA)
+    weight = (weight * 4 / hidden_size**0.5).bfloat16()
+
+    def zero_d(value, dtype=torch.float32):
+        return torch.tensor(value, dtype=dtype, device=CUDA)
+
+    seed = zero_d(11, torch.int64)
+    on = torch.arange(batch, device=CUDA) % 4 == 0
+    off_knobs = dict(top_k=zero_d(0, torch.int64), top_p=zero_d(1.0), min_p=zero_d(0.0))
+    k50 = {**off_knobs, "top_k": zero_d(50, torch.int64)}
+    row_seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=CUDA)
+    cases = [
+        SamplingParams(zero_d(0.7), 1.0, seed, 0, 1, **off_knobs),
+        SamplingParams(zero_d(0.7), 1.0, seed, 0, 1, **k50),
+        SamplingParams(
+            temperature_rows(batch), 1.0, row_seeds, 0, 1, top_k=torch.where(on, 50, 0),
+            top_p=torch.where(on, 0.9, 1.0), min_p=torch.zeros(batch, device=CUDA),
+        ),
+    ]  # fmt: skip
+    triton_tiles = dispatch.SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
+    expected_kernel = "swap" if dispatch._swap_takes_knobs(batch, hidden_size) else "gluon"
+    for params in cases:
+        launches.clear()
+        tokens = dispatch.triton_fused_sample(hidden, weight, None, params)
+        assert set(launches) == {expected_kernel}, (launches, params)
+        expected = dispatch.triton_fused_sample(hidden, weight, None, params, triton_tiles)
+        assert torch.equal(tokens, expected), params
