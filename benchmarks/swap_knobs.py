@@ -14,7 +14,8 @@ and scalar knobs, which truncate every row (``scalar_k50``, ``scalar_p09``: the 
 only with ``dispatch.SWAP_TRUNCATING``), and plain greedy (``scalar_greedy``). Routes
 (``ROUTES``): ``default`` (dispatch's choice), ``swap`` (the swapped Gluon kernel, its top-m
 epilogue), ``gluon`` (the Gluon kernel's 64-row tiles), ``persistent`` (main ccf987c's Triton
-tiles: persistent above 64 rows), ``triton64`` (64 x 64 Triton tiles, eight warps).
+tiles: persistent above 64 rows), ``triton64`` (64 x 64 Triton tiles, eight warps),
+``split`` (the Gluon kernel's split stage 1, its plain half in the swapped kernel).
 
 ``exact``: each route draws the Triton kernel's tokens (all kernels are exact and share the
 noise) and which stage 1 ran, per ``--shapes`` (DxV; the default's V = 50200 is ragged: its
@@ -87,6 +88,10 @@ ROUTES = {
     ),
     "swap": lambda *a: dataclasses.replace(_default_config(*a), warp_specialized_swap="ping-pong"),
     "triton64": lambda *a: dispatch.SampleConfig(64, 64, 128, num_warps=8, num_stages=3),
+    # the Gluon kernel's split stage 1 with the swapped kernel as its plain half
+    "split": lambda *a: dataclasses.replace(
+        _default_config(*a), warp_specialized_swap="", warp_specialized_rows=64
+    ),
     # the reference of ``exact``: the Triton kernel alone, default_config's tiles
     "triton": lambda *a: dataclasses.replace(
         _default_config(*a), warp_specialized_swap="", warp_specialized_rows=0
@@ -102,17 +107,18 @@ def routed(call, route: str):
         if ROUTES[route] is not None:
             dispatch.default_config = ROUTES[route]
         dispatch.SWAP_TRUNCATING = route == "swap"
+        dispatch.SWAP_PLAIN_HALF = route == "split"
         try:
             return call()
         finally:
             dispatch.default_config = _default_config
-            dispatch.SWAP_TRUNCATING = False
+            dispatch.SWAP_TRUNCATING = dispatch.SWAP_PLAIN_HALF = False
 
     return run
 
 
-def _ran(call) -> str:
-    """Which stage 1 ``call`` launched."""
+def _ran(call) -> tuple[torch.Tensor, str]:
+    """``call``'s tokens and which stage 1 it launched."""
     before = dict(_launches)
     out = call()
     ran = [name for name in _launches if _launches[name] > before[name]]

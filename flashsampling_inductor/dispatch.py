@@ -679,7 +679,17 @@ def _hopper_fused_sample(
         temperature_mode, seed_mode, vocab_offset,
     )  # fmt: skip
     with torch.cuda.device(hidden.device):
-        if split:  # the plain kernel's half, then the other
+        if split and _swap_plain_half(hidden, weight):  # the swapped kernel's half, then ours
+            from . import hopper_swap_kernel
+
+            try:
+                hopper_swap_kernel.launch_stage1(
+                    *common[:12], _num_sms(hidden.device), temperature_mode, seed_mode,
+                    vocab_offset, row_knobs=_row_knobs(params, True), batch_truncates=1,
+                )  # fmt: skip
+            except CompilationError as error:  # raised before anything is launched
+                hopper_swap_kernel.disable(error)
+        if split and not _swap_plain_half(hidden, weight):  # the plain kernel's half, then ours
             hopper_kernel.launch_stage1(
                 *common, row_knobs=_row_knobs(params, True), batch_truncates=1
             )
@@ -708,6 +718,23 @@ def _hopper_fused_sample(
 # kernel's top-m alone is faster there, scalar_k50 in the same run).
 SWAP_KNOBS = True
 SWAP_TRUNCATING = False
+# Knob tensors that may be off in the Gluon kernel's 64-row tiles at 129-256 rows: the split
+# stage 1's plain half in the swapped kernel (its candidates are the Gluon kernel's half
+# tiles), so that a batch whose knobs are all off costs the swapped kernel's plain time.
+# (An experiment: benchmarks/swap_knobs.py's "split" route.)
+SWAP_PLAIN_HALF = False
+
+
+def _swap_plain_half(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    from . import hopper_swap_kernel
+
+    return (
+        SWAP_PLAIN_HALF
+        and 128 < hidden.shape[0] <= 256
+        and hopper_swap_kernel.supported(hidden, weight)
+    )
+
+
 # Greedy calls (a scalar temperature of 0) above this many rows keep the Triton kernel, whose
 # tiles run a bare matmul 2-9% faster there at D = 4096 (default_config's comment).
 SWAP_GREEDY_ROWS_MAX = 192

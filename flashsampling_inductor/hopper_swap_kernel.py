@@ -34,7 +34,7 @@ import triton
 
 from . import hopper_kernel
 from .launch import launch
-from .sampling_device import mass_rows, rows_for_tma, truncating_rows
+from .sampling_device import any_row_truncates, mass_rows, rows_for_tma, truncating_rows
 
 __all__ = ["disable", "extra_rows", "launch_stage1", "supported"]
 
@@ -388,10 +388,21 @@ if hopper_kernel.AVAILABLE:
         # With PLAIN and TOP_M: the knobs' tensors (hopper_kernel._hopper_stage1's)
         top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
         TOP_K_MODE: gl.constexpr = 0, TOP_P_MODE: gl.constexpr = 0, MIN_P_MODE: gl.constexpr = 0,
+        # 1: no tile if a row of the batch is truncated (the plain half of a split stage 1
+        # whose other half is the Gluon kernel's: dispatch._hopper_fused_sample); 0: every tile.
+        BATCH_TRUNCATES: gl.constexpr = 0,
     ):  # fmt: skip
         NA: gl.constexpr = ha_desc.block_type.shape[0]
         VT: gl.constexpr = 64
         NOISE_ROWS: gl.constexpr = 64 if NA >= 64 else NA
+        if BATCH_TRUNCATES > 0:
+            # The partitions loop over cdiv(V, 128) tiles: none with V = 0.
+            rows = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
+            some_row = gl.max(any_row_truncates(
+                rows, B, V, temperature_ptr, scalar_temperature, top_k_ptr, top_p_ptr,
+                min_p_ptr, TEMPERATURE_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+            ), axis=0)  # fmt: skip
+            V = V * (some_row == BATCH_TRUNCATES - 1).to(gl.int32)
         w_bufs = gl.allocate_shared_memory(
             w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
         )
@@ -472,14 +483,15 @@ def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, num_sms, temperature_mode, seed_mode,
     vocab_offset=0, coop=False, stage1=None, top_m=0, row_mass=False, key_low_bits=0,
-    row_knobs=None,
+    row_knobs=None, batch_truncates=0,
 ):  # fmt: skip
     """Stage 1 for 129-256 rows on a persistent grid of one program per SM; arguments and
     candidates as ``hopper_kernel.launch_stage1``'s (cand_* [B, num_samples, 2 * cdiv(V,
     128)], where ``cand_score`` is given), except that the truncating epilogue (``top_m``)
     writes ``stage1``'s buffers per 64-wide tile (``dispatch._truncation_buffers`` with
     block_v = VOCAB_TILE); ``coop``: the consumers share each stage's hidden
-    (``_consume_swapped``)."""
+    (``_consume_swapped``); ``batch_truncates`` 1: the plain half of a split stage 1
+    (BATCH_TRUNCATES)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
@@ -521,5 +533,6 @@ def launch_stage1(
         ROW_MASS=row_mass,
         KEY_LOW_BITS=key_low_bits,
         **(row_knobs or hopper_kernel._NO_ROW_KNOBS),
+        BATCH_TRUNCATES=batch_truncates,
         num_warps=4,
     )  # fmt: skip
