@@ -12,10 +12,11 @@ temperature of 0, knobs off); as continuous batching passes them, [B] tensors: `
 (every fourth row top-k 50 / top-p 0.9, per-row temperatures with greedy rows, per-row seeds);
 and scalar knobs, which truncate every row (``scalar_k50``, ``scalar_p09``: the swapped kernel
 only with ``dispatch.SWAP_TRUNCATING``), and plain greedy (``scalar_greedy``). Routes
-(``ROUTES``): ``default`` (dispatch's choice), ``swap`` (the swapped Gluon kernel, its top-m
-epilogue), ``gluon`` (the Gluon kernel's 64-row tiles), ``persistent`` (main ccf987c's Triton
-tiles: persistent above 64 rows), ``triton64`` (64 x 64 Triton tiles, eight warps),
-``split`` (the Gluon kernel's split stage 1, its plain half in the swapped kernel).
+(``ROUTES``): ``default`` (dispatch's choice), ``main`` (main ccf987c's), ``swap`` (the
+swapped Gluon kernel, its top-m epilogue), ``gluon`` (the Gluon kernel's 64-row tiles),
+``persistent`` (main ccf987c's Triton tiles: persistent above 64 rows), ``triton64`` (64 x 64
+Triton tiles, eight warps), ``split`` (the Gluon kernel's split stage 1, its plain half in
+the swapped kernel).
 
 ``exact``: each route draws the Triton kernel's tokens (all kernels are exact and share the
 noise) and which stage 1 ran, per ``--shapes`` (DxV; the default's V = 50200 is ragged: its
@@ -82,6 +83,10 @@ def _persistent(batch, hidden_size, device, truncates=False, vocab_size=None, *_
 # The kernel a route forces (a config from default_config's arguments); "default" forces none.
 ROUTES = {
     "default": None,
+    # main ccf987c's choice: default_config without knobs_per_row, SWAP_KNOBS off
+    "main": lambda batch, hidden_size, device, truncates=False, vocab_size=None, *_: (
+        _default_config(batch, hidden_size, device, truncates, vocab_size)
+    ),
     "persistent": _persistent,
     "gluon": lambda *a: dataclasses.replace(
         _default_config(*a), warp_specialized_swap="", warp_specialized_rows=64
@@ -108,11 +113,13 @@ def routed(call, route: str):
             dispatch.default_config = ROUTES[route]
         dispatch.SWAP_TRUNCATING = route == "swap"
         dispatch.SWAP_PLAIN_HALF = route == "split"
+        dispatch.SWAP_KNOBS = route != "main"
         try:
             return call()
         finally:
             dispatch.default_config = _default_config
             dispatch.SWAP_TRUNCATING = dispatch.SWAP_PLAIN_HALF = False
+            dispatch.SWAP_KNOBS = True
 
     return run
 
