@@ -16,7 +16,8 @@ only with ``dispatch.SWAP_TRUNCATING``), and plain greedy (``scalar_greedy``). R
 swapped Gluon kernel, its top-m epilogue), ``gluon`` (the Gluon kernel's 64-row tiles),
 ``persistent`` (main ccf987c's Triton tiles: persistent above 64 rows), ``triton64`` (64 x 64
 Triton tiles, eight warps), ``split`` (the Gluon kernel's split stage 1, its plain half in
-the swapped kernel).
+the swapped kernel), ``swapsplit`` (the swapped kernel's stage 1 as two launches, plain then
+top-m, each leaving at once unless the batch's knobs want it).
 
 ``exact``: each route draws the Triton kernel's tokens (all kernels are exact and share the
 noise) and which stage 1 ran, per ``--shapes`` (DxV; the default's V = 50200 is ragged: its
@@ -93,6 +94,10 @@ ROUTES = {
     ),
     "swap": lambda *a: dataclasses.replace(_default_config(*a), warp_specialized_swap="ping-pong"),
     "triton64": lambda *a: dispatch.SampleConfig(64, 64, 128, num_warps=8, num_stages=3),
+    # the swapped kernel's stage 1 split in two launches (plain, then top-m)
+    "swapsplit": lambda *a: dataclasses.replace(
+        _default_config(*a), warp_specialized_swap="ping-pong"
+    ),
     # the Gluon kernel's split stage 1 with the swapped kernel as its plain half
     "split": lambda *a: dataclasses.replace(
         _default_config(*a), warp_specialized_swap="", warp_specialized_rows=64
@@ -113,12 +118,13 @@ def routed(call, route: str):
             dispatch.default_config = ROUTES[route]
         dispatch.SWAP_TRUNCATING = route == "swap"
         dispatch.SWAP_PLAIN_HALF = route == "split"
+        dispatch.SWAP_SPLIT = route == "swapsplit"
         dispatch.SWAP_KNOBS = route != "main"
         try:
             return call()
         finally:
             dispatch.default_config = _default_config
-            dispatch.SWAP_TRUNCATING = dispatch.SWAP_PLAIN_HALF = False
+            dispatch.SWAP_TRUNCATING = dispatch.SWAP_PLAIN_HALF = dispatch.SWAP_SPLIT = False
             dispatch.SWAP_KNOBS = True
 
     return run

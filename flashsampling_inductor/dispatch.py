@@ -723,6 +723,9 @@ SWAP_TRUNCATING = False
 # tiles), so that a batch whose knobs are all off costs the swapped kernel's plain time.
 # (An experiment: benchmarks/swap_knobs.py's "split" route.)
 SWAP_PLAIN_HALF = False
+# The same split within the swapped kernel: its plain launch, then its top-m one (an
+# experiment: swap_knobs.py's "swapsplit" route).
+SWAP_SPLIT = False
 
 
 def _swap_plain_half(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -772,13 +775,23 @@ def _hopper_swap_fused_sample(
             batch, num_samples, 2 * triton.cdiv(vocab_size, 2 * block_v), hidden.device
         )
         stage1.update(plain_score=cand_score, plain_index=cand_index)
+    per_row_knobs = plain and top_m > 0
+    split = per_row_knobs and SWAP_SPLIT
+    common = (
+        hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
+        seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
+        cand_score, cand_index, _num_sms(hidden.device), temperature_mode, seed_mode,
+        vocab_offset,
+    )  # fmt: skip
     with torch.cuda.device(hidden.device):
+        if split:  # the plain kernel's half, then the other (as _hopper_fused_sample's)
+            hopper_swap_kernel.launch_stage1(
+                *common, coop=cooperative, row_knobs=_row_knobs(params, True), batch_truncates=1
+            )
         hopper_swap_kernel.launch_stage1(
-            hidden, weight, bias, params.temperature, params.scalar_temperature, params.seed,
-            seed_u64 & 0xFFFFFFFF, seed_u64 >> 32, num_samples, params.logits_dtype,
-            cand_score, cand_index, _num_sms(hidden.device), temperature_mode, seed_mode,
-            vocab_offset, coop=cooperative, stage1=stage1, top_m=top_m, row_mass=row_mass,
-            key_low_bits=key_low_bits, row_knobs=_row_knobs(params, plain and top_m > 0),
+            *common, coop=cooperative, stage1=stage1, top_m=top_m, row_mass=row_mass,
+            key_low_bits=key_low_bits, row_knobs=_row_knobs(params, per_row_knobs),
+            batch_truncates=2 if split else 0,
         )  # fmt: skip
         if not params.truncates:
             if tile_candidates:

@@ -388,8 +388,9 @@ if hopper_kernel.AVAILABLE:
         # With PLAIN and TOP_M: the knobs' tensors (hopper_kernel._hopper_stage1's)
         top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
         TOP_K_MODE: gl.constexpr = 0, TOP_P_MODE: gl.constexpr = 0, MIN_P_MODE: gl.constexpr = 0,
-        # 1: no tile if a row of the batch is truncated (the plain half of a split stage 1
-        # whose other half is the Gluon kernel's: dispatch._hopper_fused_sample); 0: every tile.
+        # 1: no tile if a row of the batch is truncated, 2: none if no row is (the two halves
+        # of a split stage 1: dispatch._hopper_fused_sample / _hopper_swap_fused_sample);
+        # 0: every tile.
         BATCH_TRUNCATES: gl.constexpr = 0,
     ):  # fmt: skip
         NA: gl.constexpr = ha_desc.block_type.shape[0]
@@ -490,7 +491,7 @@ def launch_stage1(
     128)], where ``cand_score`` is given), except that the truncating epilogue (``top_m``)
     writes ``stage1``'s buffers per 64-wide tile (``dispatch._truncation_buffers`` with
     block_v = VOCAB_TILE); ``coop``: the consumers share each stage's hidden
-    (``_consume_swapped``); ``batch_truncates`` 1: the plain half of a split stage 1
+    (``_consume_swapped``); ``batch_truncates``: which half of a split stage 1 this launch is
     (BATCH_TRUNCATES)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
