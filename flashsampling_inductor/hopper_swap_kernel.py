@@ -1,6 +1,6 @@
 """Stage 1 for Hopper from 129 to 256 rows: the warp-specialized kernel with the MMA's operands
-swapped (plain sampling and greedy; its truncating epilogue is off in ``dispatch``, which says
-which calls take it: ``SWAP_KNOBS``, not yet run on a GPU).
+swapped (plain sampling and greedy, and with its truncating epilogue knob tensors that may be
+off: ``dispatch`` says which calls take it, ``SWAP_KNOBS`` and ``_swap_takes_knobs``).
 
 Why. ``hopper_kernel`` tiles the batch by 64 or 128 rows (wgmma's M is 64 per warpgroup), so
 B = 144 computes 192 or 256 rows, and its m64n64 MMAs re-read both operands from shared
