@@ -84,7 +84,8 @@ def _persistent(batch, hidden_size, device, truncates=False, vocab_size=None, *_
 # The kernel a route forces (a config from default_config's arguments); "default" forces none.
 ROUTES = {
     "default": None,
-    # main ccf987c's choice: default_config without knobs_per_row, SWAP_KNOBS off
+    # main ccf987c's choice: default_config without knobs_per_row, SWAP_KNOBS off (its
+    # knob calls' routes; plain ones now also differ from ccf987c's nowhere)
     "main": lambda batch, hidden_size, device, truncates=False, vocab_size=None, *_: (
         _default_config(batch, hidden_size, device, truncates, vocab_size)
     ),
@@ -109,23 +110,27 @@ ROUTES = {
 }
 
 
+_FLAGS = ("SWAP_TRUNCATING", "SWAP_KNOBS", "SWAP_SPLIT", "SWAP_PLAIN_HALF")
+
+
 def routed(call, route: str):
-    """``call`` with stage 1 forced onto ``route``'s kernel (ROUTES); "swap" also takes
-    scalar truncation (SWAP_TRUNCATING)."""
+    """``call`` with stage 1 forced onto ``route``'s kernel (ROUTES) and dispatch's flags set
+    for it ("swap": unsplit, and scalar truncation too; "gluon": its own plain half)."""
 
     def run():
-        if ROUTES[route] is not None:
+        flags = {name: getattr(dispatch, name) for name in _FLAGS}
+        if ROUTES[route] is not None:  # (default: dispatch's own flags)
             dispatch.default_config = ROUTES[route]
-        dispatch.SWAP_TRUNCATING = route == "swap"
-        dispatch.SWAP_PLAIN_HALF = route == "split"
-        dispatch.SWAP_SPLIT = route == "swapsplit"
-        dispatch.SWAP_KNOBS = route != "main"
+            dispatch.SWAP_TRUNCATING = route == "swap"
+            dispatch.SWAP_KNOBS = route != "main"
+            dispatch.SWAP_SPLIT = route == "swapsplit"
+            dispatch.SWAP_PLAIN_HALF = route == "split"
         try:
             return call()
         finally:
             dispatch.default_config = _default_config
-            dispatch.SWAP_TRUNCATING = dispatch.SWAP_PLAIN_HALF = dispatch.SWAP_SPLIT = False
-            dispatch.SWAP_KNOBS = True
+            for name, value in flags.items():
+                setattr(dispatch, name, value)
 
     return run
 

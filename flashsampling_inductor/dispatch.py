@@ -186,23 +186,22 @@ def default_config(
     # D = 2048; triton_fused_sample keeps it off: SWAP_GREEDY_ROWS_MAX;
     # swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
     # Truncating calls: see swap_serves_knobs.
-    swap_rows_max = 192 if hidden_size > 4096 else 256
     swap = (
         _WARP_SPECIALIZED
-        and 128 < batch <= swap_rows_max
+        and 128 < batch <= _swap_rows_max(hidden_size)
         and not short_vocab_shard  # (not measured)
         and is_hopper(device)
     )
     if knobs_per_row:
-        # Both epilogues (knob tensors that may be off) in the persistent tiles above spill:
+        # Both epilogues (knob tensors that may be off) in the persistent Triton tiles spill:
         # ptxas for sm_90a (Triton 3.9) gives them 1720 bytes of stack a thread at D = 2048 and
-        # 2408 at D = 4096, against 48 / 184 for plain sampling, and on an H100 such calls took
-        # 3.7-5.1x of cuBLAS alone (D = 2048 B = 256, D = 4096 B = 144 / 256; swap_knobs.py
-        # time, .results_bigb3_s4r1) where the Gluon kernel's 64-row tiles took 1.0-2.0x. The
-        # Triton kernel takes 64 x 64 tiles with eight warps (no stack with both epilogues),
-        # Hopper the Gluon kernel's 64-row tiles at every batch, or the swapped kernel where it
-        # is faster (``_swap_takes_knobs``).
-        triton_config = SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
+        # 2408 at D = 4096, against 48 / 184 for plain sampling; such calls took 3.7-6.6x of
+        # cuBLAS alone (H100 D = 2048 B = 256, D = 4096 B = 144 / 256, .results_bigb3_s4r1;
+        # H200 D = 2048 B = 144 / 256, profile: stage 1 975 us of the call's ~990 at B = 144,
+        # .results_big4_s4r2). On Hopper they take the Gluon kernel's 64-row tiles at every
+        # batch, or the swapped kernel where it is faster (``_swap_takes_knobs``). (Off Hopper
+        # they keep these tiles: 64 x 64 ones with eight warps, which do not spill, were 8-38%
+        # faster at B = 144 but up to 18% slower at B = 256 with truncated rows, H200.)
         hopper_rows = 64 if _WARP_SPECIALIZED and is_hopper(device) else 0
         swap = swap and _swap_takes_knobs(batch, hidden_size)
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
@@ -298,15 +297,24 @@ def _fewest_candidates(k: int, block_v: int, vocab_size: int, batch: int, table:
     return table
 
 
+def _swap_rows_max(hidden_size: int) -> int:
+    """The most rows plain sampling takes the swapped kernel for (from 129; default_config)."""
+    return 192 if hidden_size > 4096 else 256
+
+
 def _swap_takes_knobs(batch: int, hidden_size: int) -> bool:
-    """Whether a call with knobs that may be off takes the swapped kernel (else the Gluon
-    kernel's 64-row tiles) at 129-256 rows. H100, 0-d knobs off / top-k 50 / [B] mixed, us
-    (swap_knobs.py time, .results_bigb3_s4r1): D = 2048 B = 144 swapped 283 / 411 / 476
-    against Gluon 292 / 506 / 551, B = 192 324 / 445 / 694 against 282 / 417 / 530; D = 4096
-    B = 192 535 / 656 / 896 against 492 / 630 / 720. At 161-192 rows the swapped kernel's
-    second accumulator holds 64 rows (``hopper_swap_kernel.extra_rows``), where the Gluon
-    kernel's three 64-row tiles compute the same 192. Measured at D <= 4096 only."""
-    return hidden_size <= 4096 and not 160 < batch <= 192
+    """Whether a call with knobs that may be off takes the swapped kernel at 129-256 rows
+    (else the Gluon kernel's 64-row tiles, with the swapped kernel as their plain half:
+    SWAP_PLAIN_HALF). Up to 160 rows, where its second accumulator holds at most 32 rows
+    (``hopper_swap_kernel.extra_rows``). H200, us, 0-d knobs off / top-k 50 / [B] mixed /
+    top-p 0.9, swapped against Gluon (swap_knobs.py time, .results_big4_s4r2): D = 2048 B =
+    129 264 / 351 / 429 / 363 against 277 / 397 / 532 / 402, B = 160 273 / 391 / 476 / 409
+    against 287 / 396 / 510 / 403, B = 192 316 / 441 / 636 / 449 against 287 / 396 / 496 /
+    403, B = 256 374 / 510 / 727 / 529 against 364 / 474 / 601 / 482; D = 4096 B = 144 502 /
+    587 / 628 / 594 against 558 / 571 / 721 / 617, B = 192 529 / 626 / 835 / 625 against 559
+    / 587 / 671 / 587, B = 256 647 / 744 / 977 / 747 against 695 / 733 / 824 / 736 (B = 224
+    even: 3056 against 3120 over the four). Not measured at D = 8192."""
+    return hidden_size <= 4096 and batch <= 160
 
 
 def knobs_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
@@ -712,28 +720,32 @@ def _hopper_fused_sample(
 
 # Truncating calls in the swapped kernel. SWAP_KNOBS: knobs that may be off (generate's 0-d
 # tensors, continuous batching's [B]) where default_config routes them there
-# (``_swap_takes_knobs``); on an H100 its top-m epilogue drew the Triton kernel's tokens at
-# B = 64 / 144 / 256, D = 2048 (off, k50, mixed, top-p 0.9; swap_knobs.py exact,
-# .results_bigb3_s4r1). SWAP_TRUNCATING: also calls that truncate every row (off: the Triton
-# kernel's top-m alone is faster there, scalar_k50 in the same run).
+# (``_swap_takes_knobs``); its top-m epilogue drew the Triton kernel's tokens at B = 64 / 144 /
+# 256, D = 2048 (H100, off, k50, mixed, top-p 0.9; swap_knobs.py exact, .results_bigb3_s4r1).
+# SWAP_TRUNCATING: also calls that truncate every row (off: the Triton kernel's top-m alone is
+# faster there, scalar_k50 in the same run).
 SWAP_KNOBS = True
 SWAP_TRUNCATING = False
-# Knob tensors that may be off in the Gluon kernel's 64-row tiles at 129-256 rows: the split
-# stage 1's plain half in the swapped kernel (its candidates are the Gluon kernel's half
-# tiles), so that a batch whose knobs are all off costs the swapped kernel's plain time.
-# (An experiment: benchmarks/swap_knobs.py's "split" route.)
-SWAP_PLAIN_HALF = False
-# The same split within the swapped kernel: its plain launch, then its top-m one (an
-# experiment: swap_knobs.py's "swapsplit" route).
-SWAP_SPLIT = False
+# Knob tensors that may be off in the swapped kernel: stage 1 as two launches (its plain
+# kernel, then its top-m one, each leaving at once unless the batch's knobs want it, as
+# _hopper_fused_sample's split), so that a batch whose knobs are all off costs the plain
+# kernel's time. H200, D = 2048 B = 144, us: off 272 -> 237 (plain 221), top-k 50 396 -> 384,
+# mixed 439 -> 443 (.results_big4_s4r2; the two columns from two processes).
+SWAP_SPLIT = True
+# Knob tensors that may be off in the Gluon kernel's 64-row tiles at 161-256 rows: its split
+# stage 1's plain half in the swapped kernel (the same half-tile candidates), where plain
+# sampling takes it. H200, D = 2048 B = 256, us: off 364 -> 350 (plain 317), top-k 50 474 ->
+# 469, mixed 601 -> 601 (.results_big4_s4r2, as above).
+SWAP_PLAIN_HALF = True
 
 
 def _swap_plain_half(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
     from . import hopper_swap_kernel
 
+    batch, hidden_size = hidden.shape
     return (
         SWAP_PLAIN_HALF
-        and 128 < hidden.shape[0] <= 256
+        and 128 < batch <= _swap_rows_max(hidden_size)
         and hopper_swap_kernel.supported(hidden, weight)
     )
 

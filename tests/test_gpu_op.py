@@ -392,11 +392,14 @@ def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
         epilogue_chunks=4,
     )  # fmt: skip
     swapped = dataclasses.replace(triton_tiles, warp_specialized_swap="ping-pong")
-    for params, case_bias in cases:
-        tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
-        expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
-        assert torch.equal(tokens, expected), params
-    assert len(launches) == len(cases)
+    for split in (True, False):  # SWAP_SPLIT: knobs that may be off in two launches
+        monkeypatch.setattr(dispatch, "SWAP_SPLIT", split)
+        for params, case_bias in cases:
+            launches.clear()
+            tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
+            expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
+            assert torch.equal(tokens, expected), (split, params)
+            assert len(launches) == 1 + (split and dispatch.knobs_may_be_off(params, vocab))
     assert hopper_swap_kernel._disabled_by is None
 
 
@@ -408,9 +411,9 @@ def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
 def test_gpu_knobs_that_may_be_off_take_a_gluon_stage1_above_128_rows(batch, monkeypatch):
     """Knob tensors that may be off at 129-256 rows, as dispatch routes them (the swapped
     kernel or the Gluon kernel's 64-row tiles: ``_swap_takes_knobs``; never the persistent
-    Triton tiles, which spill with both epilogues), draw the tokens of the Triton kernel's
-    64 x 64 tiles: 0-d knobs at their off values, 0-d top-k 50, and [B] knobs with per-row
-    temperatures (greedy rows) and seeds."""
+    Triton tiles, which spill with both epilogues; SWAP_SPLIT, SWAP_PLAIN_HALF), draw the
+    tokens of the Triton kernel's 64 x 64 tiles: 0-d knobs at their off values, 0-d top-k 50,
+    and [B] knobs with per-row temperatures (greedy rows) and seeds."""
     from flashsampling_inductor import dispatch, hopper_kernel, hopper_swap_kernel
     from flashsampling_inductor.params import SamplingParams
 
@@ -444,10 +447,13 @@ def test_gpu_knobs_that_may_be_off_take_a_gluon_stage1_above_128_rows(batch, mon
         ),
     ]  # fmt: skip
     triton_tiles = dispatch.SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
-    expected_kernel = "swap" if dispatch._swap_takes_knobs(batch, hidden_size) else "gluon"
+    # (the Gluon kernel's split stage 1 with the swapped kernel as its plain half)
+    expected_kernels = ["swap", "swap"]
+    if not dispatch._swap_takes_knobs(batch, hidden_size):
+        expected_kernels = ["swap", "gluon"]
     for params in cases:
         launches.clear()
         tokens = dispatch.triton_fused_sample(hidden, weight, None, params)
-        assert set(launches) == {expected_kernel}, (launches, params)
+        assert launches == expected_kernels, (launches, params)
         expected = dispatch.triton_fused_sample(hidden, weight, None, params, triton_tiles)
         assert torch.equal(tokens, expected), params

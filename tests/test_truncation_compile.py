@@ -304,16 +304,16 @@ swap_base = dict(
     CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS, LOADER_REGISTERS=hk.LOADER_REGISTERS,
     PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, BATCH_TRUNCATES=0,
 )
-# plain, then knob tensors that may be off (both epilogues; swizzled staging), a truncating
-# call alone, greedy on the cooperative schedule, and the plain half of a split stage 1
+# plain, then knob tensors that may be off (both epilogues, the second half of a split stage 1;
+# swizzled staging), a truncating call alone, greedy on the cooperative schedule, and the
+# plain half of a split stage 1 (dispatch.SWAP_SPLIT / SWAP_PLAIN_HALF)
 swap_variants = [
     dict(**no_knobs),
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=1,
-         TOP_P_MODE=1, MIN_P_MODE=1, SWIZZLE=True),
+         TOP_P_MODE=1, MIN_P_MODE=1, SWIZZLE=True, BATCH_TRUNCATES=2),
     dict(PLAIN=False, TOP_M=3, ROW_MASS=False, KEY_LOW_BITS=16, NB=8, STAGES=sk._stages(8),
          **no_knobs),
     dict(TEMPERATURE_MODE=3, SEED_MODE=0, COOP=True, STAGES=sk._stages(extra, True), **no_knobs),
-    # the plain half of the Gluon kernel's split stage 1 (dispatch.SWAP_PLAIN_HALF)
     dict(TOP_K_MODE=1, TOP_P_MODE=2, MIN_P_MODE=1, BATCH_TRUNCATES=1),
 ]
 for variant in swap_variants:
