@@ -193,15 +193,15 @@ def default_config(
         and is_hopper(device)
     )
     if knobs_per_row:
-        # Both epilogues (knob tensors that may be off) in the persistent Triton tiles spill:
-        # ptxas for sm_90a (Triton 3.9) gives them 1720 bytes of stack a thread at D = 2048 and
-        # 2408 at D = 4096, against 48 / 184 for plain sampling; such calls took 3.7-6.6x of
-        # cuBLAS alone (H100 D = 2048 B = 256, D = 4096 B = 144 / 256, .results_bigb3_s4r1;
-        # H200 D = 2048 B = 144 / 256, profile: stage 1 975 us of the call's ~990 at B = 144,
-        # .results_big4_s4r2). On Hopper they take the Gluon kernel's 64-row tiles at every
-        # batch, or the swapped kernel where it is faster (``_swap_takes_knobs``). (Off Hopper
-        # they keep these tiles: 64 x 64 ones with eight warps, which do not spill, were 8-38%
-        # faster at B = 144 but up to 18% slower at B = 256 with truncated rows, H200.)
+        # Both epilogues (knob tensors that may be off) in the persistent Triton tiles spill: ptxas
+        # for sm_90a (Triton 3.9) gives them 1720 bytes of stack a thread at D = 2048 and 2408 at D
+        # = 4096, against 48 / 184 for plain sampling; such calls took 3.7-6.6x of cuBLAS alone
+        # (H100 D = 2048 B = 256, D = 4096 B = 144 / 256, swap_knobs_h100_20261128-0224_*; H200 D =
+        # 2048 B = 144 / 256, profile: stage 1 975 us of the call's ~990 at B = 144,
+        # swap_knobs_big4_h200_20261128-0309_*). On Hopper they take the Gluon kernel's 64-row tiles
+        # at every batch, or the swapped kernel where it is faster (``_swap_takes_knobs``). (Off
+        # Hopper they keep these tiles: 64 x 64 ones with eight warps, which do not spill, were
+        # 8-38% faster at B = 144 but up to 18% slower at B = 256 with truncated rows, H200.)
         hopper_rows = 64 if _WARP_SPECIALIZED and is_hopper(device) else 0
         swap = swap and _swap_takes_knobs(batch, hidden_size)
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
@@ -307,13 +307,14 @@ def _swap_takes_knobs(batch: int, hidden_size: int) -> bool:
     (else the Gluon kernel's 64-row tiles, with the swapped kernel as their plain half:
     SWAP_PLAIN_HALF). Up to 160 rows, where its second accumulator holds at most 32 rows
     (``hopper_swap_kernel.extra_rows``). H200, us, 0-d knobs off / top-k 50 / [B] mixed /
-    top-p 0.9, swapped against Gluon (swap_knobs.py time, .results_big4_s4r2): D = 2048 B =
-    129 264 / 351 / 429 / 363 against 277 / 397 / 532 / 402, B = 160 273 / 391 / 476 / 409
-    against 287 / 396 / 510 / 403, B = 192 316 / 441 / 636 / 449 against 287 / 396 / 496 /
-    403, B = 256 374 / 510 / 727 / 529 against 364 / 474 / 601 / 482; D = 4096 B = 144 502 /
-    587 / 628 / 594 against 558 / 571 / 721 / 617, B = 192 529 / 626 / 835 / 625 against 559
-    / 587 / 671 / 587, B = 256 647 / 744 / 977 / 747 against 695 / 733 / 824 / 736 (B = 224
-    even: 3056 against 3120 over the four). Not measured at D = 8192."""
+    top-p 0.9, swapped against Gluon (swap_knobs.py time,
+    benchmarks/results/swap_knobs_big4_h200_20261128-0309_*): D = 2048 B = 129 264 / 351 /
+    429 / 363 against 277 / 397 / 532 / 402, B = 160 273 / 391 / 476 / 409 against 287 / 396
+    / 510 / 403, B = 192 316 / 441 / 636 / 449 against 287 / 396 / 496 / 403, B = 256 374 /
+    510 / 727 / 529 against 364 / 474 / 601 / 482; D = 4096 B = 144 502 / 587 / 628 / 594
+    against 558 / 571 / 721 / 617, B = 192 529 / 626 / 835 / 625 against 559 / 587 / 671 /
+    587, B = 256 647 / 744 / 977 / 747 against 695 / 733 / 824 / 736 (B = 224 even: 3056
+    against 3120 over the four). Not measured at D = 8192."""
     return hidden_size <= 4096 and batch <= 160
 
 
@@ -718,24 +719,24 @@ def _hopper_fused_sample(
     return out
 
 
-# Truncating calls in the swapped kernel. SWAP_KNOBS: knobs that may be off (generate's 0-d
-# tensors, continuous batching's [B]) where default_config routes them there
-# (``_swap_takes_knobs``); its top-m epilogue drew the Triton kernel's tokens at B = 64 / 144 /
-# 256, D = 2048 (H100, off, k50, mixed, top-p 0.9; swap_knobs.py exact, .results_bigb3_s4r1).
-# SWAP_TRUNCATING: also calls that truncate every row (off: the Triton kernel's top-m alone is
-# faster there, scalar_k50 in the same run).
+# Truncating calls in the swapped kernel. SWAP_KNOBS: knobs that may be off (generate's 0-d tensors,
+# continuous batching's [B]) where default_config routes them there (``_swap_takes_knobs``); its
+# top-m epilogue drew the Triton kernel's tokens at B = 64 / 144 / 256, D = 2048 (H100, off, k50,
+# mixed, top-p 0.9; swap_knobs.py exact, swap_knobs_h100_20261128-0224_*). SWAP_TRUNCATING: also
+# calls that truncate every row (off: the Triton kernel's top-m alone is faster there, scalar_k50 in
+# the same run).
 SWAP_KNOBS = True
 SWAP_TRUNCATING = False
 # Knob tensors that may be off in the swapped kernel: stage 1 as two launches (its plain
 # kernel, then its top-m one, each leaving at once unless the batch's knobs want it, as
 # _hopper_fused_sample's split), so that a batch whose knobs are all off costs the plain
 # kernel's time. H200, D = 2048 B = 144, us: off 272 -> 237 (plain 221), top-k 50 396 -> 384,
-# mixed 439 -> 443 (.results_big4_s4r2; the two columns from two processes).
+# mixed 439 -> 443 (swap_knobs_big4_h200_20261128-0309_*; the two columns from two processes).
 SWAP_SPLIT = True
 # Knob tensors that may be off in the Gluon kernel's 64-row tiles at 161-256 rows: its split
 # stage 1's plain half in the swapped kernel (the same half-tile candidates), where plain
 # sampling takes it. H200, D = 2048 B = 256, us: off 364 -> 350 (plain 317), top-k 50 474 ->
-# 469, mixed 601 -> 601 (.results_big4_s4r2, as above).
+# 469, mixed 601 -> 601 (swap_knobs_big4_h200_20261128-0309_*, as above).
 SWAP_PLAIN_HALF = True
 
 
