@@ -88,6 +88,11 @@ STAGE2_LANES = 16384
 OVERFLOW_FULL = tl.constexpr(1)
 OVERFLOW_PATCH = tl.constexpr(2)
 PATCH_TILES = 16
+# Stage 2 loads an untruncated row's first chunk of plain candidates before its knobs
+# (``_stage2_row``), so such a row waits for one load less: on an H200 (D = 2048, off-valued
+# knobs, eager profile) the truncating stage 2 took 2.4-2.5 us instead of 2.8-2.9 at B = 1
+# and 16 (the plain stage 2: 1.9-2.1; bench_off_knobs_nvidia-h200_profile-new_20261128-0316).
+PREFETCH_PLAIN = True
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
 
@@ -385,12 +390,13 @@ def _merge_tiles(
 @triton.jit
 def _draw_untruncated(
     plain_score_ptr, plain_index_ptr, plain_value_ptr, out_ptr, logprob_ptr, log_mass_ptr,
-    row64, num_samples, num_plain_tiles, num_mass_tiles, temperature,
+    row64, num_samples, num_plain_tiles, num_mass_tiles, temperature, prefetched,
     LOGPROBS: tl.constexpr, RAW_LOGIT_LATER: tl.constexpr, BLOCK: tl.constexpr,
-    PLAIN_BLOCK: tl.constexpr,
+    PLAIN_BLOCK: tl.constexpr, PREFETCHED: tl.constexpr,
 ):  # fmt: skip
     """A row that nothing truncates (or a greedy one), drawn from stage 1's plain candidates
-    as the plain stage 2 draws it: per sample the best candidate of the row's tiles."""
+    as the plain stage 2 draws it: per sample the best candidate of the row's tiles (with
+    PREFETCHED, the first chunk of sample 0's are ``prefetched``, loaded before the knobs)."""
     plain_log_mass_ptr = log_mass_ptr
     if LOGPROBS > 0:
         plain_log_mass_ptr += row64 * num_mass_tiles * 2
@@ -402,8 +408,15 @@ def _draw_untruncated(
         best_value = tl.zeros((), tl.float32)
         for start in range(0, num_plain_tiles, PLAIN_BLOCK):
             mask = start + offs < num_plain_tiles
-            scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
-                             other=float("-inf"))  # fmt: skip
+            if PREFETCHED:
+                if (sample_index == 0) & (start == 0):
+                    scores = prefetched
+                else:
+                    scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
+                                     other=float("-inf"))  # fmt: skip
+            else:
+                scores = tl.load(plain_score_ptr + base + start + offs, mask=mask,
+                                 other=float("-inf"))  # fmt: skip
             chunk_best, arg = tl.max(scores, axis=0, return_indices=True,
                                      return_indices_tie_break_left=True)  # fmt: skip
             index = tl.load(plain_index_ptr + base + start + arg)
@@ -747,9 +760,20 @@ def _stage2_row(
     LOGPROBS: tl.constexpr = 0,
     RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
     PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
+    # With HAS_PLAIN: the row's first chunk of plain candidates loaded before its knobs, so
+    # an untruncated row waits for one load less.
+    PREFETCH_PLAIN: tl.constexpr = False,
 ):  # fmt: skip
     """Row ``row`` of a stage-2 pass: truncation, then Gumbel-max among the kept candidates
     (the arguments are ``_truncated_stage2``'s)."""
+    prefetched = 0.0
+    if HAS_PLAIN:
+        if PREFETCH_PLAIN:
+            first = tl.arange(0, PLAIN_BLOCK)
+            prefetched = tl.load(
+                plain_score_ptr + row.to(tl.int64) * num_samples * num_plain_tiles + first,
+                mask=first < num_plain_tiles, other=float("-inf"),
+            )  # fmt: skip
     if COMPLETE:
         if tl.load(overflow_ptr + row) != OVERFLOW_FULL:
             return
@@ -779,7 +803,7 @@ def _stage2_row(
             _draw_untruncated(
                 plain_score_ptr, plain_index_ptr, plain_value_ptr, out_ptr, logprob_ptr,
                 log_mass_ptr, row64, num_samples, num_plain_tiles, num_mass_tiles, temperature,
-                LOGPROBS, RAW_LOGIT_LATER, BLOCK, PLAIN_BLOCK,
+                prefetched, LOGPROBS, RAW_LOGIT_LATER, BLOCK, PLAIN_BLOCK, PREFETCH_PLAIN,
             )  # fmt: skip
             return
 
@@ -896,7 +920,7 @@ def _truncated_stage2(
     PATCH_V: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
     PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
     LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
-    PLAIN_BLOCK: tl.constexpr = 16,
+    PLAIN_BLOCK: tl.constexpr = 16, PREFETCH_PLAIN: tl.constexpr = False,
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates. The
     arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL."""
@@ -911,7 +935,7 @@ def _truncated_stage2(
         seed_hi, scalar_top_k, scalar_top_p, scalar_min_p, num_samples,
         TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN, HAS_MASS,
         COMPLETE, SINGLE, FAST_MATH, BLOCK, COMPACT, PACK, PATCHED, PATCH_TILES, PATCH_V,
-        KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK,
+        KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK, PREFETCH_PLAIN,
     )  # fmt: skip
 
 
@@ -1088,20 +1112,26 @@ def _fallback_logits(
     least j + 1 tiles, as keys and indices for the patched stage 2."""
     await_previous_kernel(PDL)
     pid = tl.program_id(0)
-    if PATCH_TILES > 0:
-        for item in range(pid, B * PATCH_TILES, tl.num_programs(0)):
-            _patch_tile(
-                hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr,
-                patch_count_ptr, patch_key_ptr, patch_index_ptr, item // PATCH_TILES,
-                item % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
-                softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER,
-                BLOCK_D, PATCH_TILES, PATCH_V,
-            )  # fmt: skip
+    # Every flag first, in one pass of vector loads: a call with no row flagged (almost
+    # every call, and every one whose knobs are all off) returns after one load's latency,
+    # not after the patch items' flag loads one by one (at B = 64, 4 in turn a program).
     num_flagged = 0
+    num_patched = 0
     for start in range(0, B, SCAN):
         offs = start + tl.arange(0, SCAN)
         flags = tl.load(overflow_ptr + offs, mask=offs < B, other=0)
         num_flagged += tl.sum((flags == OVERFLOW_FULL).to(tl.int32))
+        num_patched += tl.sum((flags == OVERFLOW_PATCH).to(tl.int32))
+    if PATCH_TILES > 0:
+        if num_patched > 0:
+            for item in range(pid, B * PATCH_TILES, tl.num_programs(0)):
+                _patch_tile(
+                    hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr,
+                    patch_count_ptr, patch_key_ptr, patch_index_ptr, item // PATCH_TILES,
+                    item % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
+                    softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION,
+                    INTERPRETER, BLOCK_D, PATCH_TILES, PATCH_V,
+                )  # fmt: skip
     if num_flagged == 0:
         return
     for tile in range(pid, num_full_programs, tl.num_programs(0)):
@@ -1347,6 +1377,7 @@ def _stage2_arguments(
         # (a row's plain candidates in one chunk, 2374 at V = 151936, instead of BLOCK's
         # 16384 lanes, sized for the truncation candidates: 0.4-0.6 us less on an H200)
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
+        PREFETCH_PLAIN=PREFETCH_PLAIN and stage1.get("plain_score") is not None,
     )  # fmt: skip
     return runtime, constexprs, 16 if block >= 8192 else 8
 

@@ -14,7 +14,7 @@ import torch
 from scipy import stats
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from flashsampling_inductor import dispatch, fused_sample, sample_logits
+from flashsampling_inductor import dispatch, fused_sample, sample_logits, truncation_kernel
 
 from .sampling_oracle import (
     ALPHA,
@@ -98,12 +98,18 @@ def test_per_row_top_k_top_p_temperature_match_the_contract_pathwise(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent(impl, monkeypatch):
+@pytest.mark.parametrize("split, prefetch", [("1", True), ("0", False)])
+def test_off_valued_knob_tensors_draw_the_plain_tokens_and_rows_stay_independent(
+    impl, split, prefetch, monkeypatch
+):
     """Per-row (and 0-d) knob tensors at their "off" values (k 0, p 1, min-p 0; greedy rows
     too) draw exactly the tokens of the call without them; in a batch where some rows turn
     knobs on, every other row still draws those tokens, and the truncated rows draw the
-    contract's. (Stage 1 as two launches, ``dispatch._split_stage1``.)"""
-    monkeypatch.setattr(dispatch, "_SPLIT_STAGE1", "1")
+    contract's. (Stage 1 as two launches, ``dispatch._split_stage1``, or as one; stage 2
+    with the plain candidates loaded before the knobs, ``truncation_kernel.PREFETCH_PLAIN``,
+    or after.)"""
+    monkeypatch.setattr(dispatch, "_SPLIT_STAGE1", split)
+    monkeypatch.setattr(truncation_kernel, "PREFETCH_PLAIN", prefetch)
     batch = 6
     hidden, weight = make_exact_problem(batch, 1000, 64, seed=5)
     logits = exact_logits(hidden, weight)

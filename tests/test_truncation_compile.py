@@ -52,7 +52,7 @@ stage2 = {
 stage2_shared = dict(
     plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
     log_mass_ptr=None, plain_value_ptr=None, logprob_ptr=None, LOGPROBS=0,  # no logprobs asked
-    RAW_LOGIT_LATER=False, PLAIN_BLOCK=16,
+    RAW_LOGIT_LATER=False, PLAIN_BLOCK=16, PREFETCH_PLAIN=False,
     HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True,
 )
 
@@ -89,6 +89,7 @@ with_plain = dict(
     PLAIN_BLOCK=2048, BLOCK=16384, PATCHED=False, PATCH_TILES=16, PATCH_V=64, KEY_LOW_BITS=16,
 )
 compile_stage2(plain, **first_pass, **with_plain)
+compile_stage2(plain, **first_pass, **with_plain, PREFETCH_PLAIN=True)
 compile_stage2(
     {**plain, "log_mass_ptr": "*fp32", "plain_value_ptr": "*fp32", "logprob_ptr": "*fp32"},
     **first_pass, **with_plain, LOGPROBS=2,
