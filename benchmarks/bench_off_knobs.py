@@ -18,6 +18,12 @@ top_p 1.0, min_p 0.0, ``all`` 0-d top_k 50, top_p 0.9 (no ``mixed``), and genera
 top-k settings as it passed them before (``k50``: top_k 50 alone; ``qwen3``: top_k 20,
 top_p 0.95) and now (``k50off``, ``qwen3off``: the off knobs added at their off values).
 
+``--variants once:_SPLIT_STAGE1=once,pdl:_SPLIT_PDL=True`` adds each knob setting but
+``plain`` again as ``off@once`` ... with those attributes of ``flashsampling_inductor.dispatch``
+(or of another of its modules: ``truncation_kernel.NAME``) set while the call is captured
+(A/B of the dispatch's switches in one process, interleaved); its tokens must equal the
+setting's own.
+
 Each call is captured in a CUDA graph and timed by ``triton.testing.do_bench_cudagraph``
 (median), the configurations interleaved over --rounds rounds. ``--label`` names the code
 measured (run the script once per checkout to compare two on one card). ``--warmup-only``
@@ -30,6 +36,8 @@ Triton's cache before a timed run). Goal of issue 35: ``off`` <= 1.01x ``plain``
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import csv
 import functools
 import os
@@ -73,6 +81,52 @@ def knob_arguments(name: str, batch: int, zero_d: bool = False) -> dict:
     return dict(top_k=top_k, top_p=top_p, min_p=torch.zeros(batch, device="cuda"))
 
 
+def parse_variants(text: str) -> dict[str, dict]:
+    """The --variants text "label:ATTR=VALUE;ATTR=VALUE,label2:..." -> {label: {attr: value}}
+    (values as Python literals where they parse, else strings)."""
+    variants = {}
+    for item in filter(None, text.split(",")):
+        label, _, assignments = item.partition(":")
+        settings = {}
+        for assignment in filter(None, assignments.split(";")):
+            attr, _, value = assignment.partition("=")
+            try:
+                settings[attr] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                settings[attr] = value
+        variants[label] = settings
+    return variants
+
+
+def _owner(attr: str):
+    """The module of a --variants attribute ("module.NAME" in flashsampling_inductor, else
+    dispatch's) and the name."""
+    import importlib
+
+    module, _, name = attr.rpartition(".")
+    return importlib.import_module(f"flashsampling_inductor.{module or 'dispatch'}"), name
+
+
+@contextlib.contextmanager
+def dispatch_set(settings: dict):
+    saved = {attr: getattr(*_owner(attr)) for attr in settings}
+    for attr, value in settings.items():
+        setattr(*_owner(attr), value)
+    try:
+        yield
+    finally:
+        for attr, value in saved.items():
+            setattr(*_owner(attr), value)
+
+
+def with_settings(call, settings: dict):
+    def run():
+        with dispatch_set(settings):
+            return call()
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
@@ -98,8 +152,13 @@ def main() -> None:
         "--profile", action="store_true",
         help="also print each kernel's device time per call (eager, torch.profiler)",
     )  # fmt: skip
+    parser.add_argument(
+        "--variants", default="",
+        help="label:ATTR=VALUE;... of flashsampling_inductor.dispatch, comma-separated",
+    )  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results", help="folder of the CSV")
     args = parser.parse_args()
+    variants = parse_variants(args.variants)
     if not torch.cuda.is_available():
         print("bench_off_knobs.py needs a CUDA GPU: nothing to run here")
         return
@@ -143,9 +202,15 @@ def main() -> None:
                 )
                 for name in names
             }
+            pairs = [("plain", "off"), ("k50", "k50off"), ("qwen3", "qwen3off")]
+            for label, settings in variants.items():
+                for name in names:
+                    if name != "plain":
+                        calls[f"{name}@{label}"] = with_settings(calls[name], settings)
+                        pairs.append((name, f"{name}@{label}"))
             tokens = {name: call() for name, call in calls.items()}
             torch.cuda.synchronize()
-            for same, other in (("plain", "off"), ("k50", "k50off"), ("qwen3", "qwen3off")):
+            for same, other in pairs:
                 if same in tokens and other in tokens:
                     if not torch.equal(tokens[same], tokens[other]):
                         print(f"{shape} B={batch}: {other} drew other tokens than {same}")
