@@ -334,14 +334,21 @@ def run_shape(shape: str, args, deadline: float):
         if missed and args.profile_s > 0 and time.perf_counter() < deadline:
             _, concurrency, load = min(missed, key=lambda cell: cell[1])  # the cheapest
             profile(shape, concurrency, load, managers, args)
+    except KeyboardInterrupt:
+        # A time limit (SIGINT): no clean-up. Stopping a manager whose thread is capturing a
+        # CUDA graph frees the graph's pool under the capture (as emptying the cache does),
+        # and PyTorch's allocator aborts the process (seen twice at a call's limit).
+        made = None
+        raise
     finally:
-        for manager in made:
-            manager.stop(block=True, timeout=30)
-            manager.destroy()
-        del model, managers, made
-        torch._dynamo.reset()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        if made is not None:
+            for manager in made:
+                manager.stop(block=True, timeout=30)
+                manager.destroy()
+            del model, managers, made
+            torch._dynamo.reset()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
 
 def generation_thread_sampler(manager):
@@ -518,7 +525,12 @@ def main() -> None:
                     writer.writerow(row)
                     handle.flush()
                     print(row, flush=True)
-    finally:  # what ran, also when stopped by a time limit (SIGINT)
+    except KeyboardInterrupt:  # a time limit: what ran, then out (the managers' threads run on)
+        print("interrupted: the rows above are written", flush=True)
+        plot(path)
+        sys.stdout.flush()
+        os._exit(130)
+    finally:  # what ran, also when a cell failed
         plot(path)
 
 
