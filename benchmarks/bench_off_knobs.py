@@ -18,11 +18,11 @@ top_p 1.0, min_p 0.0, ``all`` 0-d top_k 50, top_p 0.9 (no ``mixed``), and genera
 top-k settings as it passed them before (``k50``: top_k 50 alone; ``qwen3``: top_k 20,
 top_p 0.95) and now (``k50off``, ``qwen3off``: the off knobs added at their off values).
 
-``--variants once:_SPLIT_STAGE1=once,pdl:_SPLIT_PDL=True`` adds each knob setting but
-``plain`` again as ``off@once`` ... with those attributes of ``flashsampling_inductor.dispatch``
-(or of another of its modules: ``truncation_kernel.NAME``) set while the call is captured
-(A/B of the dispatch's switches in one process, interleaved); its tokens must equal the
-setting's own.
+``--variants split:_SPLIT_STAGE1=1,nopf:truncation_kernel.PREFETCH_PLAIN=False`` adds each
+knob setting but ``plain`` again as ``off@split`` ... with those attributes of
+``flashsampling_inductor.dispatch`` (or of another of its modules: ``truncation_kernel.NAME``)
+set while the call is captured (A/B of such switches in one process, interleaved); its
+tokens must equal the setting's own.
 
 Each call is captured in a CUDA graph and timed by ``triton.testing.do_bench_cudagraph``
 (median), the configurations interleaved over --rounds rounds. ``--label`` names the code

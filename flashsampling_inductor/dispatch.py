@@ -32,7 +32,7 @@ from triton.compiler.errors import CompilationError
 
 from . import sampling_kernel, truncation_kernel
 from .params import SamplingParams
-from .sampling_device import LOGPROB_CODES, TL_DTYPES, is_hopper, key_low_bits, pdl_launch
+from .sampling_device import LOGPROB_CODES, TL_DTYPES, is_hopper, key_low_bits
 
 __all__ = [
     "SampleConfig",
@@ -50,8 +50,6 @@ _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
 # Stage 1 of a call whose per-row knobs may all be off, as two launches (``_split_stage1``):
 # "gluon" (default) for the Gluon kernel, "1" for both stage-1 kernels, "0" for neither.
 _SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "gluon")
-# The split Gluon stage 1's second launch as a programmatic dependent of the first.
-_SPLIT_PDL = os.environ.get("FLASHSAMPLING_SPLIT_PDL", "0") == "1"
 # Candidates per 64-wide tile for a per-row k tensor (``candidates_per_tile``; A/B runs).
 _TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "6"))
 
@@ -700,18 +698,13 @@ def _hopper_fused_sample(
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_swap_kernel.disable(error)
-        # (asked again: a swapped kernel that did not compile is off now, and ours runs)
-        gluon_half = split and not _swap_plain_half(hidden, weight)
-        split_pdl = gluon_half and _SPLIT_PDL and pdl_launch(hidden.device)["PDL"]
-        if gluon_half:  # the plain kernel's half, then ours
+        if split and not _swap_plain_half(hidden, weight):  # the plain kernel's half, then ours
             hopper_kernel.launch_stage1(
-                *common, row_knobs=_row_knobs(params, True), batch_truncates=1,
-                split_pdl=split_pdl,
-            )  # fmt: skip
+                *common, row_knobs=_row_knobs(params, True), batch_truncates=1
+            )
         hopper_kernel.launch_stage1(
             *common, stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
             row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
-            decide_once=per_row_knobs and _SPLIT_STAGE1 == "once", split_pdl=split_pdl,
         )  # fmt: skip
         if not params.truncates:
             if tile_candidates:

@@ -368,14 +368,11 @@ if AVAILABLE:
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         PLAIN: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
         KEY_LOW_BITS: gl.constexpr, TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr,
-        MIN_P_MODE: gl.constexpr, DECIDE_ONCE: gl.constexpr,
+        MIN_P_MODE: gl.constexpr,
     ):  # fmt: skip
         """One consumer warpgroup: the program's tiles number parity, parity + 2, ...
         With both epilogues (per-row knobs that may be off), each runs only where a row of
-        the tile needs it (``truncating_rows``), as in the Triton kernel; with DECIDE_ONCE
-        the batch's knobs are read once first (``any_row_truncates``, while the loader's
-        first copies are in flight), and if no row of the batch is truncated every tile
-        takes the sampling epilogue without reading a knob."""
+        the tile needs it (``truncating_rows``), as in the Triton kernel."""
         BLOCK_B: gl.constexpr = h_bufs.shape[1]
         BLOCK_D: gl.constexpr = h_bufs.shape[2]
         BLOCK_V: gl.constexpr = w_bufs.shape[1]
@@ -389,13 +386,6 @@ if AVAILABLE:
         num_v_tiles = gl.cdiv(V, BLOCK_V)
         k_steps = gl.cdiv(D, BLOCK_D)
         num_programs = gl.num_programs(0)
-        some_row = 1
-        if DECIDE_ONCE:
-            knob_rows = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
-            some_row = gl.max(any_row_truncates(
-                knob_rows, B, V, temperature_ptr, scalar_temperature, top_k_ptr, top_p_ptr,
-                min_p_ptr, TEMPERATURE_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
-            ), axis=0)  # fmt: skip
         n = 0
         for tile in range(gl.program_id(0) + parity * num_programs, num_tiles, 2 * num_programs):
             # This is the program's tile number j = 2n + parity. Its main loop starts when the
@@ -430,7 +420,7 @@ if AVAILABLE:
             noise_scale = _noise_scale(
                 temperature_ptr, scalar_temperature, rows, row_mask, TEMPERATURE_MODE
             )
-            if PLAIN and TOP_M > 0 and not DECIDE_ONCE:
+            if PLAIN and TOP_M > 0:
                 # Per-row knobs that may be off: each epilogue where a row of the tile
                 # needs it.
                 truncating = truncating_rows(
@@ -453,39 +443,6 @@ if AVAILABLE:
                         acc_lo, acc_hi, staging, b_start, rows, row_mask, pid_v, num_v_tiles, V,
                         bias_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale, seed_lo,
                         seed_hi, num_samples, quad_offset,
-                        HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
-                    )  # fmt: skip
-            elif PLAIN and TOP_M > 0:
-                if some_row > 0:
-                    # Per-row knobs that may be off: each epilogue where a row of the tile
-                    # needs it.
-                    truncating = truncating_rows(
-                        top_k_ptr, top_p_ptr, min_p_ptr, rows, row_mask, noise_scale, V,
-                        TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
-                    )  # fmt: skip
-                    if gl.max(truncating.to(gl.int32), axis=0) > 0:
-                        # (every tile's mass partials with ROW_MASS: deciding it per tile, as
-                        # the Triton kernel and the swapped one do with
-                        # sampling_device.mass_rows, gained nothing measurable here at B = 64
-                        # on an H200 and never ran on a GPU with rows that need the mass)
-                        _keep_top_m(
-                            acc_lo, acc_hi, rows, row_mask, pid_v * BLOCK_V,
-                            rows.to(gl.int64) * num_v_tiles + pid_v, V, bias_ptr, noise_scale,
-                            top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, True,
-                            HAS_BIAS, LOGITS_DTYPE, EVEN_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
-                        )  # fmt: skip
-                    if gl.max((row_mask & ~truncating).to(gl.int32), axis=0) > 0:
-                        _draw_noise(
-                            acc_lo, acc_hi, staging, b_start, rows, row_mask, pid_v,
-                            num_v_tiles, V, bias_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
-                            noise_scale, seed_lo, seed_hi, num_samples, quad_offset,
-                            HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
-                        )  # fmt: skip
-                else:  # no row of the batch truncated: no knob read per tile
-                    _draw_noise(
-                        acc_lo, acc_hi, staging, b_start, rows, row_mask, pid_v, num_v_tiles,
-                        V, bias_ptr, seed_ptr, cand_score_ptr, cand_index_ptr, noise_scale,
-                        seed_lo, seed_hi, num_samples, quad_offset,
                         HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V,
                     )  # fmt: skip
             elif TOP_M > 0:
@@ -574,17 +531,7 @@ if AVAILABLE:
         # 1: no tile if a row of the batch is truncated, 2: none if no row is (the two
         # launches of a split stage 1, as sampling_kernel's); 0: every tile.
         BATCH_TRUNCATES: gl.constexpr = 0,
-        # With PLAIN and TOP_M: the consumers read the batch's knobs once, not per tile
-        # (``_consume_tiles``).
-        DECIDE_ONCE: gl.constexpr = False,
-        # With BATCH_TRUNCATES: the second launch is a programmatic dependent of the first
-        # (``dispatch._SPLIT_PDL``): the first lets it launch at once, the second waits for
-        # the first at its end (so that what follows it sees both), not at its start.
-        SPLIT_PDL: gl.constexpr = False,
     ):  # fmt: skip
-        if SPLIT_PDL:
-            if BATCH_TRUNCATES == 1:
-                _gdc_launch_dependents()
         num_tiles = gl.cdiv(B, h_desc.block_type.shape[0]) * gl.cdiv(V, w_desc.block_type.shape[0])
         if BATCH_TRUNCATES > 0:
             rows = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
@@ -662,7 +609,6 @@ if AVAILABLE:
                         TOP_K_MODE,
                         TOP_P_MODE,
                         MIN_P_MODE,
-                        DECIDE_ONCE,
                     ),
                 ),
                 (
@@ -709,7 +655,6 @@ if AVAILABLE:
                         TOP_K_MODE,
                         TOP_P_MODE,
                         MIN_P_MODE,
-                        DECIDE_ONCE,
                     ),
                 ),
                 (
@@ -725,26 +670,6 @@ if AVAILABLE:
             mbarrier.invalidate(empty.index(i))
         for i in gl.static_range(2):
             mbarrier.invalidate(turn.index(i))
-        if SPLIT_PDL:
-            if BATCH_TRUNCATES == 2:
-                _gdc_wait()
-
-    @gluon.jit
-    def _gdc_wait():
-        """griddepcontrol.wait: until the kernel before this one (a programmatic dependent
-        launch) has finished and its writes are visible."""
-        gl.inline_asm_elementwise(
-            "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
-
-    @gluon.jit
-    def _gdc_launch_dependents():
-        """griddepcontrol.launch_dependents: the next kernel (a programmatic dependent
-        launch) may be scheduled now."""
-        gl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-            is_pure=False, pack=1,
-        )  # fmt: skip
 
 
 _GL_DTYPES = {}
@@ -762,7 +687,7 @@ def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
     temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
-    key_low_bits=0, row_knobs=None, batch_truncates=0, decide_once=False, split_pdl=False,
+    key_low_bits=0, row_knobs=None, batch_truncates=0,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``dispatch.triton_fused_sample``, which calls this and then stage 2
@@ -803,9 +728,6 @@ def launch_stage1(
         KEY_LOW_BITS=key_low_bits,
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
-        DECIDE_ONCE=decide_once,
-        SPLIT_PDL=split_pdl,
-        **({"launch_pdl": True} if split_pdl and batch_truncates == 2 else {}),
         num_warps=4,
     )  # fmt: skip
 

@@ -260,8 +260,7 @@ layout_v = hk._shared_layout(hk.BLOCK_V, torch.bfloat16)
 base = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
     STAGES=hk.STAGES[64], CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
-    LOADER_REGISTERS=hk.LOADER_REGISTERS, BATCH_TRUNCATES=0, DECIDE_ONCE=False,
-    SPLIT_PDL=False,
+    LOADER_REGISTERS=hk.LOADER_REGISTERS, BATCH_TRUNCATES=0,
 )
 variants = [
     dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, **no_knobs),  # top-k 50
@@ -273,14 +272,6 @@ variants = [
          MIN_P_MODE=0, BATCH_TRUNCATES=1, TEMPERATURE_MODE=0),
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=16, TOP_K_MODE=1, TOP_P_MODE=1,
          MIN_P_MODE=1, BATCH_TRUNCATES=2),
-    # the split's halves as a programmatic dependent pair (SPLIT_PDL)
-    dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, TOP_K_MODE=1, TOP_P_MODE=1,
-         MIN_P_MODE=0, BATCH_TRUNCATES=1, TEMPERATURE_MODE=0, SPLIT_PDL=True),
-    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=2,
-         TOP_P_MODE=2, MIN_P_MODE=2, BATCH_TRUNCATES=2, SPLIT_PDL=True),
-    # the same in one launch whose consumers read the batch's knobs once (DECIDE_ONCE)
-    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=16, TOP_K_MODE=1, TOP_P_MODE=1,
-         MIN_P_MODE=1, DECIDE_ONCE=True, TEMPERATURE_MODE=1, SEED_MODE=1),
     # greedy (the noise scale's zeros: a layout passed on, which Triton 3.6 once rejected)
     dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, TEMPERATURE_MODE=3, SEED_MODE=0,
          **no_knobs),
