@@ -18,10 +18,10 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
     tp1_fused             fused_sample over the whole V on one GPU (the TP = 1 line)
     tp1_matmul            cuBLAS over the whole V on one GPU
 
-Not in the default list (A/B runs of the TP step): ``fused_tp_nopdl`` (the exchange's kernel
-launched plainly, not as a programmatic dependent of stage 1) and ``fused_tp_best`` (stage 1
-on the configuration that ``short_shard_stage1.py`` timed fastest at the shard's shape and
-batch; ``--best-of`` its JSON).
+Not in the default list (A/B runs of the TP step): ``fused_tp_pdl`` (the exchange's kernel
+launched as a programmatic dependent of stage 1, FLASHSAMPLING_TP_EXCHANGE_PDL=1: opt-in)
+and ``fused_tp_best`` (stage 1 on the configuration that ``short_shard_stage1.py`` timed
+fastest at the shard's shape and batch; ``--best-of`` its JSON).
 
 Top-k 50 (not in the default list; ``--providers`` names them, and a second table shows
 them): ``fused_tp_topk50`` (tp_fused_sample(top_k=50): each rank's 50 largest scores
@@ -159,7 +159,7 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         if "topp90" in provider:
             top_k["top_p"] = 0.9
 
-        plain_exchange = provider == "fused_tp_nopdl"
+        pdl_exchange = provider == "fused_tp_pdl"
         stage1 = None
         if provider == "fused_tp_best":
             try:
@@ -169,8 +169,8 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
 
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
-            if plain_exchange:
-                os.environ["FLASHSAMPLING_TP_EXCHANGE_PDL"] = "0"
+            if pdl_exchange:
+                os.environ["FLASHSAMPLING_TP_EXCHANGE_PDL"] = "1"
             else:
                 os.environ.pop("FLASHSAMPLING_TP_EXCHANGE_PDL", None)  # the default
             with stage1_config(stage1):

@@ -8,8 +8,8 @@
 #   B (parallel): the teardown control with release, 25 s exit bound, on GPUs 0,1, then the
 #      D = 8192 shard's stage 1 on them | the D = 4096 shard's stage 1 (short_shard_stage1.py,
 #      candidates against cuBLAS) B = 64 on GPU 2, B = 256 on GPU 3
-#   C: bench_tp.py TP = 4 at B = 64, 256, both shapes: shard_matmul, fused_tp (the exchange
-#      as a programmatic dependent), fused_tp_nopdl, fused_tp_best (stage 1 on B's fastest)
+#   C: bench_tp.py TP = 4 at B = 64, 256, both shapes: shard_matmul, fused_tp, fused_tp_pdl (the
+#      exchange as a programmatic dependent), fused_tp_best (stage 1 on B's fastest)
 #   D: tests/test_tp_gpu.py 10,000 skewed steps at world 4
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -93,7 +93,7 @@ collect "$O"/control.sum "$O"/stage1_4096x37984_b64.sum "$O"/stage1_4096x37984_b
 t=$(date +%s)
 timeout -k 5 "$(cap 60 40)" python3 -m torch.distributed.run --nproc_per_node=4 benchmarks/bench_tp.py \
     --shapes 4096x151936,8192x128256 --batches 64,256 --modes graph \
-    --providers shard_matmul,fused_tp,fused_tp_nopdl,fused_tp_best,tp1_fused \
+    --providers shard_matmul,fused_tp,fused_tp_pdl,fused_tp_best,tp1_fused \
     $(ls "$O"/sweep_*/short_shard_stage1_*.json 2>/dev/null | sed 's/^/--best-of /') \
     --out-dir "$O" > "$O/bench_tp4.log" 2>&1
 echo "C bench_tp TP=4 B=64,256: rc=$? wall $(( $(date +%s)-t )) s" >> "$S"

@@ -224,10 +224,10 @@ def _exchange(
     stream). ``ok`` becomes 0 and ``error`` the largest code on a failure: 1 + a rank that
     sampled something else, WORLD + 1 for shards that do not tile [0, V), WORLD + 2 + a rank
     whose message did not come within ``timeout_ns``. SEND / RECEIVE: the halves (tests run
-    them on simulated ranks in turn, without SPIN). PDL: launched as a programmatic
-    dependent of stage 1 (``pdl_launch``): its launch overlaps stage 1's last programs, and
-    it reads nothing before stage 1 has finished (the wait for the peers begins after that
-    too, so every program of the grid is resident as before)."""
+    them on simulated ranks in turn, without SPIN). PDL (opt-in, ``_exchange_pdl``):
+    launched as a programmatic dependent of stage 1: its launch overlaps stage 1's last
+    programs, and it reads nothing before stage 1 has finished (the wait for the peers
+    begins after that too, so every program of the grid is resident as before)."""
     await_previous_kernel(PDL)
     words = tl.arange(0, _MESSAGE_WORDS)
     ranks = tl.arange(0, WORLD_BLOCK)
@@ -431,10 +431,13 @@ class SymmetricExchange:
 
 
 def _exchange_pdl(device: torch.device) -> dict[str, bool]:
-    """The exchange's launch as a programmatic dependent of stage 1 where the GPU has PDL
-    (``pdl_launch``); FLASHSAMPLING_TP_EXCHANGE_PDL=0 launches it plainly (read at each call:
-    benchmarks/bench_tp.py's ``fused_tp_nopdl`` times both in one process)."""
-    if os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", "1") == "0":
+    """Opt-in (FLASHSAMPLING_TP_EXCHANGE_PDL=1, read at each call): the exchange launched as
+    a programmatic dependent of stage 1 where the GPU has PDL (``pdl_launch``), its launch
+    overlapping stage 1's last programs. Off by default: no GPU timing has shown it faster
+    yet, and its only GPU run so far is two H200s' truncated exchange at B = 1 and 64 (tokens
+    equal on both ranks and to TP = 1); the 10,000 skewed steps never ran with it.
+    benchmarks/bench_tp.py's ``fused_tp_pdl`` times it beside ``fused_tp`` in one process."""
+    if os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", "0") != "1":
         return {"PDL": False}
     return pdl_launch(device)
 
