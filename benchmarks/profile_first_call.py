@@ -186,6 +186,17 @@ def child(
                 dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
 
             fs_ahead._dry_run_in_processes = timed_in_processes
+        in_children = getattr(fs_ahead, "_compile_in_children", None)
+        if in_children is not None and "nice" in in_children.__code__.co_varnames:
+
+            def timed_in_children(run, calls, nice=0):
+                start = time.perf_counter()
+                in_children(run, calls, nice)
+                thread = f"{threading.current_thread().name}, {len(calls)} call(s) in children"
+                thread += f" at nice {nice}" if nice else ""
+                dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
+
+            fs_ahead._compile_in_children = timed_in_children
         by_triton = fs_launch._launch_by_triton
 
         def timed_first_launch(kernel, grid, args, kwargs):

@@ -30,11 +30,17 @@ pass's dry run compiles in child processes, into Triton's on-disk cache, then he
 finds them: Triton's compiles in threads hold the GIL that Inductor's compile of the rest of
 the step needs (on an H200 host the fused first generate at B = 8 took 48.8 s so, 42.4 s with
 children, stock 40.2 s; docs/hf.md). ``FLASHSAMPLING_COMPILE_AHEAD_IN=threads`` or
-``=processes`` chooses either.
+``=processes`` chooses either. The children start when the backend is handed a graph that
+may sample (``prestart``), so that their imports are done when the pass hands them the call.
+A graph with a dynamic batch (a step that met a second batch size) is compiled ahead for the
+call it is compiled for (its sizes' hints), then, in children at a lower priority, for the
+batch sizes of ``FLASHSAMPLING_COMPILE_AHEAD_BATCHES`` (their kernels are variants of their
+own), which nothing waits for: a later first run of such a size finds them in the cache.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
@@ -46,7 +52,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -86,6 +92,17 @@ _KERNEL_MODULES = (
 )  # fmt: skip
 _CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
 _IDLE_CHILD_S = 900  # (a prestarted child whose call never comes: prestart)
+# Batch sizes whose kernels a graph with a dynamic batch compiles ahead, in child processes,
+# after its call's own (``in_background``); "" turns it off. (Dynamo gives a batch of 1 a
+# graph of its own.)
+_OTHER_BATCHES = tuple(
+    int(rows)
+    for rows in os.environ.get(
+        "FLASHSAMPLING_COMPILE_AHEAD_BATCHES", "2,4,8,16,32,64,128,256"
+    ).split(",")
+    if rows.strip()
+)
+_OTHER_BATCHES_NICE = 10  # (their children yield the CPU to this process's own work)
 # Children started ahead of the next dry run in processes (prestart), with their error files.
 _waiting_children: list = []
 _children_lock = threading.Lock()
@@ -98,6 +115,7 @@ warnings.filterwarnings(
 _kinds_seen: set[tuple] = set()
 _kinds_lock = threading.Lock()
 _background: ThreadPoolExecutor | None = None
+_other_batches_thread: ThreadPoolExecutor | None = None
 
 
 class _TensorKind(tuple):
@@ -138,7 +156,44 @@ def in_background(run: Callable, args: tuple) -> None:
     if _background is None:
         _background = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead")
     job = _dry_run_in_processes if WORKERS == "processes" else _dry_run
-    _launch.wait_before_launching(_background.submit(job, run, kinds))
+    own = _background.submit(job, run, kinds)
+    _launch.wait_before_launching(own)
+    if WORKERS == "processes" and (others := _other_batches(args, kinds)):
+        # (after the call's own, whose kernels they then find in the cache, and nothing
+        # waits for them: the kernels of batch sizes this graph may meet next, compiled into
+        # Triton's cache, where a first run of such a size finds them; in a thread of their
+        # own, so that another graph's call does not wait behind them)
+        global _other_batches_thread
+        if _other_batches_thread is None:
+            _other_batches_thread = ThreadPoolExecutor(
+                1, thread_name_prefix="flashsampling-compile-ahead-batches"
+            )
+        _other_batches_thread.submit(_after, own, run, others)
+
+
+def _after(own: Future, run: Callable, others: list[tuple]) -> None:
+    own.result()
+    _compile_in_children(run, others, _OTHER_BATCHES_NICE)
+
+
+def _other_batches(args: tuple, kinds: tuple) -> list[tuple]:
+    """The kinds of this call at each of ``_OTHER_BATCHES`` rows where its batch is
+    symbolic (a step compiled with a dynamic batch: it will meet other batch sizes, whose
+    kernels are variants of their own: on Hopper a stage 1 and stage 2 of their own from 33
+    rows on, 14 s to compile at B = 64 after B = 1 and 16 on an H100), less those seen."""
+    try:
+        _batch_symbol(args)
+    except _NotStatic:
+        return []
+    others = []
+    for rows in _OTHER_BATCHES:
+        try:
+            other = _fake_kinds(args, batch=rows)
+        except _NotStatic:
+            continue
+        if other != kinds and other not in _kinds_seen and other not in others:
+            others.append(other)
+    return others
 
 
 def _claim(kinds: tuple) -> bool:
@@ -155,16 +210,27 @@ def _claim(kinds: tuple) -> bool:
 def _dry_run(run: Callable, kinds: tuple, share: tuple[int, int] = (0, 1)) -> bool:
     """-> whether it ran to its end (else the kernels it did not compile compile at their
     first launch)."""
+    return _dry_runs(run, [kinds], share)
+
+
+def _dry_runs(run: Callable, calls: list[tuple], share: tuple[int, int] = (0, 1)) -> bool:
+    """The dry runs of ``run`` with each of ``calls`` (kinds), their launches compiled as
+    one dry run's (each specialization of a kernel once); -> whether all ran to their end."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    device, *kinds = kinds
+    ran = True
     try:
         with FakeTensorMode(), _launch.compile_ahead(share=share):
-            run(*(_fake(kind, device) if isinstance(kind, _TensorKind) else kind for kind in kinds))
+            for device, *kinds in calls:
+                try:
+                    run(*(_fake(k, device) if isinstance(k, _TensorKind) else k for k in kinds))
+                except Exception as error:
+                    log.debug("flashsampling: not compiled ahead (%r)", error, exc_info=True)
+                    ran = False
     except Exception as error:
         log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
         return False
-    return True
+    return ran
 
 
 def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
@@ -172,7 +238,7 @@ def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
     Triton's cache directory (this process's, passed on); when all have ended, ``_dry_run``
     here, which finds their kernels in that cache (a file read each) and compiles any that
     a child did not leave there, so that the first launch finds every kernel loaded."""
-    _compile_in_children(run, kinds)
+    _compile_in_children(run, [kinds])
     # (here, not before the children: this thread then holds the GIL while Inductor waits
     # for its compile workers, not during the joint graph passes)
     _settle_cache_keys()
@@ -273,9 +339,10 @@ def _triton_cache_dir() -> str | None:
         return os.environ.get("TRITON_CACHE_DIR")
 
 
-def _start_children() -> list:
+def _start_children(nice: int = 0) -> list:
     """``_PROCESSES`` children waiting for their job on stdin: (process, a file for its
-    errors, the Triton cache directory it compiles into)."""
+    errors, the Triton cache directory it compiles into), ``nice`` more nice than this
+    process."""
     environment = dict(os.environ)
     cache = _triton_cache_dir()
     if cache is not None:
@@ -299,6 +366,11 @@ def _start_children() -> list:
                     cache,
                 )
             )  # fmt: skip
+            if nice:
+                process = children[-1][0]
+                os.setpriority(
+                    os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice
+                )
     except OSError as error:
         log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
     return children
@@ -313,16 +385,20 @@ def _end(children: list) -> None:
     children.clear()
 
 
-def _compile_in_children(run: Callable, kinds: tuple) -> None:
-    with _children_lock:  # (the prestarted ones if they are all still waiting)
-        children = list(_waiting_children)
-        _waiting_children.clear()
+def _compile_in_children(run: Callable, calls: list[tuple], nice: int = 0) -> None:
+    """The dry runs of ``run`` with each of ``calls`` (kinds) in children, each compiling a
+    share of their launches, at niceness ``nice``."""
+    children = []
+    if not nice:  # (the prestarted ones, if they are all still waiting)
+        with _children_lock:
+            children = list(_waiting_children)
+            _waiting_children.clear()
     if not _usable(children):
         _end(children)
-        children = _start_children()
+        children = _start_children(nice)
     try:
         jobs = [
-            pickle.dumps((run, kinds, (index, len(children)))).hex()
+            pickle.dumps((run, calls, (index, len(children)))).hex()
             for index in range(len(children))
         ]
     except (pickle.PicklingError, TypeError, AttributeError) as error:
@@ -350,8 +426,9 @@ def _compile_in_children(run: Callable, kinds: tuple) -> None:
 
 
 def child() -> None:
-    """A child of ``_dry_run_in_processes``: its dry run from the line its parent writes to
-    its stdin (the call, its kinds, the share of the launches to compile, pickled, in hex),
+    """A child of ``_compile_in_children``: its dry runs from the line its parent writes to
+    its stdin (the call, the kinds of each run, the share of the launches to compile,
+    pickled, in hex),
     after the imports and the cache keys, which it does while it waits for that line."""
     from torch._subclasses import fake_tensor
 
@@ -367,10 +444,10 @@ def child() -> None:
     job = sys.stdin.readline().strip()
     if not job:
         sys.exit(0)  # (the parent ended, or ended this child, before it had a call)
-    run, kinds, share = pickle.loads(bytes.fromhex(job))
+    run, calls, share = pickle.loads(bytes.fromhex(job))
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
-    sys.exit(0 if _dry_run(run, kinds, share) else 1)
+    sys.exit(0 if _dry_runs(run, calls, share) else 1)
 
 
 def _no_stream_queries() -> None:
@@ -403,35 +480,60 @@ def _real_kinds(args: tuple) -> tuple:
     )  # fmt: skip
 
 
-def _fake_kinds(args: tuple) -> tuple:
-    """``_real_kinds`` of a graph's arguments (fake tensors, which have no address)."""
-    return (args[0].device, *[_fake_kind(arg) for arg in args])
+def _fake_kinds(args: tuple, batch: int | None = None) -> tuple:
+    """``_real_kinds`` of a graph's arguments (fake tensors, which have no address); with
+    ``batch``, those of the same call with that many rows (the first argument's first size,
+    a symbol: ``_batch_symbol``)."""
+    rows = None if batch is None else (_batch_symbol(args), batch)
+    size = functools.partial(_size, batch=rows)
+    return (args[0].device, *[_fake_kind(arg, size) for arg in args])
 
 
-def _fake_kind(value):
+def _fake_kind(value, size: Callable):
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        value = _hint(value)
+        value = size(value)
     if type(value) is float:
         return _float_class(value)
     if not isinstance(value, torch.Tensor):
         return value
-    shape = torch.Size(_hint(size) for size in value.shape)
-    stride = tuple(_hint(step) for step in value.stride())
+    shape = torch.Size(size(extent) for extent in value.shape)
+    stride = tuple(size(step) for step in value.stride())
     # (an allocation is 16-byte aligned; a view is where its offset says)
-    aligned = _hint(value.storage_offset()) * value.element_size() % 16 == 0
+    aligned = size(value.storage_offset()) * value.element_size() % 16 == 0
     return _TensorKind((shape, stride, value.dtype, aligned))
 
 
-def _hint(value):
+def _size(value, batch: tuple | None = None):
     """A symbolic size's value in the call being compiled (its hint: a graph compiled with a
-    dynamic batch is compiled for a call of some batch, the one that runs first), or the
-    value itself; ``_NotStatic`` where there is none (a size only known at run time)."""
+    dynamic batch is compiled for a call of some batch, the one that runs first), or with
+    ``batch`` (the batch's symbol, a number of rows) in a call of that batch; a number as it
+    is; ``_NotStatic`` where there is none (a size only known at run time)."""
     if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return value
+    if batch is not None and isinstance(value, torch.SymInt):
+        import sympy
+
+        symbol, rows = batch
+        expression = value.node.expr.xreplace({symbol: sympy.Integer(rows)})
+        hints = value.node.shape_env.var_to_val
+        try:
+            return int(expression.xreplace({free: hints[free] for free in expression.free_symbols}))
+        except (KeyError, TypeError) as error:
+            raise _NotStatic from error
     hint = getattr(value.node, "hint", None)
     if hint is None or isinstance(hint, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise _NotStatic
     return hint
+
+
+def _batch_symbol(args: tuple):
+    """The symbol of the call's batch (its first argument's first size), or ``_NotStatic``
+    where that size is not a symbol of its own."""
+    rows = args[0].shape[0]
+    expression = getattr(getattr(rows, "node", None), "expr", None)
+    if expression is None or not getattr(expression, "is_Symbol", False):
+        raise _NotStatic
+    return expression
 
 
 def _fake(kind: _TensorKind, device: torch.device) -> torch.Tensor:

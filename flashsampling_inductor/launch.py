@@ -57,6 +57,10 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``; every argument of the kernel's signature given
     (positionally first, then by keyword), launch options (num_warps, ...) as keywords."""
     if (dry_run := _compiling_ahead.get()) is not None:
+        specialization = _dry_key(kernel, args, kwargs)
+        if specialization in dry_run.seen:  # (another call's of the dry run, or this one's)
+            return
+        dry_run.seen.add(specialization)
         if dry_run.launches % dry_run.share[1] == dry_run.share[0]:
             dry_run.kernels.add(kernel)
             _compile_only(kernel, grid, args, kwargs)
@@ -83,12 +87,13 @@ def launch(kernel, grid: tuple[int, ...], *args, **kwargs) -> None:
 
 
 class _DryRun:
-    """What ``compile_ahead`` records: the kernels it started compiling and how many
-    launches it has seen; it compiles the launches whose ordinal is ``share[0]`` modulo
-    ``share[1]``."""
+    """What ``compile_ahead`` records: the kernels it started compiling, the
+    specializations it has seen (``_dry_key``) and how many; it compiles the launches of a
+    new specialization whose ordinal is ``share[0]`` modulo ``share[1]``."""
 
     def __init__(self, share: tuple[int, int]) -> None:
         self.kernels: set = set()
+        self.seen: set = set()
         self.launches = 0
         self.share = share
         self.pool: ThreadPoolExecutor | None = None
@@ -190,6 +195,36 @@ class _MockPointer:
 
     def data_ptr(self) -> int:
         return self._address
+
+
+def _dry_key(kernel, args, kwargs):
+    """A dry run's launch as ``_key`` keys it (positional arguments by their class, keywords,
+    the constexprs, by value), from fake tensors (their dtype and alignment); a new object
+    where an argument is not hashable (a launch of its own)."""
+
+    def part(arg):
+        if isinstance(arg, torch.Tensor):
+            return ("tensor", arg.dtype, _MockPointer(arg).data_ptr() == 0)
+        if isinstance(arg, (bool, int, float)) or arg is None:
+            return _argument_key(arg)
+        if isinstance(getattr(arg, "base", None), torch.Tensor):  # (a TMA descriptor)
+            try:
+                fields = {k: v for k, v in vars(arg).items() if k != "base"}
+                return (type(arg), part(arg.base), repr(fields))
+            except TypeError:
+                return object()
+        return arg
+
+    keywords = tuple(
+        (name, part(value) if isinstance(value, torch.Tensor) else value)
+        for name, value in kwargs.items()
+    )
+    key = (kernel, tuple(map(part, args)), keywords)
+    try:
+        hash(key)
+    except TypeError:
+        return object()
+    return key
 
 
 def _mock(arg):

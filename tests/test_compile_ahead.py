@@ -60,7 +60,7 @@ def _record(into):
     return record
 
 
-def _flat_call(monkeypatch, knobs):
+def _flat_call(monkeypatch, knobs, rows=B):
     """The flat arguments ``fused_sample`` hands its custom op, captured."""
     captured = []
 
@@ -71,7 +71,7 @@ def _flat_call(monkeypatch, knobs):
     original = op._fused_sample_run
     monkeypatch.setattr(op, "_fused_sample_run", capture)
     torch.manual_seed(0)
-    hidden, weight = torch.randn(B, D), torch.randn(V, D)
+    hidden, weight = torch.randn(rows, D), torch.randn(V, D)
     # (seed 48 specializes as the dry run's stand-in 0 does: the kernels take the seed
     # unspecialized, which _specialization does not know)
     fused_sample(hidden, weight, impl="triton", **{"seed": 48, **knobs})
@@ -206,14 +206,15 @@ def test_children_run_the_dry_run(monkeypatch, tmp_path):
     ahead.prestart()
     [(waiting, _, _)] = ahead._waiting_children
     ran = tmp_path / "ran"
-    ahead._compile_in_children(pathlib.Path.touch, (torch.device("cpu"), ran))
+    ahead._compile_in_children(pathlib.Path.touch, [(torch.device("cpu"), ran)])
     assert ran.exists() and waiting.returncode == 0 and not ahead._waiting_children
 
 
 def test_symbolic_sizes_are_read_as_the_calls(monkeypatch):
     """A graph with a dynamic batch (a step compiled again for a second batch size) is
     compiled ahead for the call it is compiled for: the pass's key of the traced call, its
-    sizes read as their hints, is the key of that call's first run."""
+    sizes read as their hints, is the key of that call's first run; and then for the batch
+    sizes it may meet next."""
     hidden, weight = torch.randn(B, D), torch.randn(V, D)
     seed = torch.tensor(3)
 
@@ -229,9 +230,18 @@ def test_symbolic_sizes_are_read_as_the_calls(monkeypatch):
     assert len(started) == 1
     assert isinstance(started[0][0].shape[0], torch.SymInt)
     monkeypatch.undo()
-    real = _flat_call(monkeypatch, dict(top_k=5, temperature=0.7, seed=seed))
+    knobs = dict(top_k=5, temperature=0.7, seed=seed)
+    real = _flat_call(monkeypatch, knobs)
     real = (*real[:6], ahead.seed_class(real[6]), *real[7:])
-    assert ahead._fake_kinds(started[0]) == ahead._real_kinds(real)
+    kinds = ahead._fake_kinds(started[0])
+    assert kinds == ahead._real_kinds(real)
+    # The kernels of other batch sizes, compiled ahead after its own: the same call's keys
+    # at those sizes.
+    others = ahead._other_batches(started[0], kinds)
+    assert [other[1][0][0] for other in others] == list(ahead._OTHER_BATCHES)
+    real = _flat_call(monkeypatch, knobs, rows=8)
+    real = (*real[:6], ahead.seed_class(real[6]), *real[7:])
+    assert ahead._real_kinds(real) in others
 
 
 def test_settled_cache_keys_do_not_depend_on_what_ran_before():
