@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -436,6 +437,7 @@ def child() -> None:
     # of MB of the GPU per child); a dry run has no backward, and compiling needs no context.
     fake_tensor.init_gpu_context = lambda device: None
     _no_stream_queries()
+    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
     _settle_cache_keys()  # (the keys the parent's launches will compute: _settle_cache_keys)
     import select
 
@@ -448,6 +450,14 @@ def child() -> None:
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
     sys.exit(0 if _dry_runs(run, calls, share) else 1)
+
+
+def _end_with(parent: int) -> None:
+    """End this child when ``parent`` has ended (its compiles are for that process only;
+    one left running takes a CPU from the next process on the host)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _no_stream_queries() -> None:
