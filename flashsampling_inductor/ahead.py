@@ -94,12 +94,16 @@ _KERNEL_MODULES = (
 _CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
 _IDLE_CHILD_S = 900  # (a prestarted child whose call never comes: prestart)
 # Batch sizes whose kernels a graph with a dynamic batch compiles ahead, in child processes,
-# after its call's own (``in_background``); "" turns it off. (Dynamo gives a batch of 1 a
-# graph of its own.)
+# after its call's own (``in_background``); "" turns it off. Powers of two, and 33 and 193:
+# sizes whose views of stage 2's buffers are not 16-byte aligned, in the Gluon stage 1's
+# range and above it. At D = 2048 with top-k 50 on Hopper that is every variant of stage 2
+# and of the Gluon stage 1 between 2 and 256 rows (30 compiles in all); the Triton stage 1
+# and the fallback's logits specialize on more (B % 16), smaller compiles. (Dynamo gives a
+# batch of 1 a graph of its own.)
 _OTHER_BATCHES = tuple(
     int(rows)
     for rows in os.environ.get(
-        "FLASHSAMPLING_COMPILE_AHEAD_BATCHES", "2,4,8,16,32,64,128,256"
+        "FLASHSAMPLING_COMPILE_AHEAD_BATCHES", "2,4,8,16,32,33,64,128,193,256"
     ).split(",")
     if rows.strip()
 )
