@@ -194,6 +194,27 @@ def test_processes_split_the_launches(monkeypatch, index):
     assert len(launched) > 3 and compiled == launched[index::3]
 
 
+def test_a_dry_run_compiles_each_specialization_once(monkeypatch):
+    """Dry runs of several calls (other batch sizes) share their launches' compiles: a launch
+    is compiled unless one of the same specialization was (its ints' classes, its tensors'
+    dtypes and alignment, its keywords' values: the constexprs)."""
+    compiled = []
+    monkeypatch.setattr(launch_module, "_compile_only", lambda *launch: compiled.append(launch))
+    kernel = object()
+    with launch_module.compile_ahead(threads=1):
+        x = torch.empty(8)
+        launch_module.launch(kernel, (1,), x, 5, BLOCK=16)
+        launch_module.launch(kernel, (2,), x, 7, BLOCK=16)  # (another grid, the same kernel)
+        launch_module.launch(kernel, (1,), x, 5, BLOCK=32)
+        launch_module.launch(kernel, (1,), x, 32, BLOCK=16)
+        launch_module.launch(kernel, (1,), x[1:], 5, BLOCK=16)
+    assert [(launch[2][1:], launch[3]) for launch in compiled] == [
+        ((5,), {"BLOCK": 16}), ((5,), {"BLOCK": 32}), ((32,), {"BLOCK": 16}),
+        ((5,), {"BLOCK": 16}),
+    ]  # fmt: skip
+    assert compiled[-1][2][0].storage_offset() == 1
+
+
 def test_children_run_the_dry_run(monkeypatch, tmp_path):
     """The children, started ahead (``prestart``: the backend, before AOT), get the call and
     its kinds (pickled: the call by reference) and run it. (One child: each imports torch,
