@@ -179,24 +179,32 @@ def child(
         in_processes = getattr(fs_ahead, "_dry_run_in_processes", None)
         if in_processes is not None:
 
-            def timed_in_processes(run, kinds):
+            def timed_in_processes(run, kinds, *rest, **options):
                 start = time.perf_counter()
-                in_processes(run, kinds)
+                in_processes(run, kinds, *rest, **options)
                 thread = threading.current_thread().name + ", in child processes"
                 dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
 
             fs_ahead._dry_run_in_processes = timed_in_processes
         in_children = getattr(fs_ahead, "_compile_in_children", None)
-        if in_children is not None and "nice" in in_children.__code__.co_varnames:
+        reap = getattr(fs_ahead, "_reap", None)
+        if in_children is not None and reap is not None:
 
-            def timed_in_children(run, calls, nice=0):
+            def timed_in_children(run, calls, later=()):
                 start = time.perf_counter()
-                in_children(run, calls, nice)
+                running = in_children(run, calls, later)
                 thread = f"{threading.current_thread().name}, {len(calls)} call(s) in children"
-                thread += f" at nice {nice}" if nice else ""
+                dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
+                return running
+
+            def timed_reap(children):
+                start = time.perf_counter()
+                reap(children)
+                thread = f"{threading.current_thread().name}: other batch sizes in children"
                 dry_runs.append((start - origin[0], time.perf_counter() - start, thread))
 
             fs_ahead._compile_in_children = timed_in_children
+            fs_ahead._reap = timed_reap
         by_triton = fs_launch._launch_by_triton
 
         def timed_first_launch(kernel, grid, args, kwargs):
@@ -327,8 +335,13 @@ def child(
         prompt = torch.randint(0, 1000, (later, bg.PROMPT), device="cuda")
         torch.cuda.synchronize()
         origin[0] = time.perf_counter()
+        sampler = StackSampler(origin) if timeline is not None else None
+        if sampler is not None:
+            sampler.start()
         first = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
         first_end = time.perf_counter() - origin[0]
+        if sampler is not None:
+            sampler.running = False
         second = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
         print(f"== {config} B={later} (after B={batch} in this process): first call "
               f"{first:.2f} s, second {second:.3f} s")  # fmt: skip
@@ -336,6 +349,8 @@ def child(
         for at, seconds, label in events:
             if at <= first_end and (label != "decode step" or seconds > 0.05):
                 print(f"  at {at:7.2f} s  {seconds:6.2f} s  {label}")
+        if sampler is not None:
+            sampler.report(timeline.replace(".json.gz", "") + f"_b{later}.json.gz", first_end)
         batch = later
     print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
 

@@ -108,6 +108,7 @@ _OTHER_BATCHES = tuple(
     if rows.strip()
 )
 _OTHER_BATCHES_NICE = 10  # (their children yield the CPU to this process's own work)
+_DONE, _FAILED = b"compiled", b"failed"  # (what a child says when its first runs are done)
 # Children started ahead of the next dry run in processes (prestart), with their error files.
 _waiting_children: list = []
 _children_lock = threading.Lock()
@@ -120,7 +121,9 @@ warnings.filterwarnings(
 _kinds_seen: set[tuple] = set()
 _kinds_lock = threading.Lock()
 _background: ThreadPoolExecutor | None = None
-_other_batches_thread: ThreadPoolExecutor | None = None
+# Children compiling other batch sizes' kernels: (those kinds, the future of their end).
+_other_batches_running: list[tuple[list, Future]] = []
+_reaper: ThreadPoolExecutor | None = None
 
 
 class _TensorKind(tuple):
@@ -138,6 +141,11 @@ def before_first_run(run: Callable, args: tuple) -> None:
     if kinds in _kinds_seen:  # (the path of every call but the first of its kind)
         return
     _launch.wait_for_compiles()  # (one started by the graph pass may be this kind)
+    for others, running in list(_other_batches_running):
+        if kinds in others:  # (children compile its kernels: wait rather than compile twice)
+            running.result()
+        if running.done():
+            _other_batches_running.remove((others, running))
     if not torch.cuda.is_current_stream_capturing() and _claim(kinds):
         _dry_run(run, kinds)
 
@@ -160,25 +168,11 @@ def in_background(run: Callable, args: tuple) -> None:
     global _background
     if _background is None:
         _background = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead")
-    job = _dry_run_in_processes if WORKERS == "processes" else _dry_run
-    own = _background.submit(job, run, kinds)
-    _launch.wait_before_launching(own)
-    if WORKERS == "processes" and (others := _other_batches(args, kinds)):
-        # (after the call's own, whose kernels they then find in the cache, and nothing
-        # waits for them: the kernels of batch sizes this graph may meet next, compiled into
-        # Triton's cache, where a first run of such a size finds them; in a thread of their
-        # own, so that another graph's call does not wait behind them)
-        global _other_batches_thread
-        if _other_batches_thread is None:
-            _other_batches_thread = ThreadPoolExecutor(
-                1, thread_name_prefix="flashsampling-compile-ahead-batches"
-            )
-        _other_batches_thread.submit(_after, own, run, others)
-
-
-def _after(own: Future, run: Callable, others: list[tuple]) -> None:
-    own.result()
-    _compile_in_children(run, others, _OTHER_BATCHES_NICE)
+    if WORKERS == "processes":
+        job = functools.partial(_dry_run_in_processes, others=_other_batches(args, kinds))
+    else:
+        job = _dry_run
+    _launch.wait_before_launching(_background.submit(job, run, kinds))
 
 
 def _other_batches(args: tuple, kinds: tuple) -> list[tuple]:
@@ -238,12 +232,19 @@ def _dry_runs(run: Callable, calls: list[tuple], share: tuple[int, int] = (0, 1)
     return ran
 
 
-def _dry_run_in_processes(run: Callable, kinds: tuple) -> None:
+def _dry_run_in_processes(run: Callable, kinds: tuple, others: list[tuple] = ()) -> None:
     """``_dry_run`` in ``_PROCESSES`` children, each compiling a share of the launches into
-    Triton's cache directory (this process's, passed on); when all have ended, ``_dry_run``
+    Triton's cache directory (this process's, passed on); when all have done so, ``_dry_run``
     here, which finds their kernels in that cache (a file read each) and compiles any that
-    a child did not leave there, so that the first launch finds every kernel loaded."""
-    _compile_in_children(run, [kinds])
+    a child did not leave there, so that the first launch finds every kernel loaded. The
+    children then go on, at a lower priority, with the calls of kinds ``others``, which
+    nothing waits for but a first run of their kind (``before_first_run``)."""
+    running = _compile_in_children(run, [kinds], others)
+    if running:
+        global _reaper
+        if _reaper is None:
+            _reaper = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead-end")
+        _other_batches_running.append((list(others), _reaper.submit(_reap, running)))
     # (here, not before the children: this thread then holds the GIL while Inductor waits
     # for its compile workers, not during the joint graph passes)
     _settle_cache_keys()
@@ -344,10 +345,9 @@ def _triton_cache_dir() -> str | None:
         return os.environ.get("TRITON_CACHE_DIR")
 
 
-def _start_children(nice: int = 0) -> list:
+def _start_children() -> list:
     """``_PROCESSES`` children waiting for their job on stdin: (process, a file for its
-    errors, the Triton cache directory it compiles into), ``nice`` more nice than this
-    process."""
+    errors, the Triton cache directory it compiles into)."""
     environment = dict(os.environ)
     cache = _triton_cache_dir()
     if cache is not None:
@@ -365,17 +365,12 @@ def _start_children(nice: int = 0) -> list:
                 (
                     subprocess.Popen(
                         [sys.executable, "-c", code], stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL, stderr=errors, env=environment,
+                        stdout=subprocess.PIPE, stderr=errors, env=environment,
                     ),
                     errors,
                     cache,
                 )
             )  # fmt: skip
-            if nice:
-                process = children[-1][0]
-                os.setpriority(
-                    os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice
-                )
     except OSError as error:
         log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
     return children
@@ -387,23 +382,23 @@ def _end(children: list) -> None:
             process.kill()
             process.wait()
         errors.close()
+        process.stdout.close()
     children.clear()
 
 
-def _compile_in_children(run: Callable, calls: list[tuple], nice: int = 0) -> None:
+def _compile_in_children(run: Callable, calls: list[tuple], later: list[tuple] = ()) -> list:
     """The dry runs of ``run`` with each of ``calls`` (kinds) in children, each compiling a
-    share of their launches, at niceness ``nice``."""
-    children = []
-    if not nice:  # (the prestarted ones, if they are all still waiting)
-        with _children_lock:
-            children = list(_waiting_children)
-            _waiting_children.clear()
+    share of their launches; returns when each has done so, with the children that then go
+    on with ``later`` (at niceness ``_OTHER_BATCHES_NICE``: ``_reap`` them)."""
+    with _children_lock:  # (the prestarted ones, if they are all still waiting)
+        children = list(_waiting_children)
+        _waiting_children.clear()
     if not _usable(children):
         _end(children)
-        children = _start_children(nice)
+        children = _start_children()
     try:
         jobs = [
-            pickle.dumps((run, calls, (index, len(children)))).hex()
+            pickle.dumps((run, calls, (index, len(children)), later)).hex()
             for index in range(len(children))
         ]
     except (pickle.PicklingError, TypeError, AttributeError) as error:
@@ -415,26 +410,56 @@ def _compile_in_children(run: Callable, calls: list[tuple], nice: int = 0) -> No
             process.stdin.close()
         except OSError as error:  # (a child that ended: its share compiles in the parent)
             log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
-    for process, errors, _ in children:
-        try:
-            failed = process.wait(timeout=_CHILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:  # (never seen; the first launch would wait for it)
+    import select
+
+    running = []
+    for child in children:
+        process = child[0]
+        ready = select.select([process.stdout], [], [], _CHILD_TIMEOUT_S)[0]
+        said = process.stdout.readline().strip() if ready else b""
+        if said in (_DONE, _FAILED) and later:  # (a failure: its exit code says so, later)
+            running.append(child)
+            continue
+        if said == b"" and process.poll() is None:  # (it hangs: never seen)
             process.kill()
-            failed = process.wait()
-        if failed:
-            errors.seek(0)
-            log.debug(
-                "flashsampling: kernels not compiled ahead (%s)",
-                errors.read()[-2000:].decode(errors="replace"),
-            )
-        errors.close()
+        _wait_for(child)
+    return running
+
+
+def _reap(children: list) -> None:
+    """Wait for ``children`` (those going on with other batch sizes) to end."""
+    for child in children:
+        _wait_for(child)
+
+
+def _wait_for(child: tuple) -> None:
+    """Wait for ``child`` to end (an hour at most), logging what it said if it failed."""
+    process, errors, _ = child
+    try:
+        failed = process.wait(timeout=3600)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        failed = process.wait()
+    if failed:
+        _log_errors(errors)
+    errors.close()
+    process.stdout.close()
+
+
+def _log_errors(errors) -> None:
+    errors.seek(0)
+    log.debug(
+        "flashsampling: kernels not compiled ahead (%s)",
+        errors.read()[-2000:].decode(errors="replace"),
+    )
 
 
 def child() -> None:
     """A child of ``_compile_in_children``: its dry runs from the line its parent writes to
-    its stdin (the call, the kinds of each run, the share of the launches to compile,
-    pickled, in hex),
-    after the imports and the cache keys, which it does while it waits for that line."""
+    its stdin (the call, the kinds of each run, the share of the launches to compile, the
+    kinds of the runs after, pickled, in hex), after the imports and the cache keys, which
+    it does while it waits for that line; it says on stdout when it has done the first
+    runs, then does the later ones at a lower priority."""
     from torch._subclasses import fake_tensor
 
     # A fake CUDA tensor allocates a real one first, for autograd (a CUDA context, hundreds
@@ -450,10 +475,18 @@ def child() -> None:
     job = sys.stdin.readline().strip()
     if not job:
         sys.exit(0)  # (the parent ended, or ended this child, before it had a call)
-    run, calls, share = pickle.loads(bytes.fromhex(job))
+    run, calls, share, later = pickle.loads(bytes.fromhex(job))
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
-    sys.exit(0 if _dry_runs(run, calls, share) else 1)
+    said = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # (anything else written to stdout goes to the errors' file)
+    ran = _dry_runs(run, calls, share)
+    said.write((_DONE if ran else _FAILED) + b"\n")
+    said.close()
+    if later:
+        os.nice(_OTHER_BATCHES_NICE)
+        ran = _dry_runs(run, later, share) and ran
+    sys.exit(0 if ran else 1)
 
 
 def _end_with(parent: int) -> None:

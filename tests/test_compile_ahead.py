@@ -217,8 +217,8 @@ def test_a_dry_run_compiles_each_specialization_once(monkeypatch):
 
 def test_children_run_the_dry_run(monkeypatch, tmp_path):
     """The children, started ahead (``prestart``: the backend, before AOT), get the call and
-    its kinds (pickled: the call by reference) and run it. (One child: each imports torch,
-    seconds on a CPU.)"""
+    its kinds (pickled: the call by reference) and run it, say so, then run the calls of
+    other batch sizes. (One child: each imports torch, seconds on a CPU.)"""
     import pathlib
 
     monkeypatch.setattr(ahead, "_PROCESSES", 1)
@@ -226,9 +226,14 @@ def test_children_run_the_dry_run(monkeypatch, tmp_path):
     monkeypatch.setattr(ahead, "WORKERS", "processes")
     ahead.prestart()
     [(waiting, _, _)] = ahead._waiting_children
-    ran = tmp_path / "ran"
-    ahead._compile_in_children(pathlib.Path.touch, [(torch.device("cpu"), ran)])
-    assert ran.exists() and waiting.returncode == 0 and not ahead._waiting_children
+    ran, later = tmp_path / "ran", tmp_path / "later"
+    cpu = torch.device("cpu")
+    running = ahead._compile_in_children(pathlib.Path.touch, [(cpu, ran)], [(cpu, later)])
+    assert ran.exists() and not ahead._waiting_children
+    # (then the calls nothing waits for, which it runs after it has said it is done)
+    assert [child[0] for child in running] == [waiting]
+    ahead._reap(running)
+    assert later.exists() and waiting.returncode == 0
 
 
 def test_symbolic_sizes_are_read_as_the_calls(monkeypatch):

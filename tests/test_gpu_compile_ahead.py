@@ -130,7 +130,7 @@ def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     args = calls[0]
     kinds = ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
-    children = threading.Thread(target=ahead._compile_in_children, args=(original, kinds))
+    children = threading.Thread(target=ahead._compile_in_children, args=(original, [kinds]))
     free_before, free_least = torch.cuda.mem_get_info()[0], None
     children.start()
     while children.is_alive():  # (a CUDA context a child made would take GPU memory)
