@@ -40,6 +40,7 @@ own), which nothing waits for: a later first run of such a size finds them in th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -145,7 +146,8 @@ def before_first_run(run: Callable, args: tuple) -> None:
         if kinds in others:  # (children compile its kernels: wait rather than compile twice)
             running.result()
         if running.done():
-            _other_batches_running.remove((others, running))
+            with contextlib.suppress(ValueError):  # (another thread's first run did)
+                _other_batches_running.remove((others, running))
     if not torch.cuda.is_current_stream_capturing() and _claim(kinds):
         _dry_run(run, kinds)
 

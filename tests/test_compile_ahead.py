@@ -215,6 +215,22 @@ def test_a_dry_run_compiles_each_specialization_once(monkeypatch):
     assert compiled[-1][2][0].storage_offset() == 1
 
 
+def test_a_first_run_waits_for_children_compiling_its_kind(monkeypatch):
+    """A first run of a batch size whose kernels children are compiling (the other batch
+    sizes of a dynamic-batch graph) waits for them rather than compiling them again."""
+    from concurrent.futures import Future
+
+    args = _flat_call(monkeypatch, CALLS["top_k"])
+    args = (*args[:6], ahead.seed_class(args[6]), *args[7:])
+    running = Future()
+    threading.Timer(0.1, running.set_result, (None,)).start()
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # (no CUDA)
+    monkeypatch.setattr(ahead, "_other_batches_running", [([ahead._real_kinds(args)], running)])
+    ahead.before_first_run(op._fused_sample_run, args)
+    assert running.done() and not ahead._other_batches_running
+
+
 def test_children_run_the_dry_run(monkeypatch, tmp_path):
     """The children, started ahead (``prestart``: the backend, before AOT), get the call and
     its kinds (pickled: the call by reference) and run it, say so, then run the calls of
