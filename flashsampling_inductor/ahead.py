@@ -33,9 +33,9 @@ children, stock 40.2 s; docs/hf.md). ``FLASHSAMPLING_COMPILE_AHEAD_IN=threads`` 
 ``=processes`` chooses either. The children start when the backend is handed a graph that
 may sample (``prestart``), so that their imports are done when the pass hands them the call.
 A graph with a dynamic batch (a step that met a second batch size) is compiled ahead for the
-call it is compiled for (its sizes' hints), then, in children at a lower priority, for the
-batch sizes of ``FLASHSAMPLING_COMPILE_AHEAD_BATCHES`` (their kernels are variants of their
-own), which nothing waits for: a later first run of such a size finds them in the cache.
+call it is compiled for (its sizes' hints), then (opt-in, not measured yet) by the same
+children at a lower priority for the batch sizes of ``FLASHSAMPLING_COMPILE_AHEAD_BATCHES``
+(their kernels are variants of their own), which only a first run of such a size waits for.
 """
 
 from __future__ import annotations
@@ -94,18 +94,18 @@ _KERNEL_MODULES = (
 )  # fmt: skip
 _CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
 _IDLE_CHILD_S = 900  # (a prestarted child whose call never comes: prestart)
-# Batch sizes whose kernels a graph with a dynamic batch compiles ahead, in child processes,
-# after its call's own (``in_background``); "" turns it off. Powers of two, and 33 and 193:
-# sizes whose views of stage 2's buffers are not 16-byte aligned, in the Gluon stage 1's
-# range and above it. At D = 2048 with top-k 50 on Hopper that is every variant of stage 2
-# and of the Gluon stage 1 between 2 and 256 rows (30 compiles in all); the Triton stage 1
-# and the fallback's logits specialize on more (B % 16), smaller compiles. (Dynamo gives a
+# Batch sizes whose kernels a graph with a dynamic batch compiles ahead, in its children at
+# a lower priority once its call's own are done (``in_background``); off ("") by default:
+# not yet measured on a GPU (the one H200 run of an earlier form, in new children started
+# after the call's, ended 11 s into the next size's first call). "2,4,8,16,32,33,64,128,193,
+# 256" (powers of two, and 33 and 193: stage 2's views not 16-byte aligned, in the Gluon
+# stage 1's range and above it) covers every variant of stage 2 and of the Gluon stage 1
+# from 2 to 256 rows at D = 2048, top-k 50 on Hopper (30 compiles; CPU dry runs); the
+# Triton stage 1 and the fallback's logits specialize on more (B % 16). (Dynamo gives a
 # batch of 1 a graph of its own.)
 _OTHER_BATCHES = tuple(
     int(rows)
-    for rows in os.environ.get(
-        "FLASHSAMPLING_COMPILE_AHEAD_BATCHES", "2,4,8,16,32,33,64,128,193,256"
-    ).split(",")
+    for rows in os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_BATCHES", "").split(",")
     if rows.strip()
 )
 _OTHER_BATCHES_NICE = 10  # (their children yield the CPU to this process's own work)
@@ -564,7 +564,8 @@ def _size(value, batch: tuple | None = None):
 
         symbol, rows = batch
         expression = value.node.expr.xreplace({symbol: sympy.Integer(rows)})
-        hints = value.node.shape_env.var_to_val
+        shape_env = value.node.shape_env
+        hints = getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val
         try:
             return int(expression.xreplace({free: hints[free] for free in expression.free_symbols}))
         except (KeyError, TypeError) as error:
