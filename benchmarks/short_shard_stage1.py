@@ -26,6 +26,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+from bench_sampling import capture_graph  # noqa: E402  (this folder)
+
 from flashsampling_inductor.dispatch import (  # noqa: E402
     SampleConfig,
     default_config,
@@ -92,16 +94,7 @@ def _gluon_disabled(config: SampleConfig) -> bool:
 
 def graph_us(fn, replays: int = 20) -> float:
     """Median per call of a CUDA graph of ``replays`` calls of fn (captured after warm-up)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(replays):
-            fn()
+    graph = capture_graph(lambda: [fn() for _ in range(replays)])
     graph.replay()
     times = []
     for _ in range(7):

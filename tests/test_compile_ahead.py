@@ -99,26 +99,40 @@ def test_dry_run_compiles_what_the_call_launches(monkeypatch, knobs):
     torch.testing.assert_close(op._fused_sample_run(*args), out, rtol=0, atol=0)
 
 
-def test_graph_key_is_the_first_runs(monkeypatch):
-    """The pass's key of a traced call (fake tensors) equals the key its first run makes
-    from the real tensors: the run then does not compile the call ahead again."""
+# The traced call of the two tests below (its seed a tensor, as a compiled step's).
+KNOBS = dict(top_k=5, temperature=0.7, seed=torch.tensor(3))
+
+
+def _compiled_ahead_by_the_pass(monkeypatch, tracing_mode: str) -> tuple:
+    """The arguments the pass hands the compile ahead for a step traced with
+    ``tracing_mode`` (fake tensors, their sizes symbolic with "symbolic")."""
     hidden, weight = torch.randn(B, D), torch.randn(V, D)
-    seed = torch.tensor(3)
 
     def step(hidden, weight, seed):
-        return fused_sample(hidden, weight, top_k=5, temperature=0.7, seed=seed, impl="triton")
+        return fused_sample(hidden, weight, **{**KNOBS, "seed": seed}, impl="triton")
 
-    graph = make_fx(step, tracing_mode="fake")(hidden, weight, seed).graph
+    graph = make_fx(step, tracing_mode=tracing_mode)(hidden, weight, KNOBS["seed"]).graph
     started = []
     monkeypatch.setattr(op, "_triton_interpreter_on", lambda: False)  # (as on a GPU)
     monkeypatch.setattr(ahead, "in_background", lambda run, args: started.append(args))
     for node in graph.nodes:
         op.compile_ahead_in_background(node)
-    assert len(started) == 1
     monkeypatch.undo()
-    real = _flat_call(monkeypatch, dict(top_k=5, temperature=0.7, seed=seed))
-    real = (*real[:6], ahead.seed_class(real[6]), *real[7:])
-    assert ahead._fake_kinds(started[0]) == ahead._real_kinds(real)
+    assert len(started) == 1
+    return started[0]
+
+
+def _real_call_kinds(monkeypatch, knobs: dict, **shape) -> tuple:
+    """The key the first run of the real call with ``knobs`` makes."""
+    real = _flat_call(monkeypatch, knobs, **shape)
+    return ahead._real_kinds((*real[:6], ahead.seed_class(real[6]), *real[7:]))
+
+
+def test_graph_key_is_the_first_runs(monkeypatch):
+    """The pass's key of a traced call (fake tensors) equals the key its first run makes
+    from the real tensors: the run then does not compile the call ahead again."""
+    started = _compiled_ahead_by_the_pass(monkeypatch, "fake")
+    assert ahead._fake_kinds(started) == _real_call_kinds(monkeypatch, KNOBS)
 
 
 def test_first_launch_waits_for_the_background_compile(monkeypatch):
@@ -257,34 +271,16 @@ def test_symbolic_sizes_are_read_as_the_calls(monkeypatch):
     compiled ahead for the call it is compiled for: the pass's key of the traced call, its
     sizes read as their hints, is the key of that call's first run; and then for the batch
     sizes it may meet next."""
-    hidden, weight = torch.randn(B, D), torch.randn(V, D)
-    seed = torch.tensor(3)
-
-    def step(hidden, weight, seed):
-        return fused_sample(hidden, weight, top_k=5, temperature=0.7, seed=seed, impl="triton")
-
-    graph = make_fx(step, tracing_mode="symbolic")(hidden, weight, seed).graph
-    started = []
-    monkeypatch.setattr(op, "_triton_interpreter_on", lambda: False)  # (as on a GPU)
-    monkeypatch.setattr(ahead, "in_background", lambda run, args: started.append(args))
-    for node in graph.nodes:
-        op.compile_ahead_in_background(node)
-    assert len(started) == 1
-    assert isinstance(started[0][0].shape[0], torch.SymInt)
-    monkeypatch.undo()
-    knobs = dict(top_k=5, temperature=0.7, seed=seed)
-    real = _flat_call(monkeypatch, knobs)
-    real = (*real[:6], ahead.seed_class(real[6]), *real[7:])
-    kinds = ahead._fake_kinds(started[0])
-    assert kinds == ahead._real_kinds(real)
+    started = _compiled_ahead_by_the_pass(monkeypatch, "symbolic")
+    assert isinstance(started[0].shape[0], torch.SymInt)
+    kinds = ahead._fake_kinds(started)
+    assert kinds == _real_call_kinds(monkeypatch, KNOBS)
     # The kernels of other batch sizes, compiled ahead after its own: the same call's keys
     # at those sizes.
     monkeypatch.setattr(ahead, "_OTHER_BATCHES", (2, 8, 64))  # (opt-in)
-    others = ahead._other_batches(started[0], kinds)
+    others = ahead._other_batches(started, kinds)
     assert [other[1][0][0] for other in others] == [2, 8, 64]
-    real = _flat_call(monkeypatch, knobs, rows=8)
-    real = (*real[:6], ahead.seed_class(real[6]), *real[7:])
-    assert ahead._real_kinds(real) in others
+    assert _real_call_kinds(monkeypatch, KNOBS, rows=8) in others
 
 
 def test_settled_cache_keys_do_not_depend_on_what_ran_before():
