@@ -51,6 +51,18 @@ def candidates(batch: int) -> dict[str, SampleConfig]:
             "gluon64x128": SampleConfig(
                 64, 128, 64, swap_ab=False, num_stages=4, warp_specialized_rows=64
             ),
+            # Fewer, wider tiles or persistent programs: 37984 / 64 = 594 tiles are 4.5
+            # waves on 132 SMs (wave quantization on the TP = 4 shard).
+            "gluon64rows": SampleConfig(
+                64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=64
+            ),
+            "t64x128_pps2": SampleConfig(
+                64, 128, 64, swap_ab=False, num_stages=4, programs_per_sm=2, tma=True
+            ),
+            "t64x64_pps2": SampleConfig(
+                64, 64, 64, swap_ab=False, num_stages=4, programs_per_sm=2, tma=True
+            ),
+            "triton64x128": SampleConfig(64, 128, 64, swap_ab=False, num_stages=3),
         }
     return {
         "t128x128_pps2_c2": SampleConfig(
