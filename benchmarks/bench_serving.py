@@ -195,7 +195,10 @@ def aten_split_scans() -> None:
             isinstance(getattr(getattr(result, "data", None), "data", None), ir.SplitScan)
             for result in results
         )
-        return [None] * len(results) if split and can_fallback_to_aten else results
+        if not (split and can_fallback_to_aten):
+            return results
+        print(f"aten_split_scans: a split scan over {results[0].get_size()} lowered to ATen")
+        return [None] * len(results)
 
     ir.Scan.create = classmethod(create_unsplit)
 
