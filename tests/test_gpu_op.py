@@ -325,6 +325,9 @@ def test_gpu_swapped_kernel_draws_the_triton_kernels_tokens(batch, monkeypatch):
         (SamplingParams(temperature_rows(batch), 1.0, seeds, 0, 2, torch.bfloat16), bias),
         (SamplingParams(None, 0.0, None, 5, 1), None),
     ]
+    # (greedy above SWAP_GREEDY_ROWS_MAX rows keeps the Triton kernel by default: here the
+    # swapped kernel's greedy runs at every batch)
+    monkeypatch.setattr(dispatch, "SWAP_GREEDY_ROWS_MAX", 256)
     triton_tiles = dispatch.SampleConfig(
         128, 128, 64, swap_ab=False, num_warps=8, maxnreg=128, tma=True, programs_per_sm=2,
         epilogue_chunks=4,
@@ -347,10 +350,17 @@ def test_gpu_swapped_kernel_draws_the_triton_kernels_tokens(batch, monkeypatch):
 def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
     """Truncation knobs in the swapped Gluon stage 1 (its top-m epilogue on 64-wide tiles,
     the sampling one beside it where knobs may be off, each per block of rows on the device)
-    draw the Triton kernel's tokens: 0-d knobs at their off values and 0-d top-k 50 as
-    ``generate`` passes them, [B] knobs with per-row temperatures (greedy rows), seeds, a bias
-    and bf16 logits over two samples, top-p alone, and a scalar top-k that truncates every row
-    (``SWAP_TRUNCATING``), on a ragged vocabulary whose last 64-wide tile lies past V."""
+    draw the tokens of the Triton kernel's 64-wide tiles: [B] knobs with per-row temperatures
+    (greedy rows), seeds, a bias and bf16 logits over two samples, top-p alone (a 0-d
+    tensor: the mass partials), and a scalar top-k that truncates every row
+    (``SWAP_TRUNCATING``), on a ragged vocabulary whose last 64-wide tile lies past V; as a
+    split stage 1 (SWAP_SPLIT) and, at 150 rows, unsplit. (0-d knobs at their off values
+    and 0-d top-k 50, as ``generate`` passes them, take the swapped kernel on the default
+    route: test_gpu_knobs_that_may_be_off_take_a_gluon_stage1_above_128_rows.)
+
+    Each case compiles stage 1 per half, and stage 2 and the fallback per knob mode (3-9 s
+    each on an H200 machine's CPUs, cold): the cases are those that reach different code,
+    and the reference's 64-wide tiles share the swapped kernel's stage 2 and fallback."""
     from flashsampling_inductor import dispatch, hopper_swap_kernel
     from flashsampling_inductor.params import SamplingParams
 
@@ -368,38 +378,30 @@ def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
     weight = (weight * 4 / hidden_size**0.5).bfloat16()
     bias = torch.randn(vocab, generator=generator, device=CUDA).bfloat16()
     seed = torch.tensor(11, device=CUDA)
-
-    def zero_d(value, dtype=torch.float32):
-        return torch.tensor(value, dtype=dtype, device=CUDA)
-
     on = torch.arange(batch, device=CUDA) % 4 == 0
-    off_knobs = dict(top_k=zero_d(0, torch.int64), top_p=zero_d(1.0), min_p=zero_d(0.0))
-    k50 = {**off_knobs, "top_k": zero_d(50, torch.int64)}
     row_seeds = torch.randint(0, 2**62, (batch,), generator=generator, device=CUDA)
     row_knobs = dict(
         logits_dtype=torch.bfloat16, top_k=torch.where(on, 50, 0),
         top_p=torch.where(on, 0.9, 1.0), min_p=torch.zeros(batch, device=CUDA),
     )  # fmt: skip
+    row_case = (SamplingParams(temperature_rows(batch), 1.0, row_seeds, 0, 2, **row_knobs), bias)
     cases = [
-        (SamplingParams(zero_d(0.7), 1.0, seed, 0, 1, **off_knobs), None),
-        (SamplingParams(zero_d(0.7), 1.0, seed, 0, 1, **k50), None),
-        (SamplingParams(temperature_rows(batch), 1.0, row_seeds, 0, 2, **row_knobs), bias),
-        (SamplingParams(None, 0.8, seed, 0, 1, top_p=zero_d(0.9)), None),
+        row_case,
+        (SamplingParams(None, 0.8, seed, 0, 1, top_p=torch.tensor(0.9, device=CUDA)), None),
         (SamplingParams(None, 0.8, None, 5, 1, scalar_top_k=50), None),
     ]
-    triton_tiles = dispatch.SampleConfig(
-        128, 128, 64, swap_ab=False, num_warps=8, maxnreg=128, tma=True, programs_per_sm=2,
-        epilogue_chunks=4,
-    )  # fmt: skip
+    runs = [(True, case) for case in cases]  # SWAP_SPLIT: knobs that may be off in two launches
+    if batch <= 160:
+        runs.append((False, row_case))
+    triton_tiles = dispatch.SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
     swapped = dataclasses.replace(triton_tiles, warp_specialized_swap="ping-pong")
-    for split in (True, False):  # SWAP_SPLIT: knobs that may be off in two launches
+    for split, (params, case_bias) in runs:
         monkeypatch.setattr(dispatch, "SWAP_SPLIT", split)
-        for params, case_bias in cases:
-            launches.clear()
-            tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
-            expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
-            assert torch.equal(tokens, expected), (split, params)
-            assert len(launches) == 1 + (split and dispatch.knobs_may_be_off(params, vocab))
+        launches.clear()
+        tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
+        expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
+        assert torch.equal(tokens, expected), (split, params)
+        assert len(launches) == 1 + (split and dispatch.knobs_may_be_off(params, vocab))
     assert hopper_swap_kernel._disabled_by is None
 
 
