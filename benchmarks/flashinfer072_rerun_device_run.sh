@@ -40,7 +40,7 @@ if ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/
 fi
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-git log --oneline -1 2>/dev/null || cat MAIN_COMMIT 2>/dev/null
+cat MAIN_COMMIT 2>/dev/null || git log --oneline -1
 
 site=/tmp/site072_big5 ws=/tmp/fiws072_big5
 rm -rf "$site" "$ws" && mkdir -p "$site"
