@@ -1623,9 +1623,14 @@ def launch_fallback(
         runtime.pop(shared)
     names = _fallback_folded.arg_names[len(logits_runtime) : len(logits_runtime) + len(runtime)]
     assert set(names) == set(runtime), sorted(set(names) ^ set(runtime))
+    # (stage 2's warps, as _fallback_stage2's: at 4 a row's draw spills 17 KB a thread to
+    # the stack; at 16, 128 registers a thread, one program a SM)
+    warps = max(patched_warps, whole_warps)
+    if not interpreter:
+        programs = min(programs, max(1, FALLBACK_PROGRAMS_PER_SM * 4 // warps) * sms)
     launch(
         _fallback_folded, (programs,), *logits_runtime, *(runtime[n] for n in names),
-        **logits_constexprs, **constexprs, **pdl_launch(hidden.device), num_warps=4,
+        **logits_constexprs, **constexprs, **pdl_launch(hidden.device), num_warps=warps,
         num_stages=3,
     )  # fmt: skip
 
