@@ -617,13 +617,11 @@ def _finish_truncation(
     interpreter = hidden.device.type == "cpu"
     logits_dtype = params.logits_dtype
     tl_logits_dtype = None if logits_dtype is None else TL_DTYPES[logits_dtype]
+    overflow = torch.empty(batch, dtype=torch.int32, device=hidden.device)
     floor = torch.empty(batch, dtype=torch.int32, device=hidden.device)
     patch = None
     if patching_pays(params):
         patch = truncation_kernel.patch_buffers(stage1, block_v)
-    # (with the fallback folded, one slot more: its ticket)
-    fold = truncation_kernel.FOLD_FALLBACK and patch is not None
-    overflow = torch.empty(batch + fold, dtype=torch.int32, device=hidden.device)
     keep = merge_keep(params, vocab_size)
     truncation_kernel.launch_stage2(
         stage1, params, vocab_size, temperature_mode, out, overflow, floor, patch=patch,

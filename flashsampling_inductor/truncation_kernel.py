@@ -37,8 +37,6 @@ can hide.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -97,11 +95,6 @@ PATCH_TILES = 16
 PREFETCH_PLAIN = True
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
-# The fallback in one launch (``_fallback_folded``): the last of _fallback_logits' programs
-# to finish (a ticket) draws the flagged rows, one after the other, instead of a second
-# launch of one program per row, which every call pays, since the host cannot know that no
-# row is flagged. Off: being measured (issue 35; FLASHSAMPLING_FOLD_FALLBACK=1 turns it on).
-FOLD_FALLBACK = os.environ.get("FLASHSAMPLING_FOLD_FALLBACK", "0") == "1"
 
 
 @triton.jit
@@ -928,15 +921,10 @@ def _truncated_stage2(
     PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
     LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
     PLAIN_BLOCK: tl.constexpr = 16, PREFETCH_PLAIN: tl.constexpr = False,
-    ZERO_TICKET: tl.constexpr = False,
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates. The
-    arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL and
-    ZERO_TICKET: program 0 zeroes overflow_ptr[B], the folded fallback's ticket."""
+    arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL."""
     await_previous_kernel(PDL)
-    if ZERO_TICKET:
-        if tl.program_id(0) == 0:
-            tl.store(overflow_ptr + tl.num_programs(0), 0)
     _stage2_row(
         tl.program_id(0), key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr,
         plain_index_ptr, temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
@@ -978,41 +966,7 @@ def _fallback_stage2(
     the full_* buffers), any other row not at all: a launch fewer than a pass each on
     every truncating call, where almost no row is flagged."""
     await_previous_kernel(PDL)
-    _fallback_row(
-        tl.program_id(0), key_ptr, index_ptr, mass_ptr, compact_key_ptr, compact_index_ptr,
-        patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-        logits_ptr, full_compact_key_ptr, full_compact_index_ptr, full_compact_value_ptr,
-        temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
-        floor_ptr, log_mass_ptr, logprob_ptr,
-        num_candidates, num_tiles, num_mass_tiles, V,
-        scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
-        num_samples,
-        TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_MASS, FAST_MATH,
-        PATCHED_SINGLE, PATCHED_BLOCK, PATCHED_COMPACT, PATCH_TILES, PATCH_V, KEY_LOW_BITS,
-        COMPLETE_SINGLE, COMPLETE_BLOCK, COMPLETE_COMPACT, PACK, LOGPROBS, RAW_LOGIT_LATER,
-    )  # fmt: skip
-
-
-@triton.jit
-def _fallback_row(
-    row, key_ptr, index_ptr, mass_ptr, compact_key_ptr, compact_index_ptr,
-    patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-    logits_ptr, full_compact_key_ptr, full_compact_index_ptr, full_compact_value_ptr,
-    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
-    floor_ptr, log_mass_ptr, logprob_ptr,
-    num_candidates, num_tiles, num_mass_tiles, V,
-    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
-    num_samples,
-    TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
-    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
-    HAS_MASS: tl.constexpr, FAST_MATH: tl.constexpr,
-    PATCHED_SINGLE: tl.constexpr, PATCHED_BLOCK: tl.constexpr, PATCHED_COMPACT: tl.constexpr,
-    PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
-    COMPLETE_SINGLE: tl.constexpr, COMPLETE_BLOCK: tl.constexpr,
-    COMPLETE_COMPACT: tl.constexpr, PACK: tl.constexpr, LOGPROBS: tl.constexpr,
-    RAW_LOGIT_LATER: tl.constexpr,
-):  # fmt: skip
-    """Row ``row`` of ``_fallback_stage2`` (its arguments), drawn if flagged."""
+    row = tl.program_id(0)
     code = tl.load(overflow_ptr + row)
     # (a flagged row is truncated: neither pass reads plain candidates)
     if code == OVERFLOW_PATCH:
@@ -1157,27 +1111,6 @@ def _fallback_logits(
     + j) in turn: tile j of row r recomputed for a patched row (OVERFLOW_PATCH) listing at
     least j + 1 tiles, as keys and indices for the patched stage 2."""
     await_previous_kernel(PDL)
-    _recompute_flagged(
-        hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
-        patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-        B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap, num_full_programs,
-        HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER,
-        BLOCK_B, BLOCK_V, BLOCK_D, SCAN, PATCH_TILES, PATCH_V,
-    )  # fmt: skip
-
-
-@triton.jit
-def _recompute_flagged(
-    hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
-    patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-    B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap, num_full_programs,
-    HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, SCAN: tl.constexpr,
-    PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr,
-):  # fmt: skip
-    """``_fallback_logits``' work (its arguments, less PDL); returns how many rows are
-    flagged."""
     pid = tl.program_id(0)
     # Every flag first, in one pass of vector loads: a call with no row flagged (almost
     # every call, and every one whose knobs are all off) returns after one load's latency,
@@ -1199,9 +1132,9 @@ def _recompute_flagged(
                     softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION,
                     INTERPRETER, BLOCK_D, PATCH_TILES, PATCH_V,
                 )  # fmt: skip
-    # (no early return: a helper's must not be inside an if)
-    last_tile = tl.where(num_flagged > 0, num_full_programs, 0)
-    for tile in range(pid, last_tile, tl.num_programs(0)):
+    if num_flagged == 0:
+        return
+    for tile in range(pid, num_full_programs, tl.num_programs(0)):
         offs_v = tile * BLOCK_V + tl.arange(0, BLOCK_V)
         v_mask = offs_v < V
         for first in range(0, num_flagged, BLOCK_B):
@@ -1213,69 +1146,6 @@ def _recompute_flagged(
             )  # fmt: skip
             tl.store(scratch_ptr + rows.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
                      mask=found[:, None] & v_mask[None, :])  # fmt: skip
-    return num_flagged + num_patched
-
-
-@triton.jit(do_not_specialize=["softcap", "scalar_temperature", "seed_lo", "seed_hi",
-                               "scalar_top_k", "scalar_top_p", "scalar_min_p"])  # fmt: skip
-def _fallback_folded(
-    hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
-    patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-    B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap, num_full_programs,
-    key_ptr, index_ptr, mass_ptr, compact_key_ptr, compact_index_ptr,
-    full_compact_key_ptr, full_compact_index_ptr, full_compact_value_ptr,
-    temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
-    floor_ptr, log_mass_ptr, logprob_ptr,
-    num_candidates, num_tiles, num_mass_tiles,
-    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
-    num_samples,
-    HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, SCAN: tl.constexpr,
-    TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
-    TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
-    HAS_MASS: tl.constexpr, FAST_MATH: tl.constexpr,
-    PATCHED_SINGLE: tl.constexpr, PATCHED_BLOCK: tl.constexpr, PATCHED_COMPACT: tl.constexpr,
-    PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
-    COMPLETE_SINGLE: tl.constexpr, COMPLETE_BLOCK: tl.constexpr,
-    COMPLETE_COMPACT: tl.constexpr, PACK: tl.constexpr,
-    PDL: tl.constexpr, LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
-):  # fmt: skip
-    """``_fallback_logits`` then ``_fallback_stage2`` in one launch (their arguments;
-    scratch_ptr is the latter's logits_ptr): a call with no row flagged returns after the
-    flags' load, as before, without the second launch. Otherwise each program, its tiles
-    done, takes a ticket (overflow_ptr[B], which stage 2 zeroed); the last draws every
-    flagged row in turn, after the others' recomputed logits (acquire, release)."""
-    await_previous_kernel(PDL)
-    num_flagged = _recompute_flagged(
-        hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, scratch_ptr,
-        patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-        B, V, D, stride_hb, stride_hd, stride_wv, stride_wd, softcap, num_full_programs,
-        HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER,
-        BLOCK_B, BLOCK_V, BLOCK_D, SCAN, PATCH_TILES, PATCH_V,
-    )  # fmt: skip
-    if num_flagged > 0:
-        # (every thread's stores of this program before its ticket, which releases them)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(overflow_ptr + B, 1, sem="acq_rel", scope="gpu")
-        if ticket == tl.num_programs(0) - 1:
-            tl.debug_barrier()
-            for row in range(0, B):
-                _fallback_row(
-                    tl.cast(row, tl.int32),  # (a Python int under the interpreter)
-                    key_ptr, index_ptr, mass_ptr, compact_key_ptr, compact_index_ptr,
-                    patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-                    scratch_ptr, full_compact_key_ptr, full_compact_index_ptr,
-                    full_compact_value_ptr, temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr,
-                    min_p_ptr, out_ptr, overflow_ptr, floor_ptr, log_mass_ptr, logprob_ptr,
-                    num_candidates, num_tiles, num_mass_tiles, V,
-                    scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p,
-                    scalar_min_p, num_samples,
-                    TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
-                    HAS_MASS, FAST_MATH, PATCHED_SINGLE, PATCHED_BLOCK, PATCHED_COMPACT,
-                    PATCH_TILES, PATCH_V, KEY_LOW_BITS, COMPLETE_SINGLE, COMPLETE_BLOCK,
-                    COMPLETE_COMPACT, PACK, LOGPROBS, RAW_LOGIT_LATER,
-                )  # fmt: skip
 
 
 @triton.jit
@@ -1508,8 +1378,6 @@ def _stage2_arguments(
         # 16384 lanes, sized for the truncation candidates: 0.4-0.6 us less on an H200)
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
         PREFETCH_PLAIN=PREFETCH_PLAIN and stage1.get("plain_score") is not None,
-        # (an overflow slot past the rows: the folded fallback's ticket, zeroed here)
-        ZERO_TICKET=overflow.shape[0] > batch,
     )  # fmt: skip
     return runtime, constexprs, 16 if block >= 8192 else 8
 
@@ -1563,29 +1431,23 @@ def launch_fallback(
     if not interpreter:
         sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count
         programs = min(programs, FALLBACK_PROGRAMS_PER_SM * sms)
-    logits_runtime = (
+    launch(
+        _fallback_logits, (programs,),
         hidden, weight, bias, overflow, scratch, buffers.get("tiles"), buffers.get("count"),
         buffers.get("keys"), buffers.get("index"),
         batch, vocab_size, hidden_size,
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), params.softcap,
         full_programs,
-    )  # fmt: skip
-    logits_constexprs = dict(
         HAS_BIAS=bias is not None, LOGITS_DTYPE=logits_dtype, HAS_SOFTCAP=params.softcap > 0,
         DOT_PRECISION=dot_precision, INTERPRETER=interpreter,
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
         SCAN=min(256, max(16, triton.next_power_of_2(batch))),
+        PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
+        **pdl_launch(hidden.device), num_warps=4, num_stages=3,
     )  # fmt: skip
-    fold = FOLD_FALLBACK and patch is not None and overflow.shape[0] > batch
-    if not fold:
-        launch(
-            _fallback_logits, (programs,), *logits_runtime, **logits_constexprs,
-            PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
-            **pdl_launch(hidden.device), num_warps=4, num_stages=3,
-        )  # fmt: skip
     log_mass = None if stage1 is None else stage1.get("log_mass")
     full = ({"top_m_key": scratch, "log_mass": log_mass}, params, vocab_size, temperature_mode,
-            out, overflow[:batch], floor)  # fmt: skip
+            out, overflow, floor)  # fmt: skip
     if patch is None:
         launch_stage2(*full, complete=True, fast_math=fast_math, logprobs=logprobs)
         return
@@ -1612,27 +1474,9 @@ def launch_fallback(
         COMPLETE_SINGLE=whole_constexprs["SINGLE"], COMPLETE_BLOCK=whole_constexprs["BLOCK"],
         COMPLETE_COMPACT=whole_constexprs["COMPACT"], PACK=whole_constexprs["PACK"],
     )  # fmt: skip
-    if not fold:
-        _launch_by_name(
-            _fallback_stage2, (out.shape[0],), runtime, constexprs,
-            max(patched_warps, whole_warps),
-        )  # fmt: skip
-        return
-    for shared in ("logits_ptr", "overflow_ptr", "V", "patch_tile_ptr", "patch_count_ptr",
-                   "patch_key_ptr", "patch_index_ptr"):  # (logits_runtime's)  # fmt: skip
-        runtime.pop(shared)
-    names = _fallback_folded.arg_names[len(logits_runtime) : len(logits_runtime) + len(runtime)]
-    assert set(names) == set(runtime), sorted(set(names) ^ set(runtime))
-    # (stage 2's warps, as _fallback_stage2's: at 4 a row's draw spills 17 KB a thread to
-    # the stack; at 16, 128 registers a thread, one program a SM)
-    warps = max(patched_warps, whole_warps)
-    if not interpreter:
-        programs = min(programs, max(1, FALLBACK_PROGRAMS_PER_SM * 4 // warps) * sms)
-    launch(
-        _fallback_folded, (programs,), *logits_runtime, *(runtime[n] for n in names),
-        **logits_constexprs, **constexprs, **pdl_launch(hidden.device), num_warps=warps,
-        num_stages=3,
-    )  # fmt: skip
+    _launch_by_name(
+        _fallback_stage2, (out.shape[0],), runtime, constexprs, max(patched_warps, whole_warps)
+    )
 
 
 # What _fallback_stage2's two passes share, and the patched pass's own buffers (both as

@@ -52,7 +52,7 @@ stage2 = {
 stage2_shared = dict(
     plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
     log_mass_ptr=None, plain_value_ptr=None, logprob_ptr=None, LOGPROBS=0,  # no logprobs asked
-    RAW_LOGIT_LATER=False, PLAIN_BLOCK=16, PREFETCH_PLAIN=False, ZERO_TICKET=False,
+    RAW_LOGIT_LATER=False, PLAIN_BLOCK=16, PREFETCH_PLAIN=False,
     HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True,
 )
 
