@@ -152,4 +152,38 @@ def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "_compiled", {})
     original(*calls[0])
     new = sorted({p.name for p in tmp_path.rglob("*") if p.is_file() and p not in written})
-    assert not new, f"compiled again here: {new}"
+    if new:
+        why = _why_compiled_again(tmp_path, written, launched)
+        pytest.fail(f"compiled again here: {new}\n{why}")
+
+
+def _why_compiled_again(cache, written, launched) -> str:
+    """What differs between a kernel's compile in the children and its compile here (its
+    metadata's fields, and its source key here and in a new process), for the failure's
+    message."""
+    import json
+    import subprocess
+    import sys
+
+    lines = []
+    for path in cache.rglob("*.json"):
+        if path in written or path.name.startswith("__grp__"):
+            continue
+        here = json.loads(path.read_text())
+        for before in (p for p in written if p.name == path.name):
+            child = json.loads(before.read_text())
+            differ = {k: (child.get(k), here.get(k)) for k in child.keys() | here.keys()}
+            differ = {k: v for k, v in differ.items() if v[0] != v[1]}
+            lines.append(f"{path.stem}: (children's, here) {differ}")
+    names = sorted({kernel.fn.__name__ for kernel in launched})
+    modules = {kernel.fn.__name__: kernel.fn.__module__ for kernel in launched}
+    code = (
+        "import importlib; from flashsampling_inductor import ahead; ahead._settle_cache_keys()\n"
+        f"for name, module in {modules!r}.items():\n"
+        "    print(name, getattr(importlib.import_module(module), name).cache_key)"
+    )
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    here_keys = {kernel.fn.__name__: kernel.cache_key for kernel in launched}
+    lines.append(f"source keys here {[here_keys[n] for n in names]}")
+    lines.append(f"in a new process: {fresh.stdout.strip()!r} {fresh.stderr[-500:]!r}")
+    return "\n".join(lines)
