@@ -17,22 +17,12 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 budget=290 batches=1,16,64,128,256
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --budget) budget=$2; shift ;;
-        --batches) batches=$2; shift ;;
-        *) echo "unknown argument: $1" >&2; exit 2 ;;
-    esac
-    shift
-done
+source benchmarks/device_job_lib.sh
+parse_budget_batches "$@"
 out=${OUT:-$PWD/benchmarks/results}/fi072
 mkdir -p "$out"
 exec > >(tee -a "$out/run.log") 2>&1
 export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-elapsed() { echo $(($(date +%s) - t0)); }
-say() { echo "== $(elapsed) s: $*"; }
-left() { echo $((budget - $(elapsed))); }
 
 if ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     say "no CUDA device: nothing to time"

@@ -12,19 +12,10 @@
 #      exchange as a programmatic dependent), fused_tp_best (stage 1 on B's fastest)
 #   D: tests/test_tp_gpu.py 10,000 skewed steps at world 4
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-O=${OUT:-/tmp/out}/tp4/r3; mkdir -p "$O"
-TOTAL=${TOTAL_S:-222}
-T0=$(date +%s)
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-cap() { local l=$(( $(left) - ${2:-0} )); [ "$l" -gt "$1" ] && l=$1; echo "$l"; }
-S=$O/summary.txt
-GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
-if [ "$GPUS" -lt 2 ]; then echo "needs 2 or 4 CUDA GPUs (found $GPUS): nothing run" | tee "$S"; exit 0; fi
-{ nvidia-smi -L; nvidia-smi --query-gpu=power.limit,clocks.max.sm --format=csv
-  python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-  cat COMMIT 2>/dev/null; } > "$O/env.txt" 2>&1
-echo "GPUs: $GPUS" >> "$S"
+cd "$(dirname "$0")/.."
+budget=${TOTAL_S:-222}
+source benchmarks/device_job_lib.sh
+tp_job_start tp4/r3 2
 
 hf_tp2() {  # $1 GPUs, $2 port, $3 shape, $4 layers, $5 limit
     local t; t=$(date +%s)
@@ -63,7 +54,7 @@ if [ "$GPUS" -lt 4 ]; then
     if [ "$L" -gt 22 ]; then
         stage1 0 4096x37984 64,256 "$L" "$B64,$B256"; collect "$O"/stage1_4096x37984_b64,256.sum
     fi
-    echo "total $(( $(date +%s)-T0 )) s" >> "$S"; cat "$S"; exit 0
+    echo "total $(elapsed) s" >> "$S"; cat "$S"; exit 0
 fi
 
 # A
@@ -100,15 +91,8 @@ echo "C bench_tp TP=4 B=64,256: rc=$? wall $(( $(date +%s)-t )) s" >> "$S"
 grep -E "^D=|fused_tp_best D" "$O/bench_tp4.log" | head -24 >> "$S"
 
 # D
-L=$(cap 45 2)
-if [ "$L" -gt 28 ]; then
-    t=$(date +%s)
-    timeout -k 3 "$L" python3 -m pytest -q -s -rA -p no:cacheprovider -m multigpu \
-        tests/test_tp_gpu.py -k "10000_skewed" > "$O/skewed_world4.log" 2>&1
-    echo "D test_10000_skewed_steps world 4: rc=$? wall $(( $(date +%s)-t )) s" >> "$S"
-    grep -E "tp_ranks:|PASSED|FAILED|passed|failed|Error" "$O/skewed_world4.log" | head -8 >> "$S"
-else
-    echo "D skewed world 4: no time left ($L s)" >> "$S"
-fi
-echo "total $(( $(date +%s)-T0 )) s" >> "$S"
+timed_step "D test_10000_skewed_steps world 4" "$O/skewed_world4.log" 29 "$(cap 45 2)" \
+    python3 -m pytest -q -s -rA -p no:cacheprovider -m multigpu tests/test_tp_gpu.py -k "10000_skewed"
+grep -E "tp_ranks:|PASSED|FAILED|passed|failed|Error" "$O/skewed_world4.log" 2>/dev/null | head -8 >> "$S"
+echo "total $(elapsed) s" >> "$S"
 cat "$S"

@@ -9,19 +9,10 @@
 #      allgather_fi2, allgather_compiled) -- issue 39 item 6's CSV
 #   C: hf_tp.py TP = 4, Llama-3.1-8B dims 4 layers, B = 16 (stock and fused) -- item 5
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-O=${OUT:-/tmp/out}/tp5/r1; mkdir -p "$O"
-TOTAL=${TOTAL_S:-196}
-T0=$(date +%s)
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-cap() { local l=$(( $(left) - ${2:-0} )); [ "$l" -gt "$1" ] && l=$1; echo "$l"; }
-S=$O/summary.txt
-GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
-if [ "$GPUS" -lt 4 ]; then echo "needs 4 CUDA GPUs (found $GPUS): nothing run" | tee "$S"; exit 0; fi
-{ nvidia-smi -L; nvidia-smi --query-gpu=power.limit,clocks.max.sm --format=csv
-  python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-  cat COMMIT 2>/dev/null; } > "$O/env.txt" 2>&1
-echo "GPUs: $GPUS" >> "$S"
+cd "$(dirname "$0")/.."
+budget=${TOTAL_S:-196}
+source benchmarks/device_job_lib.sh
+tp_job_start tp5/r1 4
 
 stage1() {  # $1 GPU, $2 shape, $3 batches, $4 limit
     local t; t=$(date +%s)
@@ -53,17 +44,10 @@ echo "B bench_tp TP=4 B=1,16,64,256: rc=$? wall $(( $(date +%s)-t )) s" >> "$S"
 grep -E "^D=|fused_tp_best D" "$O/bench_tp4.log" | sort -u | head -64 >> "$S"
 
 # C
-L=$(cap 80 2)
-if [ "$L" -gt 40 ]; then
-    t=$(date +%s)
-    timeout -k 5 "$L" python3 -m torch.distributed.run --nproc_per_node=4 --master_port 29521 \
-        benchmarks/hf_tp.py --shape llama-3.1-8b --layers 4 --batches 16 \
-        --configs fused,stock --new-tokens 64 --repeats 2 --checkpoint /tmp/ck_tp5_llama \
-        --out-dir "$O" > "$O/hf_tp4_llama-3.1-8b.log" 2>&1
-    echo "C hf_tp TP=4 llama-3.1-8b 4 layers: rc=$? wall $(( $(date +%s)-t )) s" >> "$S"
-    grep -E "^B=|barrier|destroyed|Timeout|Error" "$O/hf_tp4_llama-3.1-8b.log" | head -8 >> "$S"
-else
-    echo "C hf_tp TP=4: no time left ($L s)" >> "$S"
-fi
-echo "total $(( $(date +%s)-T0 )) s" >> "$S"
+timed_step "C hf_tp TP=4 llama-3.1-8b 4 layers" "$O/hf_tp4_llama-3.1-8b.log" 41 "$(cap 80 2)" \
+    python3 -m torch.distributed.run --nproc_per_node=4 --master_port 29521 \
+    benchmarks/hf_tp.py --shape llama-3.1-8b --layers 4 --batches 16 \
+    --configs fused,stock --new-tokens 64 --repeats 2 --checkpoint /tmp/ck_tp5_llama --out-dir "$O"
+grep -E "^B=|barrier|destroyed|Timeout|Error" "$O/hf_tp4_llama-3.1-8b.log" 2>/dev/null | head -8 >> "$S"
+echo "total $(elapsed) s" >> "$S"
 cat "$S"

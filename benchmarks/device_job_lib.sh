@@ -1,0 +1,50 @@
+# Sourced by the one-call device scripts (*_device_run.sh, *_job.sh): a clock against the
+# call's budget, and the TP jobs' set-up. A call is cut at its limit, so every step asks
+# how many seconds are left before it starts, and gives up cleanly when too few are.
+#
+#   budget=200; source benchmarks/device_job_lib.sh
+#   timeout "$(cap 60 40)" python3 ...   # at most 60 s, keeping 40 s for what follows
+
+job_t0=$(date +%s)
+elapsed() { echo $(($(date +%s) - job_t0)); }
+left() { echo $((budget - $(elapsed))); }
+# cap MAX [RESERVE]: the seconds a step may take: MAX, or what is left after RESERVE
+cap() { local l=$(($(left) - ${2:-0})); [ "$l" -gt "$1" ] && l=$1; echo "$l"; }
+say() { echo "== $(elapsed) s: $*"; }
+
+# parse_budget_batches ARGS...: the single-GPU scripts' two options (--budget S, --batches LIST)
+parse_budget_batches() {
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --budget) budget=$2; shift ;;
+            --batches) batches=$2; shift ;;
+            *) echo "unknown argument: $1" >&2; exit 2 ;;
+        esac
+        shift
+    done
+}
+
+# tp_job_start DIR MIN_GPUS: the TP jobs' output folder ($O, summary $S), the machine in
+# env.txt, and an exit (0) when fewer than MIN_GPUS GPUs are present. Never NVLink multicast.
+tp_job_start() {
+    export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    O=${OUT:-/tmp/out}/$1; mkdir -p "$O"
+    S=$O/summary.txt
+    GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+    if [ "$GPUS" -lt "$2" ]; then echo "needs $2 CUDA GPUs (found $GPUS): nothing run" | tee "$S"; exit 0; fi
+    { nvidia-smi -L; nvidia-smi --query-gpu=power.limit,clocks.max.sm --format=csv
+      python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
+      cat COMMIT 2>/dev/null; } > "$O/env.txt" 2>&1
+    echo "GPUs: $GPUS" >> "$S"
+}
+
+# timed_step LABEL LOG MIN LIMIT CMD...: CMD under LIMIT seconds into LOG when LIMIT >= MIN,
+# then "LABEL: rc=... wall ... s" (or why it did not run) into the summary $S
+timed_step() {
+    local label=$1 log=$2 min=$3 limit=$4 t
+    shift 4
+    if [ "$limit" -lt "$min" ]; then echo "$label: no time left ($limit s)" >> "$S"; return; fi
+    t=$(date +%s)
+    timeout -k 5 "$limit" "$@" > "$log" 2>&1
+    echo "$label: rc=$? wall $(($(date +%s) - t)) s" >> "$S"
+}
