@@ -89,8 +89,8 @@ WORKERS = os.environ.get(
 )
 # The modules that hold @triton.jit functions (_settle_cache_keys).
 _KERNEL_MODULES = (
-    "sampling_device", "sampling_kernel", "truncation_kernel", "hopper_kernel", "knob_check",
-    "exchange", "tp_truncation",
+    "sampling_device", "sampling_kernel", "truncation_kernel", "hopper_kernel",
+    "hopper_swap_kernel", "knob_check", "exchange", "tp_truncation",
 )  # fmt: skip
 _CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
 _IDLE_CHILD_S = 900  # (a prestarted child whose call never comes: prestart)

@@ -297,6 +297,28 @@ def test_settled_cache_keys_do_not_depend_on_what_ran_before():
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def test_every_kernel_module_has_its_keys_settled():
+    """``_settle_cache_keys`` settles the modules of ``_KERNEL_MODULES`` only: a module of
+    ``@triton.jit`` functions left out (the swapped kernel's was) keeps keys that depend on
+    what ran before, and its kernels compiled by the children compile again here."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime import jit
+
+    import flashsampling_inductor
+
+    callable_type = getattr(jit, "JITCallable", jit.JITFunction)
+    with_kernels = set()
+    for module_info in pkgutil.iter_modules(flashsampling_inductor.__path__):
+        module = importlib.import_module(f"flashsampling_inductor.{module_info.name}")
+        for value in vars(module).values():
+            if isinstance(value, callable_type) and value.fn.__module__ == module.__name__:
+                with_kernels.add(module_info.name)
+    assert with_kernels, "no @triton.jit function found"
+    assert with_kernels <= set(ahead._KERNEL_MODULES), with_kernels - set(ahead._KERNEL_MODULES)
+
+
 _SETTLED_KEYS_CHECK = """
 import importlib
 from triton.runtime import jit
