@@ -19,9 +19,12 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
     tp1_matmul            cuBLAS over the whole V on one GPU
 
 Not in the default list (A/B runs of the TP step): ``fused_tp_pdl`` (the exchange's kernel
-launched as a programmatic dependent of stage 1, FLASHSAMPLING_TP_EXCHANGE_PDL=1: opt-in)
-and ``fused_tp_best`` (stage 1 on the configuration that ``short_shard_stage1.py`` timed
-fastest at the shard's shape and batch; ``--best-of`` its JSON).
+launched as a programmatic dependent of stage 1, FLASHSAMPLING_TP_EXCHANGE_PDL=1: opt-in),
+``fused_tp_assert`` (the exchange's verdict read by an assert kernel after it,
+FLASHSAMPLING_TP_EXCHANGE_CHECK=assert: the path before the exchange failed a bad call in
+its own kernel) and ``fused_tp_best`` (stage 1 on the configuration that
+``short_shard_stage1.py`` timed fastest at the shard's shape and batch; ``--best-of`` its
+JSON).
 
 Top-k 50 (not in the default list; ``--providers`` names them, and a second table shows
 them): ``fused_tp_topk50`` (tp_fused_sample(top_k=50): each rank's 50 largest scores
@@ -160,6 +163,9 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
             top_k["top_p"] = 0.9
 
         pdl_exchange = provider == "fused_tp_pdl"
+        # fused_tp_assert: the exchange's verdict read by an assert kernel after it (the
+        # path before the exchange trapped in its own kernel), for an A/B in one process
+        check = "assert" if provider == "fused_tp_assert" else "kernel"
         stage1 = None
         if provider == "fused_tp_best":
             try:
@@ -169,6 +175,7 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
 
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
+            os.environ["FLASHSAMPLING_TP_EXCHANGE_CHECK"] = check
             if pdl_exchange:
                 os.environ["FLASHSAMPLING_TP_EXCHANGE_PDL"] = "1"
             else:
@@ -294,7 +301,8 @@ def main() -> int:
     parser.add_argument(
         "--shapes",
         default="4096x151936,8192x128256",
-        help="DxV of the whole LM head, comma-separated (default 4096x151936,8192x128256)",
+        help="DxV of the whole LM head, comma-separated (default 4096x151936,8192x128256);"
+        " DxV:B1/B2 times that shape at those batches only, instead of --batches",
     )
     parser.add_argument(
         "--batches", default="1,16,64,256", help="batch sizes (default 1,16,64,256)"
@@ -344,7 +352,9 @@ def main() -> int:
     }
     rows = []
     for shape in args.shapes.split(","):
+        shape, _, own_batches = shape.partition(":")
         dim, vocab = map(int, shape.split("x"))
+        batches = own_batches.replace("/", ",") or args.batches
         generator = torch.Generator(device=device).manual_seed(0)
         weight_full = torch.randn(
             vocab, dim, device=device, dtype=torch.bfloat16, generator=generator
@@ -353,7 +363,7 @@ def main() -> int:
         shard = -(-vocab // world)
         vocab_start = rank * shard
         weight_shard = weight_full[vocab_start : vocab_start + shard].contiguous()
-        for batch in map(int, args.batches.split(",")):
+        for batch in map(int, batches.split(",")):
             hidden = torch.randn(
                 batch, dim, device=device, dtype=torch.bfloat16, generator=generator
             )

@@ -411,6 +411,7 @@ def triton_fused_sample(
     vocab_offset: int = 0,
     out_score: torch.Tensor | None = None,
     tile_candidates: bool = False,
+    signal_dependents: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Launch both stages; arguments as validated by ``op.fused_sample``.
 
@@ -422,7 +423,9 @@ def triton_fused_sample(
     stage 1's per-tile candidates, scores [B, num_samples, T] fp32 and global indices
     (int32), which the symmetric exchange reduces in its own kernel. With
     ``params.logprobs`` (not on a shard) the call returns (tokens, log-probabilities
-    [B, num_samples] fp32).
+    [B, num_samples] fp32). ``signal_dependents`` (with ``tile_candidates``): the Triton
+    stage 1 lets a programmatic dependent launched after it (the exchange with PDL) be
+    scheduled as its programs start (the Gluon kernels ignore it).
     """
     if vocab_offset % 4:
         raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
@@ -538,6 +541,7 @@ def triton_fused_sample(
             seed_u64, vocab_offset, dot_precision, _num_sms(hidden.device),
             top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
             row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
+            signal_dependents=signal_dependents and tile_candidates and not truncates,
         )  # fmt: skip
         if tile_candidates and not truncates:
             return cand_score, cand_index

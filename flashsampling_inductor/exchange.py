@@ -44,6 +44,7 @@ __all__ = [
     "EXCHANGE_TIMEOUT_MS",
     "HEADER",
     "SymmetricExchange",
+    "exchange_launches_pdl",
     "gather_messages",
     "pack_message",
     "reduce_messages",
@@ -185,6 +186,13 @@ def _thread_index():
 
 
 @triton.jit
+def _trap():
+    """End the kernel with an error (PTX ``trap``): the CUDA context fails, as after a
+    device assert, and the host's next synchronizing call raises."""
+    tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _field(values, j: tl.constexpr):
     """Column ``j`` of a [P, MESSAGE_WORDS] block of message words -> [P]."""
     words = tl.arange(0, _MESSAGE_WORDS)
@@ -204,7 +212,7 @@ def _exchange(
     timeout_ns,
     PER_ROW_SEED: tl.constexpr, WORLD: tl.constexpr, WORLD_BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr, SEND: tl.constexpr, RECEIVE: tl.constexpr, SPIN: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, TRAP: tl.constexpr = False,
 ):  # fmt: skip
     """One tensor-parallel exchange, per lane (row x sample) of the batch:
 
@@ -223,8 +231,11 @@ def _exchange(
     read slot s of epoch n (its launch of epoch n + 1 follows that of epoch n on its
     stream). ``ok`` becomes 0 and ``error`` the largest code on a failure: 1 + a rank that
     sampled something else, WORLD + 1 for shards that do not tile [0, V), WORLD + 2 + a rank
-    whose message did not come within ``timeout_ns``. SEND / RECEIVE: the halves (tests run
-    them on simulated ranks in turn, without SPIN). PDL (opt-in, ``_exchange_pdl``):
+    whose message did not come within ``timeout_ns``. TRAP (with SPIN): the kernel itself
+    fails the call, its first failing lane naming the code on stdout and then trapping (the
+    CUDA context ends, as with a device assert), instead of a separate assert kernel reading
+    ``ok`` after it. SEND / RECEIVE: the halves (tests run them on simulated ranks in turn,
+    without SPIN). PDL (opt-in, ``_exchange_pdl``):
     launched as a programmatic dependent of stage 1: its launch overlaps stage 1's last
     programs, and it reads nothing before stage 1 has finished (the wait for the peers
     begins after that too, so every program of the grid is resident as before)."""
@@ -328,6 +339,8 @@ def _exchange(
                             "not tile, P + 2 + a rank that did not arrive):",
                             rank, lane, error,
                         )  # fmt: skip
+                        if TRAP:
+                            _trap()
             tl.store(epoch_ptr + lane, epoch)
 
 
@@ -383,8 +396,12 @@ class SymmetricExchange:
         [B, S, T]), its seed (0-d or [B]) and header ``fields`` (batch, num_samples,
         vocab_size, shard_start, shard_stop) -> the tokens [B, S] of the whole group, the
         same on every rank."""
-        tokens = self._launch(score, index, seed, fields, send=True, receive=True, spin=True)
-        self.check(where)
+        trap = _check_in_kernel()
+        tokens = self._launch(
+            score, index, seed, fields, send=True, receive=True, spin=True, trap=trap
+        )
+        if not trap:
+            self.check(where)
         return tokens
 
     def send(self, score, index, seed, fields) -> None:
@@ -405,7 +422,7 @@ class SymmetricExchange:
             "vocabulary size or seed, or the shards do not tile the vocabulary",
         )
 
-    def _launch(self, score, index, seed, fields, send, receive, spin) -> torch.Tensor:
+    def _launch(self, score, index, seed, fields, send, receive, spin, trap=False):
         batch, num_samples = fields[0], fields[1]
         lanes = batch * num_samples
         if lanes > SYMMETRIC_CAPACITY:
@@ -424,22 +441,36 @@ class SymmetricExchange:
                 PER_ROW_SEED=seed.dim() == 1, WORLD=self.world,
                 WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)),
                 BLOCK_C=max(16, triton.next_power_of_2(num_candidates)),
-                SEND=send, RECEIVE=receive, SPIN=spin, num_warps=EXCHANGE_NUM_WARPS,
+                SEND=send, RECEIVE=receive, SPIN=spin, TRAP=trap, num_warps=EXCHANGE_NUM_WARPS,
                 **_exchange_pdl(score.device),
             )  # fmt: skip
         return tokens
 
 
+def _check_in_kernel() -> bool:
+    """Whether the exchange's kernel fails a bad call itself (``TRAP``: the default) or
+    leaves its verdict to an assert kernel after it (``FLASHSAMPLING_TP_EXCHANGE_CHECK=assert``,
+    read at each call; one launch more per step). Either way a bad exchange ends the CUDA
+    context before any rank's tokens are read."""
+    return os.environ.get("FLASHSAMPLING_TP_EXCHANGE_CHECK", "kernel") != "assert"
+
+
 def _exchange_pdl(device: torch.device) -> dict[str, bool]:
     """Opt-in (FLASHSAMPLING_TP_EXCHANGE_PDL=1, read at each call): the exchange launched as
     a programmatic dependent of stage 1 where the GPU has PDL (``pdl_launch``), its launch
-    overlapping stage 1's last programs. Off by default: no GPU timing has shown it faster
-    yet, and its only GPU run so far is two H200s' truncated exchange at B = 1 and 64 (tokens
-    equal on both ranks and to TP = 1); the 10,000 skewed steps never ran with it.
+    overlapping stage 1's last programs (the Triton stage 1 signals it as its programs start:
+    ``SIGNAL_DEPENDENTS``; without that signal PDL saved nothing, H200 x 4 2026-11-28 05:29).
+    Off by default: no GPU timing has shown it faster yet.
     benchmarks/bench_tp.py's ``fused_tp_pdl`` times it beside ``fused_tp`` in one process."""
     if os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", "0") != "1":
         return {"PDL": False}
     return pdl_launch(device)
+
+
+def exchange_launches_pdl(device: torch.device) -> bool:
+    """Whether the symmetric exchange on ``device`` is launched as a programmatic dependent
+    (``_exchange_pdl``), so that stage 1 may signal it as its programs start."""
+    return _exchange_pdl(device)["PDL"]
 
 
 def _on(device: torch.device):

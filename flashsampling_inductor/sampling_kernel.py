@@ -264,6 +264,9 @@ def _sample_stage1(
     # tensors read first, ``any_row_truncates``): one of two launches that split stage 1
     # (``dispatch.triton_fused_sample``); 0: every tile.
     BATCH_TRUNCATES: tl.constexpr = 0,
+    # Let the next kernel, a programmatic dependent (the TP exchange with PDL), be scheduled
+    # as this grid's last programs start: it waits for this grid's end itself.
+    SIGNAL_DEPENDENTS: tl.constexpr = False,
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
     perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
@@ -276,6 +279,8 @@ def _sample_stage1(
     raw logits at T = 1, or the scores at the row's temperature) and, with PLAIN, each
     candidate's logit there. Each program takes tiles pid, pid + num_programs, ...: one
     tile per program on a full grid, several on a persistent one."""
+    if SIGNAL_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
     if BATCH_TRUNCATES > 0:
         some_row = tl.max(any_row_truncates(
@@ -506,15 +511,18 @@ def launch_stage1(
     key_low_bits: int = 0,
     row_knobs: dict,
     batch_truncates: int = 0,
+    signal_dependents: bool = False,
 ) -> None:
     """Launch ``_sample_stage1`` with ``config``'s tiles (``dispatch.SampleConfig``) on the
     current device. ``stage1``: the buffers it writes (``dispatch._truncation_buffers``):
     plain_score / plain_index [B, S, tiles] where it samples, plain_value and log_mass with
     log-probabilities, the top-m buffers where it truncates (``top_m`` > 0, ``row_mass``,
     ``key_low_bits``); ``row_knobs``: the knobs' tensors and modes (``dispatch._row_knobs``);
-    ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES).
-    ``seed_u64``, ``vocab_offset`` as in ``dispatch.triton_fused_sample``; ``dot_precision``
-    is also the fallback's, so it is the caller's."""
+    ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES);
+    ``signal_dependents``: SIGNAL_DEPENDENTS (passed only when on: the other launches keep
+    their compiled variants). ``seed_u64``, ``vocab_offset`` as in
+    ``dispatch.triton_fused_sample``; ``dot_precision`` is also the fallback's, so it is the
+    caller's."""
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
@@ -557,6 +565,7 @@ def launch_stage1(
         PLAIN=cand_score is not None, TOP_M=top_m, ROW_MASS=row_mass,
         KEY_LOW_BITS=key_low_bits, LOGPROBS=LOGPROB_CODES[params.logprobs],
         **row_knobs, BATCH_TRUNCATES=batch_truncates,
+        **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip

@@ -24,6 +24,7 @@ from .exchange import (
     HEADER,
     NO_INDEX,
     SYMMETRIC_CAPACITY,
+    exchange_launches_pdl,
     gather_messages,
     outside_graph_pools,
     pack_message,
@@ -290,9 +291,11 @@ def _shard_candidates(
         from .dispatch import triton_fused_sample
 
         if per_tile:
+            # (a PDL exchange after it: stage 1 lets it be scheduled as its programs start)
             return triton_fused_sample(
-                hidden, weight, bias, params, vocab_offset=vocab_start, tile_candidates=True
-            )
+                hidden, weight, bias, params, vocab_offset=vocab_start, tile_candidates=True,
+                signal_dependents=exchange_launches_pdl(hidden.device),
+            )  # fmt: skip
         score = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
         index = triton_fused_sample(
             hidden, weight, bias, params, vocab_offset=vocab_start, out_score=score

@@ -614,7 +614,8 @@ signature = {
 }
 for world_block in (2, 4, 8):
     constants = dict(PER_ROW_SEED=world_block == 4, WORLD=world_block, WORLD_BLOCK=world_block,
-                     BLOCK_C=2048, SEND=True, RECEIVE=True, SPIN=True, PDL=True)
+                     BLOCK_C=2048, SEND=True, RECEIVE=True, SPIN=True, PDL=True,
+                     TRAP=world_block != 8)
     types = dict(signature, **{name: "constexpr" for name in constants})
     constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
     compiled = triton.compile(
@@ -626,6 +627,8 @@ for world_block in (2, 4, 8):
     assert "ld.volatile.global.b64" in ptx and "%globaltimer" in ptx
     # A programmatic dependent of stage 1: nothing read before stage 1 has finished.
     assert "griddepcontrol.wait" in ptx
+    # A bad call fails in the kernel itself (TRAP), else by the assert kernel after it.
+    assert ("trap;" in ptx) == constants["TRAP"], world_block
     # ... each word by one thread: the loads' layout covers no more than their shape.
     ttgir = compiled.asm["ttgir"]
     layouts = dict(re.findall(r"^(#\w+) = #ttg\.blocked<\{(.*)\}>", ttgir, re.M))
@@ -638,15 +641,46 @@ for world_block in (2, 4, 8):
         cover = [math.prod(sizes) for sizes in zip(*per)]
         dims = list(map(int, shape.split("x")))
         assert all(c <= d for c, d in zip(cover, dims)), (world_block, dims, layouts[name])
+
+# The TP shard's plain stage 1 signalling the PDL exchange as its programs start.
+from flashsampling_inductor import sampling_kernel
+
+stage1 = sampling_kernel._sample_stage1
+stage1_signature = {
+    "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "seed_ptr": "*i64", "cand_score_ptr": "*fp32",
+    "cand_index_ptr": "*i32", "B": "i32", "V": "i32", "D": "i32", "stride_hb": "i32",
+    "stride_hd": "i32", "stride_wv": "i32", "stride_wd": "i32", "scalar_temperature": "fp32",
+    "seed_lo": "i64", "seed_hi": "i64", "num_samples": "i32", "vocab_offset": "i32",
+    "softcap": "fp32",
+}
+for signal in (False, True):
+    constants = dict(
+        hidden_desc=None, weight_desc=None, bias_ptr=None, temperature_ptr=None,
+        top_m_key_ptr=None, top_m_index_ptr=None, hidden_key_ptr=None, mass_ptr=None,
+        cand_value_ptr=None, log_mass_ptr=None, top_k_ptr=None, top_p_ptr=None, min_p_ptr=None,
+        HAS_BIAS=False, HAS_SOFTCAP=False, TEMPERATURE_MODE=0, SEED_MODE=1, LOGITS_DTYPE=None,
+        DOT_PRECISION="ieee", SWAP_AB=False, USE_TMA=False, EPILOGUE_CHUNKS=1, EVEN_D=True,
+        EVEN_V=False, INTERPRETER=False, BLOCK_B=64, BLOCK_V=64, BLOCK_D=128, PLAIN=True,
+        TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, LOGPROBS=0, TOP_K_MODE=0, TOP_P_MODE=0,
+        MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=signal,
+    )
+    types = dict(stage1_signature, **{name: "constexpr" for name in constants})
+    constexprs = {(stage1.arg_names.index(n),): v for n, v in constants.items()}
+    ptx = triton.compile(
+        ASTSource(stage1, types, constexprs), target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4, "num_stages": 3},
+    ).asm["ptx"]
+    assert ("griddepcontrol.launch_dependents" in ptx) == signal, signal
 print("compiled")
 """
 
 
 def test_exchange_kernel_compiles_for_hopper():
-    """The exchange's whole kernel (the wait loop, its timer and volatile loads, which the
-    interpreter never runs) compiles for sm_90a without a GPU, and its wait reads each word
-    of the peers' messages in one thread (no thread of a program decides on a copy of a word
-    that another thread read at another time)."""
+    """The exchange's whole kernel (the wait loop, its timer and volatile loads, its trap,
+    which the interpreter never runs) compiles for sm_90a without a GPU, and its wait reads
+    each word of the peers' messages in one thread (no thread of a program decides on a copy
+    of a word that another thread read at another time); the shard's stage 1 signals a PDL
+    exchange only where asked."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.run(

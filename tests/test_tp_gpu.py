@@ -204,8 +204,21 @@ def _skewed_worker(rank, world, steps):
     return tokens
 
 
+# The exchange's variants, each set alike on every rank: the default (a bad call fails in
+# the exchange's kernel), the assert kernel after it, and the opt-in PDL launch (stage 1
+# signalling the exchange as its programs start).
+EXCHANGE_VARIANTS = {
+    "default": {},
+    "assert": {"FLASHSAMPLING_TP_EXCHANGE_CHECK": "assert"},
+    "pdl": {"FLASHSAMPLING_TP_EXCHANGE_PDL": "1"},
+}
+
+
 @pytest.mark.multigpu
-def test_10000_skewed_steps_agree_on_every_rank():
+@pytest.mark.parametrize("variant", list(EXCHANGE_VARIANTS))
+def test_10000_skewed_steps_agree_on_every_rank(variant, monkeypatch):
+    for name, value in EXCHANGE_VARIANTS[variant].items():
+        monkeypatch.setenv(name, value)  # (the ranks, spawned, inherit it)
     per_rank = run_ranks(world_size(), _skewed_worker, 10_000, backend="nccl", timeout_s=300)
     for other in per_rank[1:]:
         assert torch.equal(other, per_rank[0])
@@ -281,6 +294,34 @@ def test_a_missing_rank_fails_the_symmetric_exchange_after_the_timeout():
     finally:
         del os.environ["FLASHSAMPLING_TP_TIMEOUT_MS"]
     assert first != "returned tokens", first
+
+
+def _seeded_apart_worker(rank, world):
+    device = torch.device("cuda", rank)
+    hidden, weight = make_problem(2, 1024, 64, torch.bfloat16, device=device)
+    shard = 1024 // world // 4 * 4  # (starts at multiples of 4: the kernel's per-tile path)
+    start = rank * shard
+    stop = 1024 if rank == world - 1 else start + shard
+    try:
+        tokens = tp_fused_sample(hidden, weight[start:stop], vocab_start=start, vocab_size=1024,
+                                 seed=7 + rank)  # fmt: skip
+        torch.cuda.synchronize()
+        tokens.cpu()
+    except Exception as error:  # noqa: BLE001 - a CUDA error's type varies across torch
+        return f"{type(error).__name__}: {error}"
+    return "returned tokens"
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("variant", list(EXCHANGE_VARIANTS))
+def test_ranks_seeded_apart_fail_the_symmetric_exchange(variant, monkeypatch):
+    """Every rank with its own explicit seed: no rank returns tokens (the header check fails
+    the call on every rank, in the exchange's kernel or by the assert after it)."""
+    for name, value in EXCHANGE_VARIANTS[variant].items():
+        monkeypatch.setenv(name, value)
+    per_rank = run_ranks(world_size(), _seeded_apart_worker, backend="nccl", timeout_s=60,
+                         clean_exit=False)  # fmt: skip
+    assert all(outcome != "returned tokens" for outcome in per_rank), per_rank
 
 
 def _compiled_top_k_worker(rank, world):
