@@ -321,6 +321,7 @@ def test_ranks_seeded_apart_fail_the_symmetric_exchange(variant, monkeypatch):
         monkeypatch.setenv(name, value)
     per_rank = run_ranks(world_size(), _seeded_apart_worker, backend="nccl", timeout_s=60,
                          clean_exit=False)  # fmt: skip
+    print(f"ranks seeded apart ({variant}): {per_rank}")  # (what a user sees: -s)
     assert all(outcome != "returned tokens" for outcome in per_rank), per_rank
 
 
