@@ -19,8 +19,8 @@ Two transports carry the candidates:
 The reduction checks the headers: ranks that disagree on the batch, the samples, the
 vocabulary, the seed, or whose shards do not tile [0, stop) for a stop <= V (ids past the
 last shard are padding that no rank holds), fail the call with an
-error naming them (a device assert on CUDA, which reads no value on the host), so a
-mismatch never becomes a wrong token.
+error naming them (on CUDA the exchange's kernel itself: it prints the code and traps, which
+reads no value on the host), so a mismatch never becomes a wrong token.
 """
 
 from __future__ import annotations
