@@ -215,7 +215,7 @@ EXCHANGE_VARIANTS = {
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("variant", list(EXCHANGE_VARIANTS))
+@pytest.mark.parametrize("variant", ["default", "pdl"])  # (the assert changes no exchange)
 def test_10000_skewed_steps_agree_on_every_rank(variant, monkeypatch):
     for name, value in EXCHANGE_VARIANTS[variant].items():
         monkeypatch.setenv(name, value)  # (the ranks, spawned, inherit it)
