@@ -47,10 +47,12 @@ of each request = (last token's time - first token's time) / (tokens - 1), from 
 manager's own timestamps; ``tpot_ms`` is the median over the requests of the timed runs,
 ``tokens_per_s`` the median over them of output tokens / wall time of the run. Deadlines
 (--budget-s, one per shape, from the start) stop starting new cells, so what ran is written
-(a started cell still runs to its end: up to a minute at B = 256). The whole grid does not
-fit one 600 s call: the fused first call alone took over 138 s for Qwen3-1.7B on an H200
-(docs/serving.md); run a shape per call (--shapes, --budget-s). Where a cell misses the issue's goal
-(fused TPOT <= 0.95x stock, tokens/s >= 1.05x) and the shape's deadline has not passed, each
+(a started cell still runs to its end: up to a minute at B = 256). Both shapes'
+grid does not fit one 600 s call (each configuration's first call, its compile, took 71-77 s
+on an H200): run a shape per call (--shapes, --budget-s; benchmarks/serve6_job.sh, one
+shape's grid with three repeats in 334 s for Qwen3-1.7B and 430 s for Llama-3.1-8B). Where
+a cell misses the issue's goal (fused TPOT <= 0.95x stock, tokens/s >= 1.05x) and the shape's
+deadline has not passed, each
 configuration serves the smallest such cell again under torch.profiler (--profile-s s of
 steps): the top kernels by GPU time go to the log and ``profile_<shape>_B<B>.txt``. CSV
 ``bench_serving_<gpu>_<date>.csv`` (``_<date>_<shape>.csv`` for one shape: shape,
