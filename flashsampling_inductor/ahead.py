@@ -33,9 +33,14 @@ children, stock 40.2 s; docs/hf.md). ``FLASHSAMPLING_COMPILE_AHEAD_IN=threads`` 
 ``=processes`` chooses either. The children start when the backend is handed a graph that
 may sample (``prestart``), so that their imports are done when the pass hands them the call.
 A graph with a dynamic batch (a step that met a second batch size) is compiled ahead for the
-call it is compiled for (its sizes' hints), then (opt-in, not measured yet) by the same
-children at a lower priority for the batch sizes of ``FLASHSAMPLING_COMPILE_AHEAD_BATCHES``
-(their kernels are variants of their own), which only a first run of such a size waits for.
+call it is compiled for (its sizes' hints). Once a graph's first run shows that its compile
+is over, the same children go on, at a lower priority, with its call at the batch sizes of
+``FLASHSAMPLING_COMPILE_AHEAD_BATCHES`` (their kernels are variants of their own; a static
+graph's call resized by its batch-sized tensors), which a first run of such a size waits for
+and a later graph of such a call loads instead of starting children: the second and third
+batch sizes of a ``generate`` find their kernels compiled (H200, fresh caches, stock and
+fused started together, B = 1 -> 16 -> 64 in one process: 43.2 / 57.4 / 1.4 s fused against
+43.1 / 58.2 / 1.3 s stock; docs/hf.md).
 """
 
 from __future__ import annotations
@@ -94,22 +99,28 @@ _KERNEL_MODULES = (
 )  # fmt: skip
 _CHILD_TIMEOUT_S = 300  # (a child's compiles take seconds; one that hangs is given up on)
 _IDLE_CHILD_S = 900  # (a prestarted child whose call never comes: prestart)
-# Batch sizes whose kernels a graph with a dynamic batch compiles ahead, in its children at
-# a lower priority once its call's own are done (``in_background``); off ("") by default:
-# not yet measured on a GPU (the one H200 run of an earlier form, in new children started
-# after the call's, ended 11 s into the next size's first call). "2,4,8,16,32,33,64,128,193,
-# 256" (powers of two, and 33 and 193: stage 2's views not 16-byte aligned, in the Gluon
-# stage 1's range and above it) covers every variant of stage 2 and of the Gluon stage 1
-# from 2 to 256 rows at D = 2048, top-k 50 on Hopper (30 compiles; CPU dry runs); the
-# Triton stage 1 and the fallback's logits specialize on more (B % 16). (Dynamo gives a
-# batch of 1 a graph of its own.)
+# Batch sizes whose kernels a graph's call compiles ahead too, in the children that compiled
+# its own, at a lower priority, once the graph has compiled (its first run): so that the
+# next batch size's graph finds them (``in_background``); "" turns it off. Powers of two,
+# and 33 and 193 (stage 2's views not 16-byte aligned, in the Gluon stage 1's range and
+# above it): every variant of stage 2 and of the Gluon stage 1 from 2 to 256 rows at
+# D = 2048, top-k 50 on Hopper (30 compiles, ~15 s of four children on an H200 host; CPU
+# dry runs); the Triton stage 1 and the fallback's logits specialize on more (B % 16).
+# Started during the graph's compile instead (an earlier form, opt-in), they made the
+# second batch size's first call 10.9 s longer (H200, 08:06 UTC).
 _OTHER_BATCHES = tuple(
     int(rows)
-    for rows in os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_BATCHES", "").split(",")
+    for rows in os.environ.get(
+        "FLASHSAMPLING_COMPILE_AHEAD_BATCHES", "2,4,8,16,32,33,64,128,193,256"
+    ).split(",")
     if rows.strip()
 )
 _OTHER_BATCHES_NICE = 10  # (their children yield the CPU to this process's own work)
 _DONE, _FAILED = b"compiled", b"failed"  # (what a child says when its first runs are done)
+_GO = b"go"  # (what a child waits for before the calls of other batch sizes)
+# Children done with a call's own kernels that wait for its first run (the end of its
+# graph's compile) to go on with other batch sizes': their stdin.
+_held_children: list = []
 # Children started ahead of the next dry run in processes (prestart), with their error files.
 _waiting_children: list = []
 _children_lock = threading.Lock()
@@ -122,9 +133,9 @@ warnings.filterwarnings(
 _kinds_seen: set[tuple] = set()
 _kinds_lock = threading.Lock()
 _background: ThreadPoolExecutor | None = None
-# Children compiling other batch sizes' kernels: (those kinds, the future of their end).
+# Children compiling other batch sizes' kernels, or that did: (those kinds, the future of
+# their end). Kept: a later graph whose call is one of them loads their kernels.
 _other_batches_running: list[tuple[list, Future]] = []
-_reaper: ThreadPoolExecutor | None = None
 
 
 class _TensorKind(tuple):
@@ -138,16 +149,16 @@ def before_first_run(run: Callable, args: tuple) -> None:
     was compiled ahead before. (A few us a call: the key.)"""
     if MODE == "0" or _launch.compiling_ahead():
         return
+    if _held_children:  # (a compiled graph's first run: its compile is over)
+        _release_held_children()
     kinds = _real_kinds(args)
     if kinds in _kinds_seen:  # (the path of every call but the first of its kind)
         return
     _launch.wait_for_compiles()  # (one started by the graph pass may be this kind)
-    for others, running in list(_other_batches_running):
-        if kinds in others:  # (children compile its kernels: wait rather than compile twice)
-            running.result()
-        if running.done():
-            with contextlib.suppress(ValueError):  # (another thread's first run did)
-                _other_batches_running.remove((others, running))
+    if _held_children:  # (that pass's children, done while this waited)
+        _release_held_children()
+    for running in _compiling_in_children(kinds):  # (wait rather than compile twice)
+        running.result()
     if not torch.cuda.is_current_stream_capturing() and _claim(kinds):
         _dry_run(run, kinds)
 
@@ -170,31 +181,84 @@ def in_background(run: Callable, args: tuple) -> None:
     global _background
     if _background is None:
         _background = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead")
-    if WORKERS == "processes":
-        job = functools.partial(_dry_run_in_processes, others=_other_batches(args, kinds))
+    others = _other_batches(args, kinds) if WORKERS == "processes" else []
+    if (covering := _compiling_in_children(kinds)) and not others:
+        # (another batch size's children compile this call's kernels: no new children)
+        job = functools.partial(_dry_run_after, covering)
+    elif WORKERS == "processes":
+        job = functools.partial(_dry_run_in_processes, others=others)
     else:
         job = _dry_run
     _launch.wait_before_launching(_background.submit(job, run, kinds))
 
 
 def _other_batches(args: tuple, kinds: tuple) -> list[tuple]:
-    """The kinds of this call at each of ``_OTHER_BATCHES`` rows where its batch is
-    symbolic (a step compiled with a dynamic batch: it will meet other batch sizes, whose
-    kernels are variants of their own: on Hopper a stage 1 and stage 2 of their own from 33
-    rows on, 14 s to compile at B = 64 after B = 1 and 16 on an H100), less those seen."""
+    """The kinds of this call at each of ``_OTHER_BATCHES`` rows (the kernels of another
+    batch size are variants of their own: on Hopper a stage 1 and stage 2 of their own from
+    33 rows on, 14 s to compile at B = 64 after B = 1 and 16 on an H100), less those seen or
+    being compiled. A graph with a dynamic batch (a step that met a second batch size) has
+    them from its batch's symbol; a static one (a step's first batch size, B = 1 included)
+    from its batch-sized tensors (``_static_batch_kinds``), so that a second batch size
+    finds its kernels compiled."""
     try:
         _batch_symbol(args)
+        kinds_at = functools.partial(_fake_kinds, args)
     except _NotStatic:
-        return []
+        kinds_at = functools.partial(_static_batch_kinds, kinds)
     others = []
     for rows in _OTHER_BATCHES:
         try:
-            other = _fake_kinds(args, batch=rows)
+            other = kinds_at(batch=rows)
         except _NotStatic:
             continue
-        if other != kinds and other not in _kinds_seen and other not in others:
+        if other == kinds or other in _kinds_seen or other in others:
+            continue
+        if not _compiling_in_children(other):
             others.append(other)
     return others
+
+
+def _static_batch_kinds(kinds: tuple, batch: int) -> tuple:
+    """``kinds`` (a call of a static graph) with ``batch`` rows: every tensor whose first
+    size is the first argument's (the batch) gets ``batch`` rows, its strides those of a
+    contiguous tensor if it was one, else as they were (a row of a larger tensor: its first
+    stride does not depend on the batch). A guess: a tensor that only happens to have the
+    batch's size is resized too, and a wrong kind only compiles kernels no call launches."""
+    rows = kinds[1][0][0]
+    resized = []
+    for kind in kinds:
+        if isinstance(kind, _TensorKind) and len(kind[0]) and kind[0][0] == rows:
+            shape, stride, dtype, aligned = kind
+            new_shape = torch.Size((batch, *shape[1:]))
+            if stride == _contiguous_strides(shape):
+                stride = _contiguous_strides(new_shape)
+            kind = _TensorKind((new_shape, stride, dtype, aligned))
+        resized.append(kind)
+    return tuple(resized)
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple:
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(strides))
+
+
+def _compiling_in_children(kinds: tuple) -> list[Future]:
+    """The ends of the children compiling ``kinds`` as another batch size's call."""
+    return [running for others, running in list(_other_batches_running) if kinds in others]
+
+
+def _dry_run_after(covering: list[Future], run: Callable, kinds: tuple) -> None:
+    """``_dry_run`` once the children compiling ``kinds`` (for another batch size's call)
+    have ended: it loads their kernels from the cache (and compiles any they did not
+    leave) so that the first launch finds them loaded."""
+    _release_held_children()  # (this graph's compile would wait for them otherwise)
+    for running in covering:
+        running.result()
+    _settle_cache_keys()
+    _dry_run(run, kinds)
 
 
 def _claim(kinds: tuple) -> bool:
@@ -243,10 +307,7 @@ def _dry_run_in_processes(run: Callable, kinds: tuple, others: list[tuple] = ())
     nothing waits for but a first run of their kind (``before_first_run``)."""
     running = _compile_in_children(run, [kinds], others)
     if running:
-        global _reaper
-        if _reaper is None:
-            _reaper = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead-end")
-        _other_batches_running.append((list(others), _reaper.submit(_reap, running)))
+        _other_batches_running.append((list(others), _reap_in_background(running)))
     # (here, not before the children: this thread then holds the GIL while Inductor waits
     # for its compile workers, not during the joint graph passes)
     _settle_cache_keys()
@@ -323,6 +384,8 @@ def prestart() -> None:
     for them: their start was on that path.)"""
     if MODE != "1" or WORKERS != "processes":
         return
+    if _other_batches_running:
+        return  # (children compiled other batch sizes' calls, likely this graph's: none idle)
     with _children_lock:
         if _usable(_waiting_children):
             return
@@ -400,7 +463,7 @@ def _compile_in_children(run: Callable, calls: list[tuple], later: list[tuple] =
         children = _start_children()
     try:
         jobs = [
-            pickle.dumps((run, calls, (index, len(children)), later)).hex()
+            pickle.dumps((run, calls, (index, len(children)), later, _ptxas_versions(calls))).hex()
             for index in range(len(children))
         ]
     except (pickle.PicklingError, TypeError, AttributeError) as error:
@@ -409,7 +472,9 @@ def _compile_in_children(run: Callable, calls: list[tuple], later: list[tuple] =
     for (process, _, _), job in zip(children, jobs, strict=True):
         try:
             process.stdin.write(job.encode() + b"\n")
-            process.stdin.close()
+            process.stdin.flush()
+            if not later:
+                process.stdin.close()
         except OSError as error:  # (a child that ended: its share compiles in the parent)
             log.debug("flashsampling: kernels not compiled ahead (%r)", error, exc_info=True)
     import select
@@ -424,8 +489,76 @@ def _compile_in_children(run: Callable, calls: list[tuple], later: list[tuple] =
             continue
         if said == b"" and process.poll() is None:  # (it hangs: never seen)
             process.kill()
+        if later:
+            _close_quietly(process.stdin)
         _wait_for(child)
+    with _children_lock:
+        _held_children.extend(process.stdin for process, _, _ in running)
     return running
+
+
+def _release_held_children() -> None:
+    """Let the held children go on with other batch sizes' calls (``_held_children``)."""
+    with _children_lock:
+        held = list(_held_children)
+        _held_children.clear()
+    for stdin in held:
+        with contextlib.suppress(OSError, ValueError):  # (one that ended)
+            stdin.write(_GO + b"\n")
+        _close_quietly(stdin)
+
+
+def _close_quietly(stream) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        stream.close()
+
+
+def _ptxas_versions(calls: list[tuple]) -> dict:
+    """This process's ptxas version for the architecture of each CUDA device of ``calls``,
+    as Triton's cache key reads it: once per process (``get_ptxas_version`` is cached), so
+    that it stays the version of the ptxas of its first compile after Inductor sets
+    ``TRITON_PTXAS_PATH`` (to torch's own ptxas, where its first kernels compile in this
+    process). A child started after that would read the other ptxas's version, and every
+    kernel it compiled would have a key of its own, compiled again here at its first launch
+    (tests/test_gpu_compile_ahead.py, after a compiled step's test)."""
+    versions = {}
+    try:
+        from triton.backends.nvidia import compiler
+
+        for device in {call[0] for call in calls if call[0].type == "cuda"}:
+            major, minor = torch.cuda.get_device_capability(device)
+            arch = major * 10 + minor
+            versions[arch] = compiler.get_ptxas_version(arch)
+    except Exception as error:  # (no NVIDIA backend or ptxas: the child reads its own)
+        log.debug("flashsampling: ptxas version not read (%r)", error, exc_info=True)
+    return versions
+
+
+def _use_ptxas_versions(versions: dict) -> None:
+    """In a child: key the compiles with the parent's ptxas versions (``_ptxas_versions``)."""
+    if not versions:
+        return
+    try:
+        from triton.backends.nvidia import compiler
+    except Exception:  # (no NVIDIA backend: nothing compiles for CUDA here)
+        return
+    own = compiler.get_ptxas_version
+    compiler.get_ptxas_version = lambda arch=80: versions.get(arch) or own(arch)
+
+
+def _reap_in_background(children: list) -> Future:
+    """``_reap`` in a daemon thread (held children wait for this process's first run, which
+    may never come: its exit must not wait for them; they end with it): its end."""
+    ended: Future = Future()
+
+    def reap() -> None:
+        try:
+            _reap(children)
+        finally:
+            ended.set_result(None)
+
+    threading.Thread(target=reap, name="flashsampling-compile-ahead-end", daemon=True).start()
+    return ended
 
 
 def _reap(children: list) -> None:
@@ -477,7 +610,8 @@ def child() -> None:
     job = sys.stdin.readline().strip()
     if not job:
         sys.exit(0)  # (the parent ended, or ended this child, before it had a call)
-    run, calls, share, later = pickle.loads(bytes.fromhex(job))
+    run, calls, share, later, ptxas_versions = pickle.loads(bytes.fromhex(job))
+    _use_ptxas_versions(ptxas_versions)
     log.addHandler(logging.StreamHandler())  # (to the file the parent reads when it fails)
     log.setLevel(logging.DEBUG)
     said = os.fdopen(os.dup(1), "wb")
@@ -485,7 +619,9 @@ def child() -> None:
     ran = _dry_runs(run, calls, share)
     said.write((_DONE if ran else _FAILED) + b"\n")
     said.close()
-    if later:
+    # (the other batch sizes once the parent's graph has compiled: until then they would
+    # take CPUs from its compile, 10 s longer at B = 16 on an H200 host)
+    if later and sys.stdin.readline().strip() == _GO.decode():
         os.nice(_OTHER_BATCHES_NICE)
         ran = _dry_runs(run, later, share) and ran
     sys.exit(0 if ran else 1)

@@ -242,7 +242,7 @@ def test_a_first_run_waits_for_children_compiling_its_kind(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # (no CUDA)
     monkeypatch.setattr(ahead, "_other_batches_running", [([ahead._real_kinds(args)], running)])
     ahead.before_first_run(op._fused_sample_run, args)
-    assert running.done() and not ahead._other_batches_running
+    assert running.done()
 
 
 def test_children_run_the_dry_run(monkeypatch, tmp_path):
@@ -260,8 +260,12 @@ def test_children_run_the_dry_run(monkeypatch, tmp_path):
     cpu = torch.device("cpu")
     running = ahead._compile_in_children(pathlib.Path.touch, [(cpu, ran)], [(cpu, later)])
     assert ran.exists() and not ahead._waiting_children
-    # (then the calls nothing waits for, which it runs after it has said it is done)
+    # (then the calls nothing waits for, which it runs after it has said it is done and
+    # this process's graph has compiled: its first run releases it)
     assert [child[0] for child in running] == [waiting]
+    time.sleep(1.0)
+    assert not later.exists() and waiting.poll() is None
+    ahead._release_held_children()
     ahead._reap(running)
     assert later.exists() and waiting.returncode == 0
 
@@ -352,3 +356,32 @@ assert alone != after_stage1
 keys = {stage2_key(), stage2_key([check]), stage2_key(order=kernel_modules[::-1])}
 assert len(keys) == 1 and not keys & {alone, after_stage1}, keys
 """
+
+
+def test_a_static_graph_compiles_other_batch_sizes_ahead(monkeypatch):
+    """A step's first graph is static (its batch a number; B = 1 included): its call's
+    kinds at other batch sizes, compiled ahead once it has compiled, are those of the
+    graph with a dynamic batch that the next batch size compiles, and of that size's first
+    run, so that neither compiles them again."""
+    static = _compiled_ahead_by_the_pass(monkeypatch, "fake")
+    symbolic = _compiled_ahead_by_the_pass(monkeypatch, "symbolic")
+    monkeypatch.setattr(ahead, "_OTHER_BATCHES", (1, 2, 8, 64))
+    kinds = ahead._fake_kinds(static)
+    others = ahead._other_batches(static, kinds)
+    assert others == [ahead._fake_kinds(symbolic, batch=rows) for rows in (1, 2, 8, 64)]
+    assert _real_call_kinds(monkeypatch, KNOBS, rows=8) in others
+    # (a graph whose call another size's children compile starts none of its own)
+    monkeypatch.setattr(ahead, "_other_batches_running", [(others, None)])
+    assert ahead._compiling_in_children(ahead._fake_kinds(symbolic, batch=8)) == [None]
+    assert ahead._other_batches(symbolic, ahead._fake_kinds(symbolic)) == []
+
+
+def test_children_key_their_compiles_with_this_process_ptxas(monkeypatch):
+    """A child keys its compiles with the parent's ptxas version (Triton reads it once per
+    process; Inductor may point TRITON_PTXAS_PATH at another ptxas after that)."""
+    compiler = pytest.importorskip("triton.backends.nvidia.compiler")
+    own = compiler.get_ptxas_version
+    monkeypatch.setattr(compiler, "get_ptxas_version", own)
+    ahead._use_ptxas_versions({90: "the parent's"})
+    assert compiler.get_ptxas_version(90) == "the parent's"
+    assert ahead._ptxas_versions([(torch.device("cpu"), None)]) == {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import os
 import threading
 import time
 
@@ -128,6 +129,25 @@ def test_gpu_children_compile_into_the_cache(monkeypatch, tmp_path):
     original(*calls[0])
     kernels = {kernel.fn.__name__ for kernel in launched}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    # Inductor points TRITON_PTXAS_PATH at torch's own ptxas when it first compiles in this
+    # process, after this process's compiles have cached the version of Triton's (the key's):
+    # a ptxas that says another version, as torch's did when this test failed after the
+    # file's other tests (H200, torch 2.11). The children key their compiles as this process.
+    from triton.backends.nvidia import compiler
+
+    major, minor = torch.cuda.get_device_capability()
+    real_ptxas = compiler.get_ptxas(major * 10 + minor).path
+    print(  # (what made the children's keys differ before the fix, on the record)
+        f"TRITON_PTXAS_PATH before this test: {os.environ.get('TRITON_PTXAS_PATH')!r}, "
+        f"ptxas {real_ptxas}, this process's key's version "
+        f"{compiler.get_ptxas_version(major * 10 + minor).splitlines()[-1:]}"
+    )
+    other_ptxas = tmp_path.parent / "ptxas_saying_another_version"
+    other_ptxas.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && echo "another ptxas" \nexec {real_ptxas} "$@"\n'
+    )
+    other_ptxas.chmod(0o755)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(other_ptxas))
     args = calls[0]
     kinds = ahead._real_kinds((*args[:6], ahead.seed_class(args[6]), *args[7:]))
     children = threading.Thread(target=ahead._compile_in_children, args=(original, [kinds]))
