@@ -308,6 +308,7 @@ def run_shape(shape: str, args, deadline: float):
     managers = make_managers(model, args, configs)
     made = [manager for manager, _ in managers.values()]  # stopped at the end, failed or not
     missed = []  # (fused / stock TPOT, concurrency, load) of the cells that miss the goal
+    loads = {}  # concurrency -> its load, for --profile-concurrency
     try:
         for index, concurrency in enumerate(int(b) for b in args.concurrency.split(",")):
             if time.perf_counter() > deadline:
@@ -315,6 +316,7 @@ def run_shape(shape: str, args, deadline: float):
                 break
             count = max(args.min_requests, int(args.requests_per_slot * concurrency))
             load = workload(count, concurrency, args, model.config.vocab_size, concurrency)
+            loads[concurrency] = load
             # An untimed first run compiles (and captures the new sizes' CUDA graphs); with
             # --warm first only at the shape's first concurrency, whose compiled step serves
             # every later one (dynamic shapes): the first timed run is then the first call.
@@ -372,6 +374,8 @@ def run_shape(shape: str, args, deadline: float):
                 rate = rows["fused"]["tokens_per_s"] / rows["stock"]["tokens_per_s"]
                 if tpot > TPOT_GOAL or rate < RATE_GOAL:
                     missed.append((tpot, concurrency, load))
+        if args.profile_concurrency in loads:
+            missed = [(None, args.profile_concurrency, loads[args.profile_concurrency])]
         if missed and args.profile_s > 0 and time.perf_counter() < deadline:
             _, concurrency, load = min(missed, key=lambda cell: cell[1])  # the cheapest
             profile(shape, concurrency, load, managers, args)
@@ -404,9 +408,10 @@ def generation_thread_sampler(manager):
 
 
 def profile(shape: str, concurrency: int, load, managers, args) -> None:
-    """A cell that missed the goal: each configuration's run of the same load again, with
-    torch.profiler over --profile-s seconds of its steps from --profile-at s on; the top
-    kernels by GPU time to the log and to ``profile_<shape>_B<B>.txt``."""
+    """A cell that missed the goal (or --profile-concurrency's): each configuration's run of
+    the same load again, with torch.profiler over --profile-s seconds of its steps from
+    --profile-at s on; the top kernels by GPU time to the log and to
+    ``profile_<shape>_B<B>.txt``."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as recorder_of
 
@@ -531,6 +536,11 @@ def main() -> None:
         "--timeline", action="store_true",
         help="sample the generation thread's stack during each configuration's first run and"
         " print where its time went (compiles, captures, steps)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile-concurrency", type=int, default=0,
+        help="profile this B's cell whether it misses the goal or not (instead of the"
+        " smallest B that misses)",
     )  # fmt: skip
     parser.add_argument("--profile-at", type=float, default=4.0, help="s into the run")
     parser.add_argument("--profile-rows", type=int, default=15, help="kernels listed per profile")

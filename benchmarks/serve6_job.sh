@@ -7,7 +7,9 @@
 # captures of a B's new sizes stay out of the timed runs; the compiles happen once, at B = 16,
 # and serve every B); at least MIN_REQUESTS (48) requests a cell, so B = 16 gets 3 x B. The
 # script's deadline stops starting cells CELL_STOP_S (400) s in; SIGINT at TOTAL_S - 20 s makes
-# it write what ran. Everything under $OUT; the CSV printed at the end.
+# it write what ran. PROFILE_B=64: profile that B's cell (each configuration, 2 s of its steps)
+# whether it meets the goal or not, instead of the smallest B that misses. Everything under
+# $OUT; the CSV printed at the end.
 set -u
 cd "$(dirname "$0")/.."
 shape=${1:-${SHAPE:-qwen3-1.7b}}
@@ -26,7 +28,8 @@ say "bench_serving $shape, $(left) s left"
 timeout -s INT -k 15 "$(cap 600 20)" python3 benchmarks/bench_serving.py --shapes "$shape" \
     --concurrency "${CONCURRENCY:-16,64,128,256}" --repeats "${REPEATS:-3}" --warm "${WARM:-every}" \
     --min-requests "${MIN_REQUESTS:-48}" --stock-compile default --budget-s "${CELL_STOP_S:-400}" \
-    --profile-s 2 --profile-at 1 --out "$O" > "$O/bench_serving_$shape.log" 2>&1
+    --profile-s 2 --profile-at 1 --profile-concurrency "${PROFILE_B:-0}" --profile-rows 30 \
+    --out "$O" > "$O/bench_serving_$shape.log" 2>&1
 say "bench_serving rc=$?"
 grep -E "split scan|scans kept|manager made|run [0-9]+:|rewrites|deadline|failed|Error|interrupted" \
     "$O/bench_serving_$shape.log" | grep -v Warning | tail -60
