@@ -65,7 +65,7 @@ import torch
 
 from . import launch as _launch
 
-__all__ = ["before_first_run", "in_background", "prestart"]
+__all__ = ["before_first_run", "in_background", "prestart", "wait_for_background_compiles"]
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -190,6 +190,17 @@ def in_background(run: Callable, args: tuple) -> None:
     else:
         job = _dry_run
     _launch.wait_before_launching(_background.submit(job, run, kinds))
+
+
+def wait_for_background_compiles() -> None:
+    """Wait until this process's compiles ahead have ended, the other batch sizes' in
+    children included (released now if they were held): for a timing after a first call,
+    which should not share the CPUs with them (~15 s of four children after a graph's first
+    run)."""
+    _launch.wait_for_compiles()
+    _release_held_children()
+    for _, running in list(_other_batches_running):
+        running.result()
 
 
 def _other_batches(args: tuple, kinds: tuple) -> list[tuple]:

@@ -385,3 +385,15 @@ def test_children_key_their_compiles_with_this_process_ptxas(monkeypatch):
     ahead._use_ptxas_versions({90: "the parent's"})
     assert compiler.get_ptxas_version(90) == "the parent's"
     assert ahead._ptxas_versions([(torch.device("cpu"), None)]) == {}
+
+
+def test_a_timing_can_wait_for_the_background_compiles(monkeypatch):
+    """``wait_for_background_compiles`` returns once the children compiling other batch
+    sizes have ended."""
+    from concurrent.futures import Future
+
+    running = Future()
+    threading.Timer(0.1, running.set_result, (None,)).start()
+    monkeypatch.setattr(ahead, "_other_batches_running", [([], running)])
+    ahead.wait_for_background_compiles()
+    assert running.done()
