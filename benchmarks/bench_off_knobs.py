@@ -16,7 +16,9 @@ after ``hf.enable`` passes them (every knob a tensor, at its off value when off,
 setting recompiles): ``plain`` then has a 0-d temperature alone, ``off`` adds 0-d top_k 0,
 top_p 1.0, min_p 0.0, ``all`` 0-d top_k 50, top_p 0.9 (no ``mixed``), and generate's
 top-k settings as it passed them before (``k50``: top_k 50 alone; ``qwen3``: top_k 20,
-top_p 0.95) and now (``k50off``, ``qwen3off``: the off knobs added at their off values).
+top_p 0.95) and now (``k50off``, ``qwen3off``: the off knobs added at their off values), and
+``k50int``: top_k=50 as a Python int (a graph of its own per setting; its tokens must equal
+``k50off``'s).
 
 ``--variants split:_SPLIT_STAGE1=1,nopf:truncation_kernel.PREFETCH_PLAIN=False`` adds each
 knob setting but ``plain`` again as ``off@split`` ... with those attributes of
@@ -61,12 +63,17 @@ ZERO_D_KNOBS = {
     "k50off": dict(top_k=50, top_p=1.0, min_p=0.0),  # now
     "qwen3": dict(top_k=20, top_p=0.95),  # Qwen3's generation_config, before
     "qwen3off": dict(top_k=20, top_p=0.95, min_p=0.0),  # now
+    "k50int": dict(top_k=50),  # top_k=50 as a Python int (the path the tensors are held to)
 }
+# Passed as Python numbers, not tensors.
+PYTHON_KNOBS = ("k50int",)
 
 
 def knob_arguments(name: str, batch: int, zero_d: bool = False) -> dict:
     if name == "plain":
         return {}
+    if name in PYTHON_KNOBS:
+        return dict(ZERO_D_KNOBS[name])
     if zero_d:  # one value for every row, as generate passes them
         return {
             knob: torch.tensor(value, dtype=torch.int64 if knob == "top_k" else None, device="cuda")
@@ -203,9 +210,10 @@ def main() -> None:
                 for name in names
             }
             pairs = [("plain", "off"), ("k50", "k50off"), ("qwen3", "qwen3off")]
+            pairs.append(("k50int", "k50off"))
             for label, settings in variants.items():
                 for name in names:
-                    if name != "plain":
+                    if name != "plain" and name not in PYTHON_KNOBS:
                         calls[f"{name}@{label}"] = with_settings(calls[name], settings)
                         pairs.append((name, f"{name}@{label}"))
             tokens = {name: call() for name, call in calls.items()}

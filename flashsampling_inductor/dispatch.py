@@ -40,6 +40,7 @@ __all__ = [
     "default_config",
     "merge_groups",
     "merge_keep",
+    "merge_route_k_max",
     "overflow_chance",
     "patching_pays",
     "triton_fused_sample",
@@ -51,7 +52,7 @@ _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
 # "gluon" (default) for the Gluon kernel, "1" for both stage-1 kernels, "0" for neither.
 _SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "gluon")
 # Candidates per 64-wide tile for a per-row k tensor (``candidates_per_tile``; A/B runs).
-_TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "6"))
+_TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "5"))
 
 
 def _split_stage1(kernel: str) -> bool:
@@ -272,10 +273,14 @@ def candidates_per_tile(params: SamplingParams, block_v: int, vocab_size: int, b
     128 (wider tiles hold proportionally more): a chance of 4e-4 a row for m = 8 at k =
     1024 (such rows mostly take the tile-level patch); a per-row k tensor gets 8, top-p or
     min-p alone 4 (6 on wider tiles: their kept set's size is unknown ahead). A per-row k
-    tensor gets 8 on 128-wide tiles or wider and 6 on 64-wide ones (the small-batch Triton
-    tiles): twice the tiles, so per row the same chances to overflow at V = 151936 (k = 1024:
-    9e-4 against 4e-4 on 128-wide tiles with 8; k = 2048: 0.08 against 0.10), and stage 2
-    searches 2374 * 6 candidates in 16384 lanes instead of 2374 * 8 in 32768."""
+    tensor gets 8 on 128-wide tiles or wider and 5 on 64-wide ones (the small-batch Triton
+    tiles): the fewest with which a row overflows with chance < 1e-3 at every k that stage 2
+    draws from the merged candidates (up to MERGE_ROUTE_K_MAX = 512: 2.6e-4 at V = 151936;
+    1.4e-2 at k = 1024, whose row then takes the tile-level patch). Each slot costs the
+    stage 1 that carries both epilogues ~5 us: H200, D = 2048, generate's top-k 50 as 0-d
+    tensors, B = 1 / 16, 6 -> 5 slots 196.8 -> 190.7 / 195.3 -> 190.1 us (4: 185.4 / 186.0,
+    but k = 512 rows would overflow with chance 9e-3), off-valued knobs unchanged
+    (bench_off_knobs_nvidia-h200_ab-d2048-0d_20261128-0901.csv)."""
     scale = max(1, block_v // 128)
     if params.top_k is not None:
         return 8 if block_v >= 128 else _TENSOR_K_CANDIDATES_NARROW
@@ -346,19 +351,40 @@ def merge_keep(params: SamplingParams, vocab_size: int) -> int:
 
     A row overflows when a group holds MERGE_KEEP or more of the tokens that decide it: the
     top-k survivors (k / ``merge_groups`` per group on average, hence twice the slots past
-    k = 256 and no merging past k = 1024 or for per-row k, which may be any size), top-p's
-    nucleus or min-p's survivors (a few hundred on real rows: a handful per group). Up to
-    k = 64 (generate's default 50; top-p / min-p then keep at most k) half the slots do: a
-    group holds 16 of 64 survivors spread at random with chance ~1e-12, and stage 2 then
-    searches and draws noise on 1024 lanes instead of 2048."""
+    k = 256 and no merging past k = 1024), top-p's nucleus or min-p's survivors (a few
+    hundred on real rows: a handful per group). Up to k = 64 (generate's default 50; top-p /
+    min-p then keep at most k) half the slots do: a group holds 16 of 64 survivors spread at
+    random with chance ~1e-12, and stage 2 then searches and draws noise on 1024 lanes
+    instead of 2048. A per-row k tensor (any size) keeps 32, for the rows whose k is at most
+    MERGE_ROUTE_K_MAX or off; stage 2 draws the others from the per-tile candidates
+    (``merge_route_k_max``)."""
     if params.top_k is not None:
-        return 0
+        return MERGE_KEEP if MERGE_PER_ROW_K else 0
     k = params.scalar_top_k
     if 0 < k <= 64:
         return MERGE_KEEP // 2
     if not 0 < k < vocab_size or k <= 256:
         return MERGE_KEEP
     return 2 * MERGE_KEEP if k <= 1024 else 0
+
+
+# A per-row k tensor: rows with k up to this (or top-k off) take stage 2's merged candidates
+# (MERGE_GROUPS groups of MERGE_KEEP: a group holds MERGE_KEEP of 512 survivors spread at
+# random with chance 8e-11, 5e-9 a row; at k = 1024 1.6e-2 a row, and one past 64 * 31 = 1984
+# always overflows, to the whole row's recomputation), larger k the per-tile ones, each
+# row's route chosen on the device (truncation_kernel._merged_route).
+# Before, every row of such a call took the per-tile ones: one program searched 2374 * 6
+# candidates on 16384 lanes (H200, D = 2048, B = 1: generate's top-k 50 as 0-d tensors 249 us,
+# plain sampling 152; bench_off_knobs_nvidia-h200_fold-ab-d2048_20261128-0702.csv).
+MERGE_ROUTE_K_MAX = 512
+# False: no merging for a per-row k tensor, as before (A/B runs).
+MERGE_PER_ROW_K = True
+
+
+def merge_route_k_max(params: SamplingParams) -> int | None:
+    """The largest per-row k that stage 2 draws from the merged candidates, for a call with
+    a per-row k tensor (else None: every row takes one route)."""
+    return MERGE_ROUTE_K_MAX if params.top_k is not None and MERGE_PER_ROW_K else None
 
 
 def merge_groups(params: SamplingParams) -> int:
@@ -629,8 +655,8 @@ def _finish_truncation(
     keep = merge_keep(params, vocab_size)
     truncation_kernel.launch_stage2(
         stage1, params, vocab_size, temperature_mode, out, overflow, floor, patch=patch,
-        merge=(merge_groups(params), keep) if keep else None, fast_math=not interpreter,
-        logprobs=logprobs,
+        merge=(merge_groups(params), keep) if keep else None,
+        route_k_max=merge_route_k_max(params), fast_math=not interpreter, logprobs=logprobs,
     )  # fmt: skip
     truncation_kernel.launch_fallback(
         hidden, weight, bias, params, temperature_mode, out, overflow,

@@ -330,14 +330,30 @@ def _patched_keys(keys, index, n, row64, patch_tile_ptr, patch_count_ptr, patch_
     return keys, tl.where(offs < n, index, patch_index)
 
 
-@triton.jit(do_not_specialize=["scalar_temperature"])
+@triton.jit
+def _merged_route(top_k, route_k_max, V):
+    """Whether a row of a per-row k tensor takes stage 2's merged candidates (top-k off, or
+    k <= route_k_max, which the groups hold; ``dispatch.merge_route_k_max``) rather than stage
+    1's per-tile ones."""
+    return (top_k <= route_k_max) | (top_k >= V)
+
+
+@triton.jit(do_not_specialize=["scalar_temperature", "scalar_top_k", "scalar_top_p",
+                               "scalar_min_p"])  # fmt: skip
 def _merge_tiles(
     key_ptr, index_ptr, hidden_key_ptr, mass_ptr, temperature_ptr,
+    top_k_ptr, top_p_ptr, min_p_ptr,
     merged_key_ptr, merged_index_ptr, merged_hidden_ptr, merged_mass_ptr,
-    num_tiles, tiles_per_group, scalar_temperature,
+    num_tiles, tiles_per_group, scalar_temperature, scalar_top_k, scalar_top_p, scalar_min_p,
+    V, route_k_max,
     TEMPERATURE_MODE: tl.constexpr, HAS_MASS: tl.constexpr, TOP_M: tl.constexpr,
     KEEP: tl.constexpr, BLOCK: tl.constexpr, TILE_BLOCK: tl.constexpr,
     KEY_LOW_BITS: tl.constexpr, PDL: tl.constexpr,
+    # ROUTED (a per-row k tensor): only the rows that stage 2 draws from the merged
+    # candidates (``_merged_route``), and with PLAIN_ROWS (stage 1 left plain candidates for
+    # untruncated rows) only the truncated ones of those; the others' programs return at once.
+    ROUTED: tl.constexpr = False, PLAIN_ROWS: tl.constexpr = False,
+    TOP_K_MODE: tl.constexpr = 0, TOP_P_MODE: tl.constexpr = 0, MIN_P_MODE: tl.constexpr = 0,
 ):  # fmt: skip
     """Program (row, group): the KEEP - 1 or fewer largest candidate keys of the group's
     tiles, those strictly above the KEEP-th largest (so ties there never need breaking),
@@ -347,6 +363,18 @@ def _merge_tiles(
     await_previous_kernel(PDL)
     row = tl.program_id(0)
     group = tl.program_id(1)
+    if ROUTED:
+        top_k = knob_per_row(top_k_ptr, row, scalar_top_k, TOP_K_MODE, tl.int64)
+        if not _merged_route(top_k, route_k_max, V):
+            return
+        if PLAIN_ROWS:
+            temperature = knob_per_row(
+                temperature_ptr, row, scalar_temperature, TEMPERATURE_MODE, tl.float32
+            )
+            top_p = knob_per_row(top_p_ptr, row, scalar_top_p, TOP_P_MODE, tl.float32)
+            min_p = knob_per_row(min_p_ptr, row, scalar_min_p, MIN_P_MODE, tl.float32)
+            if not truncates(top_k, top_p, min_p, temperature, V):
+                return
     row64 = row.to(tl.int64)
     num_groups = tl.num_programs(1)
     first = group * tiles_per_group
@@ -733,7 +761,7 @@ def _draw_kept(
 
 @triton.jit
 def _stage2_row(
-    row, key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
+    row, prefetched, key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr, plain_index_ptr,
     temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr,
     floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
     tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
@@ -760,20 +788,12 @@ def _stage2_row(
     LOGPROBS: tl.constexpr = 0,
     RAW_LOGIT_LATER: tl.constexpr = False,  # raw over soft-capped keys: add l[token] after
     PLAIN_BLOCK: tl.constexpr = 16,  # with HAS_PLAIN: lanes of the plain candidates' chunks
-    # With HAS_PLAIN: the row's first chunk of plain candidates loaded before its knobs, so
-    # an untruncated row waits for one load less.
+    # With HAS_PLAIN: ``prefetched`` is the row's first chunk of plain candidates, loaded
+    # before its knobs (``_prefetch_plain``), so an untruncated row waits for one load less.
     PREFETCH_PLAIN: tl.constexpr = False,
 ):  # fmt: skip
     """Row ``row`` of a stage-2 pass: truncation, then Gumbel-max among the kept candidates
     (the arguments are ``_truncated_stage2``'s)."""
-    prefetched = 0.0
-    if HAS_PLAIN:
-        if PREFETCH_PLAIN:
-            first = tl.arange(0, PLAIN_BLOCK)
-            prefetched = tl.load(
-                plain_score_ptr + row.to(tl.int64) * num_samples * num_plain_tiles + first,
-                mask=first < num_plain_tiles, other=float("-inf"),
-            )  # fmt: skip
     if COMPLETE:
         if tl.load(overflow_ptr + row) != OVERFLOW_FULL:
             return
@@ -823,7 +843,15 @@ def _stage2_row(
     if LOGPROBS > 0:
         row_log_mass_ptr += row64 * num_mass_tiles * 2
     if temperature == 0:
-        # Greedy: truncation never removes the argmax.
+        # Greedy: truncation never removes the argmax, but a tile (or group of tiles) may
+        # hide it, or a token tied with it at a lower index, where more of its keys tie at
+        # the top than it keeps: then the fallback draws the row.
+        if not (COMPLETE or PATCHED):
+            if _flag_if_hidden(
+                hidden_key_ptr, tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, overflow_ptr,
+                floor_ptr, row, row64, num_tiles, num_patch_tiles, top_key, PATCH_TILES, BLOCK,
+            ):  # fmt: skip
+                return
         winner = tl.where(top_key > KEY_MINUS_INF, top_index, 0).to(tl.int64)
         for sample_index in range(num_samples):
             tl.store(out_ptr + row64 * num_samples + sample_index, winner)
@@ -901,6 +929,21 @@ def _stage2_row(
     )  # fmt: skip
 
 
+@triton.jit
+def _prefetch_plain(plain_score_ptr, row, num_samples, num_plain_tiles,
+                    PREFETCH_PLAIN: tl.constexpr, PLAIN_BLOCK: tl.constexpr):  # fmt: skip
+    """With PREFETCH_PLAIN (stage 1 left plain candidates) the first chunk of the row's
+    (sample 0's), else 0."""
+    prefetched = 0.0
+    if PREFETCH_PLAIN:
+        first = tl.arange(0, PLAIN_BLOCK)
+        prefetched = tl.load(
+            plain_score_ptr + row.to(tl.int64) * num_samples * num_plain_tiles + first,
+            mask=first < num_plain_tiles, other=float("-inf"),
+        )  # fmt: skip
+    return prefetched
+
+
 @triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
                                "scalar_top_p", "scalar_min_p"])  # fmt: skip
 def _truncated_stage2(
@@ -909,9 +952,10 @@ def _truncated_stage2(
     floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
     tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
     log_mass_ptr, plain_value_ptr, logprob_ptr,
+    merged_key_ptr, merged_index_ptr, merged_hidden_ptr, merged_mass_ptr,
     num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, num_mass_tiles, V,
     scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
-    num_samples,
+    num_samples, num_merged, num_groups, route_k_max,
     TEMPERATURE_MODE: tl.constexpr, SEED_MODE: tl.constexpr,
     TOP_K_MODE: tl.constexpr, TOP_P_MODE: tl.constexpr, MIN_P_MODE: tl.constexpr,
     HAS_PLAIN: tl.constexpr, HAS_MASS: tl.constexpr, COMPLETE: tl.constexpr,
@@ -921,18 +965,46 @@ def _truncated_stage2(
     PDL: tl.constexpr,  # launched as a programmatic dependent (pdl_launch)
     LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
     PLAIN_BLOCK: tl.constexpr = 16, PREFETCH_PLAIN: tl.constexpr = False,
+    # > 0 (a per-row k tensor): a row on the merged route (``_merged_route``) is drawn from
+    # the merged candidates (merged_*: num_merged per row over num_groups groups, in
+    # MERGED_BLOCK lanes, MERGED_COMPACT slots), any other from stage 1's per-tile ones.
+    MERGED_BLOCK: tl.constexpr = 0, MERGED_COMPACT: tl.constexpr = 16,
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates. The
-    arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL."""
+    arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL and the
+    merged route's."""
     await_previous_kernel(PDL)
+    row = tl.program_id(0)
+    prefetched = _prefetch_plain(
+        plain_score_ptr, row, num_samples, num_plain_tiles, PREFETCH_PLAIN, PLAIN_BLOCK
+    )
+    if MERGED_BLOCK > 0:
+        top_k = knob_per_row(top_k_ptr, row, scalar_top_k, TOP_K_MODE, tl.int64)
+        if _merged_route(top_k, route_k_max, V):
+            _stage2_row(
+                row, prefetched, merged_key_ptr, merged_index_ptr, merged_hidden_ptr,
+                merged_mass_ptr, plain_score_ptr, plain_index_ptr, temperature_ptr, seed_ptr,
+                top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr, floor_ptr,
+                compact_key_ptr, compact_index_ptr, compact_value_ptr, tile_hidden_ptr,
+                patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr, log_mass_ptr,
+                plain_value_ptr, logprob_ptr, num_merged, num_groups, num_plain_tiles,
+                num_patch_tiles, num_mass_tiles, V, scalar_temperature, seed_lo, seed_hi,
+                scalar_top_k, scalar_top_p, scalar_min_p, num_samples,
+                TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN,
+                HAS_MASS, False, True, FAST_MATH, MERGED_BLOCK, MERGED_COMPACT, PACK, False,
+                PATCH_TILES, PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK,
+                PREFETCH_PLAIN,
+            )  # fmt: skip
+            return
     _stage2_row(
-        tl.program_id(0), key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr,
-        plain_index_ptr, temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
-        overflow_ptr, floor_ptr, compact_key_ptr, compact_index_ptr, compact_value_ptr,
-        tile_hidden_ptr, patch_tile_ptr, patch_count_ptr, patch_key_ptr, patch_index_ptr,
-        log_mass_ptr, plain_value_ptr, logprob_ptr, num_candidates, num_tiles,
-        num_plain_tiles, num_patch_tiles, num_mass_tiles, V, scalar_temperature, seed_lo,
-        seed_hi, scalar_top_k, scalar_top_p, scalar_min_p, num_samples,
+        row, prefetched, key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr,
+        plain_index_ptr, temperature_ptr, seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+        out_ptr, overflow_ptr, floor_ptr, compact_key_ptr, compact_index_ptr,
+        compact_value_ptr, tile_hidden_ptr, patch_tile_ptr, patch_count_ptr,
+        patch_key_ptr, patch_index_ptr, log_mass_ptr, plain_value_ptr, logprob_ptr,
+        num_candidates, num_tiles, num_plain_tiles, num_patch_tiles, num_mass_tiles, V,
+        scalar_temperature, seed_lo, seed_hi, scalar_top_k, scalar_top_p, scalar_min_p,
+        num_samples,
         TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN, HAS_MASS,
         COMPLETE, SINGLE, FAST_MATH, BLOCK, COMPACT, PACK, PATCHED, PATCH_TILES, PATCH_V,
         KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK, PREFETCH_PLAIN,
@@ -971,7 +1043,7 @@ def _fallback_stage2(
     # (a flagged row is truncated: neither pass reads plain candidates)
     if code == OVERFLOW_PATCH:
         _stage2_row(
-            row, key_ptr, index_ptr, None, mass_ptr, None, None, temperature_ptr, seed_ptr,
+            row, 0.0, key_ptr, index_ptr, None, mass_ptr, None, None, temperature_ptr, seed_ptr,
             top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr, floor_ptr,
             compact_key_ptr, compact_index_ptr, None, None, patch_tile_ptr, patch_count_ptr,
             patch_key_ptr, patch_index_ptr, log_mass_ptr, None, logprob_ptr, num_candidates,
@@ -984,7 +1056,7 @@ def _fallback_stage2(
         )  # fmt: skip
     elif code == OVERFLOW_FULL:
         _stage2_row(
-            row, logits_ptr, full_compact_index_ptr, None, None, None, None, temperature_ptr,
+            row, 0.0, logits_ptr, full_compact_index_ptr, None, None, None, None, temperature_ptr,
             seed_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, overflow_ptr, floor_ptr,
             full_compact_key_ptr, full_compact_index_ptr, full_compact_value_ptr, None, None,
             None, None, None, log_mass_ptr, None, logprob_ptr, V, 1, 0, 0, num_mass_tiles, V,
@@ -1196,12 +1268,16 @@ def masked_gumbel_argmax(
 def _merge(
     stage1: dict[str, torch.Tensor | None],
     params: SamplingParams,
+    vocab_size: int,
     temperature_mode: int,
     groups: int,
     keep: int,
+    route_k_max: int | None = None,
 ) -> dict[str, torch.Tensor | None]:
     """Stage 1's per-tile candidates, hidden keys and mass partials merged per group of
-    tiles (``_merge_tiles``); the plain candidates are left as they are."""
+    tiles (``_merge_tiles``); the plain candidates are left as they are. With
+    ``route_k_max`` (a per-row k tensor) only the rows that take the merged candidates
+    (``_merged_route``)."""
     keys, mass = stage1["top_m_key"], stage1.get("mass")
     batch, num_tiles = stage1["hidden_key"].shape
     top_m = keys.shape[1] // num_tiles
@@ -1219,12 +1295,16 @@ def _merge(
     launch(
         _merge_tiles, (batch, groups),
         keys, stage1["top_m_index"], stage1["hidden_key"], mass, params.temperature,
+        params.top_k, params.top_p, params.min_p,
         merged["top_m_key"], merged["top_m_index"], merged["hidden_key"], merged["mass"],
-        num_tiles, tiles_per_group, params.scalar_temperature,
+        num_tiles, tiles_per_group, params.scalar_temperature, params.scalar_top_k,
+        params.scalar_top_p, params.scalar_min_p, vocab_size, route_k_max or 0,
         TEMPERATURE_MODE=temperature_mode, HAS_MASS=mass is not None, TOP_M=top_m, KEEP=keep,
         BLOCK=block, TILE_BLOCK=max(16, triton.next_power_of_2(tiles_per_group)),
         KEY_LOW_BITS=key_low_bits(params), **pdl_launch(keys.device),
-        num_warps=max(1, min(4, block // 256)),
+        ROUTED=route_k_max is not None, PLAIN_ROWS=stage1.get("plain_score") is not None,
+        TOP_K_MODE=_mode(params.top_k), TOP_P_MODE=_mode(params.top_p),
+        MIN_P_MODE=_mode(params.min_p), num_warps=max(1, min(4, block // 256)),
     )  # fmt: skip
     return merged
 
@@ -1271,6 +1351,7 @@ def launch_stage2(
     patched: bool = False,
     patch: dict[str, torch.Tensor | int] | None = None,
     merge: tuple[int, int] | None = None,
+    route_k_max: int | None = None,
     fast_math: bool = True,
     logprobs: torch.Tensor | None = None,
 ) -> None:
@@ -1284,14 +1365,18 @@ def launch_stage2(
     instead of V. ``patch`` (``patch_buffers``): where the first pass lists a flagged row's
     hiding tiles, when few, for the tile-level fallback. ``merge`` (groups, keep): stage 1's
     candidates first merged into each group of tiles' keep largest, where that leaves fewer
-    (``_merge``). ``logprobs`` [B, S] fp32: where
+    (``_merge``); with ``route_k_max`` (a per-row k tensor) each row chooses on the device:
+    top-k off or k <= route_k_max from the merged candidates, a larger k from stage 1's
+    per-tile ones, which hold more of its survivors (``_merged_route``). ``logprobs`` [B, S]
+    fp32: where
     ``params.logprobs`` asks for them, the drawn tokens' log-probabilities, from stage 1's
     partials (``stage1["log_mass"]`` [B, tiles, 2]) and plain candidates' logits
     (``plain_value``); with "raw" on soft-capped scores, less each token's raw logit
     (``raw_logit_later``), which the caller adds."""
     runtime, constexprs, num_warps = _stage2_arguments(
         stage1, params, vocab_size, temperature_mode, out, overflow, floor, complete=complete,
-        patched=patched, patch=patch, merge=merge, fast_math=fast_math, logprobs=logprobs,
+        patched=patched, patch=patch, merge=merge, route_k_max=route_k_max,
+        fast_math=fast_math, logprobs=logprobs,
     )  # fmt: skip
     _launch_by_name(_truncated_stage2, (out.shape[0],), runtime, constexprs, num_warps)
 
@@ -1307,7 +1392,7 @@ def _launch_by_name(kernel, grid, runtime: dict, constexprs: dict, num_warps: in
 
 def _stage2_arguments(
     stage1, params, vocab_size, temperature_mode, out, overflow, floor, *, complete=False,
-    patched=False, patch=None, merge=None, fast_math=True, logprobs=None,
+    patched=False, patch=None, merge=None, route_k_max=None, fast_math=True, logprobs=None,
 ):  # fmt: skip
     """(runtime arguments by name, constexprs, num_warps) of a ``_truncated_stage2`` pass, as
     ``launch_stage2`` documents them; merges the candidates first where ``merge`` asks."""
@@ -1316,9 +1401,14 @@ def _stage2_arguments(
     if stage1.get("plain_score") is not None:  # (the Gluon kernel's are per half tile)
         num_plain_tiles = stage1["plain_score"].shape[2]
     tile_hidden = stage1.get("hidden_key")
+    merged = {}
     if merge is not None and stage1["top_m_key"].shape[1] > merge[0] * merge[1]:
-        stage1 = _merge(stage1, params, temperature_mode, *merge)
-        num_tiles = stage1["hidden_key"].shape[1]
+        merged = _merge(stage1, params, vocab_size, temperature_mode, *merge, route_k_max)
+        if route_k_max is None:  # every row from the merged candidates
+            stage1, merged = merged, {}
+            num_tiles = stage1["hidden_key"].shape[1]
+    num_merged = merged["top_m_key"].shape[1] if merged else 0
+    merged_block = max(16, triton.next_power_of_2(num_merged)) if merged else 0
     keys = stage1["top_m_key"]
     num_candidates = keys.shape[1]
     seed_u64 = params.scalar_seed % 2**64
@@ -1361,7 +1451,11 @@ def _stage2_arguments(
         scalar_temperature=params.scalar_temperature, seed_lo=seed_u64 & 0xFFFFFFFF,
         seed_hi=seed_u64 >> 32, scalar_top_k=params.scalar_top_k,
         scalar_top_p=params.scalar_top_p, scalar_min_p=params.scalar_min_p,
-        num_samples=params.num_samples,
+        num_samples=params.num_samples, merged_key_ptr=merged.get("top_m_key"),
+        merged_index_ptr=merged.get("top_m_index"), merged_hidden_ptr=merged.get("hidden_key"),
+        merged_mass_ptr=merged.get("mass"), num_merged=num_merged,
+        num_groups=merged["hidden_key"].shape[1] if merged else 0,
+        route_k_max=route_k_max if merged else 0,
     )  # fmt: skip
     constexprs = dict(
         TEMPERATURE_MODE=temperature_mode, SEED_MODE=_mode(params.seed),
@@ -1378,6 +1472,7 @@ def _stage2_arguments(
         # 16384 lanes, sized for the truncation candidates: 0.4-0.6 us less on an H200)
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
         PREFETCH_PLAIN=PREFETCH_PLAIN and stage1.get("plain_score") is not None,
+        MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
     )  # fmt: skip
     return runtime, constexprs, 16 if block >= 8192 else 8
 

@@ -244,6 +244,34 @@ def test_gpu_all_survivors_in_one_tile_take_the_exact_fallback():
     assert bool(((tokens >= 1000) & (tokens < 1300)).all())
 
 
+@pytest.mark.parametrize("batch", [16, 64])
+@pytest.mark.parametrize("knobs", ["scalar-k", "k-tensor"])
+def test_gpu_greedy_rows_whose_maximum_ties_in_one_group_draw_the_first(batch, knobs):
+    """Greedy rows beside sampled ones in a truncating call without plain candidates: 101
+    tokens from 1000 on and token 100000 tie at every row's maximum (zero weights, a bias
+    of 40), more than a merged group of tiles keeps. The greedy rows draw token 1000, as
+    argmax does (the fallback, flagged because a group hides the maximum), the sampled
+    ones the reference's."""
+    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
+    weight[1000:1101] = 0
+    weight[100000] = 0
+    bias = torch.zeros(VOCAB, device=CUDA)
+    bias[1000:1101] = 40.0
+    bias[100000] = 40.0
+    temperature = torch.tensor([0.0, 0.8], device=CUDA).repeat(batch // 2)
+    seed = torch.arange(batch, device=CUDA) * 7919 + 11
+    top_k = 50 if knobs == "scalar-k" else torch.full((batch,), 50, device=CUDA)
+    arguments = dict(
+        bias=bias, temperature=temperature, seed=seed, top_k=top_k, top_p=0.95, num_samples=2
+    )
+    tokens = fused_sample(hidden, weight, impl="triton", **arguments)
+    assert bool((tokens[temperature == 0] == 1000).all()), tokens[temperature == 0]
+    expected = fused_sample(hidden, weight, impl="torch", **arguments)
+    assert_pathwise_equal(
+        tokens, expected, hidden, weight, bias=bias, temperature=temperature, seed=seed
+    )
+
+
 @pytest.mark.parametrize(
     "rows, logits_dtype, top_k, top_p",
     [(256, None, 50, 0.9), (64, torch.bfloat16, 256, 1.0)],

@@ -45,7 +45,8 @@ stage2 = {
     "num_candidates": "i32", "num_tiles": "i32", "num_plain_tiles": "i32",
     "num_patch_tiles": "i32", "num_mass_tiles": "i32", "V": "i32",
     "scalar_temperature": "fp32", "seed_lo": "i64", "seed_hi": "i64", "scalar_top_k": "i64",
-    "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32",
+    "scalar_top_p": "fp32", "scalar_min_p": "fp32", "num_samples": "i32", "num_merged": "i32",
+    "num_groups": "i32", "route_k_max": "i32",
 }
 # What every stage-2 variant below shares: per-row temperature, seed, top-p and min-p (no
 # top-k), mass partials.
@@ -53,7 +54,9 @@ stage2_shared = dict(
     plain_score_ptr=None, plain_index_ptr=None, top_k_ptr=None, **knob_modes,
     log_mass_ptr=None, plain_value_ptr=None, logprob_ptr=None, LOGPROBS=0,  # no logprobs asked
     RAW_LOGIT_LATER=False, PLAIN_BLOCK=16, PREFETCH_PLAIN=False,
-    HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True,
+    HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True, merged_key_ptr=None,
+    merged_index_ptr=None, merged_hidden_ptr=None, merged_mass_ptr=None, MERGED_BLOCK=0,
+    MERGED_COMPACT=16,
 )
 
 
@@ -90,6 +93,13 @@ with_plain = dict(
 )
 compile_stage2(plain, **first_pass, **with_plain)
 compile_stage2(plain, **first_pass, **with_plain, PREFETCH_PLAIN=True)
+# A per-row k tensor: each row from the merged groups (64 of 32 in 2048 lanes) or, past
+# route_k_max, from the per-tile candidates.
+compile_stage2(
+    {**plain, "merged_key_ptr": "*i32", "merged_index_ptr": "*i32", "merged_hidden_ptr": "*i32",
+     "merged_mass_ptr": "*fp32"},
+    **first_pass, **with_plain, PREFETCH_PLAIN=True, MERGED_BLOCK=2048, MERGED_COMPACT=2048,
+)
 compile_stage2(
     {**plain, "log_mass_ptr": "*fp32", "plain_value_ptr": "*fp32", "logprob_ptr": "*fp32"},
     **first_pass, **with_plain, LOGPROBS=2,
@@ -129,13 +139,25 @@ merge = {
     "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",
     "temperature_ptr": "*fp32", "merged_key_ptr": "*i32", "merged_index_ptr": "*i32",
     "merged_hidden_ptr": "*i32", "merged_mass_ptr": "*fp32", "num_tiles": "i32",
-    "tiles_per_group": "i32", "scalar_temperature": "fp32",
+    "tiles_per_group": "i32", "scalar_temperature": "fp32", "scalar_top_k": "i64",
+    "scalar_top_p": "fp32", "scalar_min_p": "fp32", "V": "i32", "route_k_max": "i32",
 }
 compile_kernel(
     truncation_kernel._merge_tiles, merge,
-    dict(TEMPERATURE_MODE=2, HAS_MASS=True, TOP_M=4, KEEP=32, BLOCK=256, TILE_BLOCK=64,
-         KEY_LOW_BITS=16, PDL=True),
+    dict(top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TEMPERATURE_MODE=2, HAS_MASS=True,
+         TOP_M=4, KEEP=32, BLOCK=256, TILE_BLOCK=64, KEY_LOW_BITS=16, PDL=True, ROUTED=False,
+         PLAIN_ROWS=False, TOP_K_MODE=0, TOP_P_MODE=0, MIN_P_MODE=0),
     num_warps=2,
+)
+# Only the rows a per-row k tensor routes to the merged candidates, and of those the
+# truncated ones.
+compile_kernel(
+    truncation_kernel._merge_tiles,
+    {**merge, "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"},
+    dict(TEMPERATURE_MODE=1, HAS_MASS=True, TOP_M=6, KEEP=32, BLOCK=256, TILE_BLOCK=64,
+         KEY_LOW_BITS=16, PDL=True, ROUTED=True, PLAIN_ROWS=True, TOP_K_MODE=1, TOP_P_MODE=1,
+         MIN_P_MODE=1),
+    num_warps=1,
 )
 stage1 = {
     "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "temperature_ptr": "*fp32",

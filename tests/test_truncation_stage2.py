@@ -146,6 +146,97 @@ def test_merged_groups_match_the_contract_for_top_p_and_min_p(merged, overflowed
     assert not bool(flags.all()), flags
 
 
+@pytest.mark.parametrize("route_k_max", [0, 20, 1000], ids=["k-off", "k20", "every-k"])
+def test_per_row_k_rows_take_the_merged_or_the_per_tile_candidates_exactly(
+    route_k_max, merged, overflowed, monkeypatch
+):
+    """A per-row k tensor (the 24-row grid: k in {1, 2, 20, 50, 200, off} x p in {0.5, 0.9,
+    0.95, 1}, greedy rows, untruncated rows drawn from the plain candidates) with its rows
+    routed on the device: those whose k is at most MERGE_ROUTE_K_MAX, or off (top-p alone),
+    from the merged groups (4 of 8 here), the others from stage 1's per-tile candidates. Every
+    row draws the contract's tokens whichever route it takes; with every k merged, the rows
+    of k = 200 (more survivors than 4 groups hold) all take the fallback."""
+    monkeypatch.setattr(dispatch, "MERGE_ROUTE_K_MAX", route_k_max)
+    top_k, top_p, temperature = per_row_grid()
+    batch = len(top_k)
+    hidden, weight, bias, seed = masked_problem(batch)
+    params = SamplingParams(temperature, 1.0, seed, 0, 2, None, top_k, 0, top_p, 1.0)
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(32, 16, 64))
+    expected = contract_sample(
+        exact_logits(hidden, weight, bias), temperature, top_k, top_p, seed, 2
+    )
+    assert torch.equal(tokens, expected)
+    assert merged == [(batch, 63)]
+    (flags,) = overflowed
+    sampled = (temperature > 0).cpu()
+    assert not bool(flags[~sampled | ((top_k == 1000) & (top_p == 1)).cpu()].any()), flags
+    if route_k_max == 1000:
+        assert bool(flags[sampled & (top_k == 200).cpu()].all()), flags
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(top_k=0, top_p=1.0, min_p=0.0), dict(top_k=5, top_p=1.0, min_p=0.0),
+     dict(top_k=300, top_p=0.9, min_p=0.0), dict(top_k=0, top_p=0.9, min_p=0.1)],
+    ids=["off", "k5", "k300-p", "p-min-p"],
+)  # fmt: skip
+def test_zero_d_knobs_take_one_route_for_the_batch_exactly(knobs, merged, monkeypatch):
+    """0-d knobs as generate passes them (every knob a tensor, at its off value when off), a
+    0-d temperature of 0.7: off-valued ones draw the plain call's tokens, the others the
+    contract's, through the merged groups (k 5, top-p and min-p) or the per-tile candidates
+    (k 300 > MERGE_ROUTE_K_MAX, lowered to 20 here)."""
+    monkeypatch.setattr(dispatch, "MERGE_ROUTE_K_MAX", 20)
+    batch = 4
+    hidden, weight, bias, _ = masked_problem(batch)
+    temperature = torch.tensor(0.7, device=DEVICE)
+    seed = torch.tensor(11, device=DEVICE)
+    tensors = {
+        name: torch.tensor(value, dtype=torch.int64 if name == "top_k" else None, device=DEVICE)
+        for name, value in knobs.items()
+    }
+    params = SamplingParams(
+        temperature, 1.0, seed, 0, 2, None, tensors["top_k"], 0, tensors["top_p"], 1.0,
+        tensors["min_p"], 0.0,
+    )  # fmt: skip
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(32, 16, 64))
+    rows = torch.full((batch,), 1, device=DEVICE)
+    expected = contract_sample(
+        exact_logits(hidden, weight, bias), rows * 0.7, rows * knobs["top_k"],
+        rows * knobs["top_p"], seed, 2, (rows * knobs["min_p"]).cpu(),
+    )  # fmt: skip
+    assert torch.equal(tokens, expected)
+    assert merged == [(batch, 63)]
+
+
+@pytest.mark.parametrize("knobs", ["scalar-k", "k-tensor"])
+def test_greedy_rows_whose_maximum_a_group_hides_take_the_fallback(knobs, merged, overflowed):
+    """A greedy row (T = 0 beside a sampled one) in a truncating call without plain
+    candidates: its maximum ties 21 times in the first group (more than the group keeps)
+    and once more at token 500, so the merged candidates hold only the later one. The row
+    is flagged and the fallback draws the lowest index of the ties, as argmax does (before,
+    stage 2 drew 500)."""
+    hidden = torch.zeros(2, 64, device=DEVICE)
+    hidden[:, 0] = 1.0
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randint(-8, 8, (1000, 64), generator=generator).float() / 32
+    weight[:, 0] = torch.randint(-64, 0, (1000,), generator=generator).float() / 32
+    weight[40:61, 0] = 1.0
+    weight[500, 0] = 1.0
+    weight = weight.to(DEVICE)
+    temperature = torch.tensor([0.0, 0.7], device=DEVICE)
+    seed = torch.tensor([1, 2], device=DEVICE)
+    if knobs == "scalar-k":
+        params = SamplingParams(temperature, 1.0, seed, 0, 1, None, None, 50, None, 1.0)
+    else:  # (a scalar top-p: no row may be untruncated, so no plain candidates)
+        top_k = torch.tensor([50, 50], device=DEVICE)
+        params = SamplingParams(temperature, 1.0, seed, 0, 1, None, top_k, 0, None, 0.9)
+    tokens = triton_fused_sample(hidden, weight, None, params, SampleConfig(16, 16, 64))
+    assert int(tokens[0, 0]) == 40
+    assert merged
+    (flags,) = overflowed
+    assert int(flags[0]) != 0, flags
+
+
 @pytest.mark.parametrize(
     "num_tiles, top_m, block_v, patched",
     [(2374, 4, 64, True), (1187, 4, 128, True), (594, 4, 256, True), (2374, 8, 64, False)],

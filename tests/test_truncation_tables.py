@@ -23,7 +23,7 @@ from flashsampling_inductor.params import SamplingParams
         ({"scalar_top_k": 1000, "top_p": torch.tensor([0.9, 1.0])}, False),
         ({"scalar_top_k": 2000}, True),
         ({"scalar_top_k": 2000, "scalar_top_p": 0.9}, True),
-        ({"top_k": torch.tensor([50, 0])}, True),
+        ({"top_k": torch.tensor([50, 0])}, False),
         ({"top_k": torch.tensor([50, 0]), "scalar_top_p": 0.9}, False),
         ({}, False),
     ],
@@ -32,8 +32,9 @@ from flashsampling_inductor.params import SamplingParams
 )  # fmt: skip
 def test_wide_tiles_only_where_stage2_does_not_merge(knobs, wide):
     """At B <= 32 on CUDA, a truncating call whose stage 2 merges its candidates per group of
-    tiles keeps 64-wide tiles (the merge makes stage 2's size independent of the width);
-    one that does not (k > 1024, per-row k) takes 128-wide tiles (half the candidates)
+    tiles (a per-row k tensor too: its rows up to k = 256 take the merged candidates) keeps
+    64-wide tiles (the merge makes stage 2's size independent of the width); one that does
+    not (k > 1024) takes 128-wide tiles (half the candidates)
     unless top-p may run without top-k on some row: a nucleus of hundreds of tokens would
     overflow a 128-wide tile's 4 candidates far more often (dispatch)."""
     from flashsampling_inductor.dispatch import _wide_truncation_tiles
@@ -49,7 +50,7 @@ def test_wide_tiles_only_where_stage2_does_not_merge(knobs, wide):
         ({"scalar_top_k": 200}, 32),
         ({"scalar_top_k": 600, "scalar_top_p": 0.9}, 64),
         ({"scalar_top_k": 2000}, 0),
-        ({"top_k": torch.tensor([50, 0])}, 0),
+        ({"top_k": torch.tensor([50, 0])}, 32),
         ({"scalar_top_p": 0.9}, 32),
         ({"min_p": torch.tensor([0.1, 0.0])}, 32),
     ],
@@ -58,9 +59,12 @@ def test_wide_tiles_only_where_stage2_does_not_merge(knobs, wide):
 def test_merge_keeps_enough_candidates_per_group(knobs, keep):
     """Each of the 64 groups keeps 16 candidates up to k = 64, 32 up to k = 256 or without
     top-k, 64 from k = 257 (k / 64 survivors per group on average), and nothing merges past
-    k = 1024 or with a per-row k of unknown size."""
+    k = 1024. A per-row k tensor keeps 32 for the rows up to k = 512 (the others take the
+    per-tile candidates: no route without such a tensor)."""
     params = SamplingParams(None, 1.0, None, 0, 1, **knobs)
     assert dispatch.merge_keep(params, vocab_size=151936) == keep
+    routed = params.top_k is not None
+    assert dispatch.merge_route_k_max(params) == (512 if routed else None)
 
 
 @pytest.mark.parametrize(
@@ -81,18 +85,20 @@ def test_candidates_per_tile_are_the_fewest_that_rarely_overflow(top_k, block_v,
         assert batch * dispatch.overflow_chance(top_k, block_v, vocab, m - 1) > 1e-3
 
 
-def test_a_per_row_k_tensor_overflows_as_often_on_narrow_tiles_as_on_wide_ones():
-    """A per-row k tensor (any size) keeps 8 candidates per 128-wide tile and 6 per 64-wide
-    one: twice the tiles, so a row of k = 1024 overflows at V = 151936 with about the same
-    chance (< 1e-3), and one of k = 2048 less often on the narrow tiles."""
+def test_a_per_row_k_tensor_keeps_the_fewest_candidates_its_merged_rows_rarely_overflow():
+    """A per-row k tensor (any size) keeps 8 candidates per 128-wide tile and 5 per 64-wide
+    one: on the narrow tiles the fewest with which a row up to k = MERGE_ROUTE_K_MAX (512,
+    the rows stage 2 draws from the merged candidates) overflows with chance < 1e-3 at V =
+    151936; on the wide ones a row of k = 1024 does."""
     vocab = 151936
     params = SamplingParams(None, 1.0, None, 0, 1, top_k=torch.zeros(4, dtype=torch.int64))
     wide = dispatch.candidates_per_tile(params, 128, vocab, 4)
     narrow = dispatch.candidates_per_tile(params, 64, vocab, 4)
-    assert (wide, narrow) == (8, 6)
-    assert dispatch.overflow_chance(1024, 64, vocab, narrow) < 1e-3
-    chance = dispatch.overflow_chance(2048, 64, vocab, narrow)
-    assert chance < dispatch.overflow_chance(2048, 128, vocab, wide)
+    assert (wide, narrow) == (8, 5)
+    route_k_max = dispatch.merge_route_k_max(params)
+    assert dispatch.overflow_chance(route_k_max, 64, vocab, narrow) < 1e-3
+    assert dispatch.overflow_chance(route_k_max, 64, vocab, narrow - 1) > 1e-3
+    assert dispatch.overflow_chance(1024, 128, vocab, wide) < 1e-3
 
 
 @pytest.mark.parametrize("vocab, block_v", [(16, 16), (200, 16), (1000, 64)])
@@ -117,6 +123,29 @@ def test_merge_groups_rarely_hold_their_keep_of_the_survivors(top_k):
         math.comb(top_k, i) * share**i * (1 - share) ** (top_k - i) for i in range(keep, top_k + 1)
     )
     assert tail * groups < 1e-8, (groups, keep, tail)
+
+
+def test_a_per_row_k_tensor_merges_only_the_rows_whose_survivors_the_groups_hold():
+    """A per-row k tensor's rows take the merged candidates up to k = MERGE_ROUTE_K_MAX
+    (512): a group then holds merge_keep of the row's survivors (spread at random: binomial
+    over the groups) with chance < 1e-8 a row, as for a Python k; at twice that k it would
+    be > 1e-3, so larger k keep stage 1's per-tile candidates."""
+    params = SamplingParams(None, 1.0, None, 0, 1, top_k=torch.zeros(4, dtype=torch.int64))
+    groups = dispatch.merge_groups(params)
+    keep = dispatch.merge_keep(params, vocab_size=151936)
+    route_k_max = dispatch.merge_route_k_max(params)
+
+    def row_overflow(top_k):
+        share = 1.0 / groups
+        tail = sum(
+            math.comb(top_k, i) * share**i * (1 - share) ** (top_k - i)
+            for i in range(keep, top_k + 1)
+        )
+        return tail * groups
+
+    assert (groups, keep, route_k_max) == (64, 32, 512)
+    assert row_overflow(route_k_max) < 1e-8
+    assert row_overflow(2 * route_k_max) > 1e-3
 
 
 @pytest.mark.parametrize("batch", [1, 256])
