@@ -43,6 +43,7 @@ __all__ = [
     "merge_route_k_max",
     "overflow_chance",
     "patching_pays",
+    "persistent_triton_stage1",
     "triton_fused_sample",
 ]
 
@@ -211,6 +212,22 @@ def default_config(
         warp_specialized_rows=hopper_rows,
         warp_specialized_swap="ping-pong" if swap else "",
     )
+
+
+def persistent_triton_stage1(
+    batch: int, hidden_size: int, vocab_size: int, device: torch.device, params: SamplingParams
+) -> bool:
+    """Whether a plain call's stage 1 (``triton_fused_sample`` without a ``config``) is the
+    Triton kernel on a persistent grid (``programs_per_sm``: every program resident at once),
+    not a full grid of one tile a program nor a Gluon kernel. The TP exchange after such a
+    stage 1 is launched as its programmatic dependent (``exchange.exchange_launches_pdl``)."""
+    if params.truncates or params.logprobs or batch == 0:
+        return False
+    config = default_config(
+        batch, hidden_size, device, False, vocab_size, knobs_may_be_off(params, vocab_size)
+    )
+    gluon = (config.warp_specialized_rows or config.warp_specialized_swap) and not params.softcap
+    return config.programs_per_sm > 0 and not gluon
 
 
 def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:

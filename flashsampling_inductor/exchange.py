@@ -205,12 +205,18 @@ def _stale(words, epoch_bits):
     return (((words >> 32) & 0xFFFFFFFF) != epoch_bits).to(tl.int32)
 
 
-@triton.jit(do_not_specialize=["rank", "batch", "num_samples", "vocab_size", "start", "stop"])
+# The int arguments that change between calls: never specialized (one compiled kernel).
+_RUNTIME_INTS = [
+    "seed_lo", "seed_hi", "rank", "batch", "num_samples", "vocab_size", "start", "stop",
+]  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _exchange(
-    cand_score_ptr, cand_index_ptr, num_candidates, seed_ptr, peers_ptr, buffer_ptr, epoch_ptr,
-    out_ptr, ok_ptr, error_ptr, rank, lanes, batch, num_samples, vocab_size, start, stop,
-    timeout_ns,
-    PER_ROW_SEED: tl.constexpr, WORLD: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    cand_score_ptr, cand_index_ptr, num_candidates, seed_ptr, seed_lo, seed_hi, peers_ptr,
+    buffer_ptr, epoch_ptr, out_ptr, ok_ptr, error_ptr, rank, lanes, batch, num_samples,
+    vocab_size, start, stop, timeout_ns,
+    SEED_MODE: tl.constexpr, WORLD: tl.constexpr, WORLD_BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr, SEND: tl.constexpr, RECEIVE: tl.constexpr, SPIN: tl.constexpr,
     PDL: tl.constexpr, TRAP: tl.constexpr = False,
 ):  # fmt: skip
@@ -235,7 +241,7 @@ def _exchange(
     fails the call, its first failing lane naming the code on stdout and then trapping (the
     CUDA context ends, as with a device assert), instead of a separate assert kernel reading
     ``ok`` after it. SEND / RECEIVE: the halves (tests run them on simulated ranks in turn,
-    without SPIN). PDL (opt-in, ``_exchange_pdl``):
+    without SPIN). PDL (``exchange_launches_pdl``):
     launched as a programmatic dependent of stage 1: its launch overlaps stage 1's last
     programs, and it reads nothing before stage 1 has finished (the wait for the peers
     begins after that too, so every program of the grid is resident as before)."""
@@ -250,10 +256,12 @@ def _exchange(
         # stale word, which is at most two epochs old)
         epoch_bits = epoch & 0xFFFFFFFF
         tag = epoch_bits << 32
-        if PER_ROW_SEED:
-            seed = tl.load(seed_ptr + lane // num_samples)
-        else:
+        if SEED_MODE == 0:  # a Python int: its two 32-bit words (no 0-d tensor made per call)
+            seed = (seed_hi.to(tl.int64) << 32) | (seed_lo.to(tl.int64) & 0xFFFFFFFF)
+        elif SEED_MODE == 1:
             seed = tl.load(seed_ptr)
+        else:
+            seed = tl.load(seed_ptr + lane // num_samples)
         # The header's words, then (when sending) the score's bits and the index.
         value = tl.where(words == 0, batch, 0).to(tl.int64)
         value = tl.where(words == 1, num_samples, value)
@@ -388,17 +396,19 @@ class SymmetricExchange:
         self,
         score: torch.Tensor,
         index: torch.Tensor,
-        seed: torch.Tensor,
+        seed: torch.Tensor | int,
         fields: tuple[int, int, int, int, int],
         where: str,
+        pdl: bool = False,
     ) -> torch.Tensor:
         """This rank's candidates (``score`` fp32 and global ``index``, [B, S] or per tile
-        [B, S, T]), its seed (0-d or [B]) and header ``fields`` (batch, num_samples,
-        vocab_size, shard_start, shard_stop) -> the tokens [B, S] of the whole group, the
-        same on every rank."""
+        [B, S, T]), its seed (a Python int, 0-d or [B]) and header ``fields`` (batch,
+        num_samples, vocab_size, shard_start, shard_stop) -> the tokens [B, S] of the whole
+        group, the same on every rank. ``pdl``: launched as a programmatic dependent of the
+        kernel before it (``exchange_launches_pdl``)."""
         trap = _check_in_kernel()
         tokens = self._launch(
-            score, index, seed, fields, send=True, receive=True, spin=True, trap=trap
+            score, index, seed, fields, send=True, receive=True, spin=True, trap=trap, pdl=pdl
         )
         if not trap:
             self.check(where)
@@ -422,7 +432,7 @@ class SymmetricExchange:
             "vocabulary size or seed, or the shards do not tile the vocabulary",
         )
 
-    def _launch(self, score, index, seed, fields, send, receive, spin, trap=False):
+    def _launch(self, score, index, seed, fields, send, receive, spin, trap=False, pdl=False):
         batch, num_samples = fields[0], fields[1]
         lanes = batch * num_samples
         if lanes > SYMMETRIC_CAPACITY:
@@ -432,17 +442,21 @@ class SymmetricExchange:
             )
         num_candidates = score.numel() // max(lanes, 1)
         tokens = torch.empty((batch, num_samples), dtype=torch.int64, device=score.device)
+        scalar_seed = 0
+        if not isinstance(seed, torch.Tensor):
+            scalar_seed, seed = seed % 2**64, None
         with _on(score.device):
             launch(
                 _exchange, (min(lanes, self.max_programs),),
-                score.contiguous(), index.contiguous(), num_candidates, seed, self.peers,
-                self.buffer, self.epochs, tokens, self.ok, self.error, self.rank, lanes,
+                score.contiguous(), index.contiguous(), num_candidates, seed,
+                scalar_seed & 0xFFFFFFFF, scalar_seed >> 32, self.peers, self.buffer,
+                self.epochs, tokens, self.ok, self.error, self.rank, lanes,
                 *fields, EXCHANGE_TIMEOUT_MS * 1_000_000,
-                PER_ROW_SEED=seed.dim() == 1, WORLD=self.world,
+                SEED_MODE=0 if seed is None else 1 + (seed.dim() == 1), WORLD=self.world,
                 WORLD_BLOCK=max(2, triton.next_power_of_2(self.world)),
                 BLOCK_C=max(16, triton.next_power_of_2(num_candidates)),
                 SEND=send, RECEIVE=receive, SPIN=spin, TRAP=trap, num_warps=EXCHANGE_NUM_WARPS,
-                **_exchange_pdl(score.device),
+                **(pdl_launch(score.device) if pdl else {"PDL": False}),
             )  # fmt: skip
         return tokens
 
@@ -455,22 +469,32 @@ def _check_in_kernel() -> bool:
     return os.environ.get("FLASHSAMPLING_TP_EXCHANGE_CHECK", "kernel") != "assert"
 
 
-def _exchange_pdl(device: torch.device) -> dict[str, bool]:
-    """Opt-in (FLASHSAMPLING_TP_EXCHANGE_PDL=1, read at each call): the exchange launched as
-    a programmatic dependent of stage 1 where the GPU has PDL (``pdl_launch``), its launch
-    overlapping stage 1's last programs (the Triton stage 1 signals it as its programs start:
-    ``SIGNAL_DEPENDENTS``; without that signal PDL saved nothing, H200 x 4 2026-11-28 05:29).
-    Off by default: no GPU timing has shown it faster yet.
-    benchmarks/bench_tp.py's ``fused_tp_pdl`` times it beside ``fused_tp`` in one process."""
-    if os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", "0") != "1":
-        return {"PDL": False}
-    return pdl_launch(device)
+def exchange_launches_pdl(device: torch.device, persistent_stage1: bool) -> bool:
+    """Whether the symmetric exchange after a stage 1 on ``device`` is launched as a
+    programmatic dependent of it (``pdl_launch``; stage 1 then signals it as its programs
+    start: ``SIGNAL_DEPENDENTS``). FLASHSAMPLING_TP_EXCHANGE_PDL (read at each call, set
+    alike on every rank): ``0`` (the default) never, ``auto`` (opt-in, not yet measured) where
+    stage 1 is the Triton kernel on a persistent grid (``persistent_stage1``:
+    ``dispatch.persistent_triton_stage1``), ``1`` (opt-in) after every stage 1.
+
+    The rule: a persistent grid starts every program at once, so the signal launches the
+    exchange at stage 1's start and its programs take the SMs that stage 1's programs free
+    at its tail. A full grid (one tile a program, B <= 64) signals only once its last wave
+    has started, and the Gluon stage-1 kernels do not signal at all (without the signal
+    PDL saved nothing, H200 x 4 2026-11-28 05:29). H200 x 4, bench_tp A/B in one process
+    (CUDA graphs, 08:50), PDL after every stage 1 against none: D = 4096 B = 256 (persistent)
+    159.3 against 162.3 us, B = 64 (full grid) 99.4 against 96.2; D = 8192 B = 256
+    (persistent) 228.1 against 226.9. ``auto`` stays opt-in until a GPU A/B shows it at
+    least even in every cell it changes (benchmarks/tp7_job.sh: bench_tp's ``fused_tp_auto``
+    / ``fused_tp_pdl`` time ``auto`` / ``1`` beside ``fused_tp``)."""
+    mode = os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", PDL_DEFAULT)
+    if mode == "auto":
+        mode = "1" if persistent_stage1 else "0"
+    return mode == "1" and pdl_launch(device)["PDL"]
 
 
-def exchange_launches_pdl(device: torch.device) -> bool:
-    """Whether the symmetric exchange on ``device`` is launched as a programmatic dependent
-    (``_exchange_pdl``), so that stage 1 may signal it as its programs start."""
-    return _exchange_pdl(device)["PDL"]
+# FLASHSAMPLING_TP_EXCHANGE_PDL's default (``exchange_launches_pdl``).
+PDL_DEFAULT = "0"
 
 
 def _on(device: torch.device):

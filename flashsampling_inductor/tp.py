@@ -13,7 +13,9 @@ docs/exactness.md documents). The [B, V] logits are never gathered.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 import warnings
 
 import torch
@@ -223,43 +225,58 @@ def _tp_fused_sample_impl(
             bias_shard = bias_shard[vocab_start:]
     if shared_seed:
         seed = _agreed_seed(_draw_seed(device) if seed is None else seed, group_name, device)
-    if seed is None:
-        seed = torch.full((), scalar_seed, dtype=torch.int64, device=device)
     stop = min(vocab_start + weight_shard.shape[0], vocab_size)
     if scalar_top_k >= vocab_size:
         scalar_top_k = 0  # off (the pass lowers no top-p after it: tp_gather._lowerable)
     weight_shard = weight_shard[: stop - vocab_start]
     bias_shard = None if bias_shard is None else bias_shard[: stop - vocab_start]
+    symmetric = batch * num_samples <= SYMMETRIC_CAPACITY and use_symmetric_memory(
+        group_name, device
+    )
     params = SamplingParams(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
         None, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p, softcap,
     )  # fmt: skip
-    symmetric = batch * num_samples <= SYMMETRIC_CAPACITY and use_symmetric_memory(
-        group_name, device
-    )
+    if seed is None and (params.truncates or not symmetric or not _scalar_seed_to_kernels()):
+        seed = torch.full((), scalar_seed, dtype=torch.int64, device=device)
+        params = dataclasses.replace(params, seed=seed)
     if params.truncates:
         # (symmetric memory: the exchange's kernel reduces the draw's per-chunk candidates)
         score, index = _truncated_shard_candidates(
             hidden, weight_shard, bias_shard, params, vocab_start, vocab_size, group_name, impl,
             per_chunk=symmetric,
         )  # fmt: skip
+        pdl = False
     else:
         # (symmetric memory: the exchange's kernel reduces the shard's per-tile candidates)
-        score, index = _shard_candidates(
+        score, index, pdl = _shard_candidates(
             hidden, weight_shard, bias_shard, temperature, scalar_temperature, seed,
-            num_samples, logits_dtype, impl, vocab_start, softcap, per_tile=symmetric,
+            scalar_seed, num_samples, logits_dtype, impl, vocab_start, softcap,
+            per_tile=symmetric,
         )  # fmt: skip
     where = f"group {group_name}"
     if symmetric:
         # The seed travels in every lane's header (a per-row seed: the lane's row's), so
         # ranks seeded apart fail the call instead of drawing wrong tokens.
         fields = (batch, num_samples, vocab_size, vocab_start, stop)
-        return symmetric_exchange(group_name, device).sample(score, index, seed, fields, where)
+        exchange = symmetric_exchange(group_name, device)
+        return exchange.sample(
+            score, index, scalar_seed if seed is None else seed, fields, where, pdl=pdl
+        )
     seed_key = seed.sum() if seed.dim() else seed
     fields = _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device)
     header = torch.cat([fields[:3], seed_key.view(1), fields[3:]])
     messages = gather_messages(pack_message(score, index, header), group_name)
     return reduce_messages(messages, header, batch, num_samples, where)
+
+
+def _scalar_seed_to_kernels() -> bool:
+    """Opt-in (FLASHSAMPLING_TP_SCALAR_SEED=1, read at each call, set alike on every rank): a
+    plain call through symmetric memory with an explicit int seed passes it to stage 1 and
+    the exchange as it is, instead of as a 0-d tensor made per call (one launch fewer a step).
+    Off until a GPU A/B shows it (bench_tp's ``fused_tp_seed_scalar`` beside
+    ``fused_tp_seed``); the exchange's int path runs on the CPU's simulated ranks."""
+    return os.environ.get("FLASHSAMPLING_TP_SCALAR_SEED", "0") == "1"
 
 
 @functools.cache
@@ -274,33 +291,40 @@ def _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device) ->
 
 
 def _shard_candidates(
-    hidden, weight, bias, temperature, scalar_temperature, seed, num_samples, logits_dtype,
-    impl, vocab_start, softcap=0.0, per_tile=False,
+    hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
+    logits_dtype, impl, vocab_start, softcap=0.0, per_tile=False,
 ):  # fmt: skip
     """Per row and sample, the shard's best score [B, S] fp32 and its global index [B, S];
     with ``per_tile``, where the Triton kernels run, stage 1's per-tile candidates [B, S, T]
-    instead (the best of them is the shard's best)."""
+    instead (the best of them is the shard's best), and whether the exchange after them is
+    launched as a programmatic dependent of stage 1 (``exchange_launches_pdl``)."""
     batch = hidden.shape[0]
     if weight.shape[0] == 0:  # a shard of padding rows only
         score = torch.full((batch, num_samples), float("-inf"), device=hidden.device)
-        return score, torch.full_like(score, NO_INDEX, dtype=torch.int64)
+        return score, torch.full_like(score, NO_INDEX, dtype=torch.int64), False
     params = SamplingParams(
-        temperature, scalar_temperature, seed, 0, num_samples, logits_dtype, softcap=softcap
-    )
+        temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
+        softcap=softcap,
+    )  # fmt: skip
     if _use_triton(impl, hidden.device, params) and vocab_start % 4 == 0:
-        from .dispatch import triton_fused_sample
+        from .dispatch import persistent_triton_stage1, triton_fused_sample
 
         if per_tile:
             # (a PDL exchange after it: stage 1 lets it be scheduled as its programs start)
-            return triton_fused_sample(
+            persistent = persistent_triton_stage1(
+                batch, hidden.shape[1], weight.shape[0], hidden.device, params
+            )
+            pdl = exchange_launches_pdl(hidden.device, persistent)
+            score, index = triton_fused_sample(
                 hidden, weight, bias, params, vocab_offset=vocab_start, tile_candidates=True,
-                signal_dependents=exchange_launches_pdl(hidden.device),
+                signal_dependents=pdl,
             )  # fmt: skip
+            return score, index, pdl
         score = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
         index = triton_fused_sample(
             hidden, weight, bias, params, vocab_offset=vocab_start, out_score=score
         )
-        return score, index
+        return score, index, False
     if impl == "triton":
         raise ValueError(
             f"impl='triton' needs a shard that starts at a multiple of 4 (the kernel draws "
@@ -309,7 +333,9 @@ def _shard_candidates(
     # The reference: CPU tensors, and CUDA shards that start off a multiple of 4 (slow).
     if temperature is None:
         temperature = torch.full((batch,), scalar_temperature, device=hidden.device)
-    return reference_candidates(
+    if seed is None:
+        seed = torch.full((), scalar_seed, dtype=torch.int64, device=hidden.device)
+    score, index = reference_candidates(
         hidden,
         weight,
         bias,
@@ -321,6 +347,7 @@ def _shard_candidates(
         vocab_start,
         softcap,
     )
+    return score, index, False
 
 
 def _truncation_knobs(top_k, top_p, min_p, rows, vocab_size):

@@ -28,6 +28,7 @@ from flashsampling_inductor.exchange import (
     pack_message,
     reduce_messages,
 )
+from flashsampling_inductor.params import SamplingParams
 from flashsampling_inductor.tp import _shard_candidates
 
 from .sampling_oracle import ALPHA, assert_pathwise_equal, make_problem, warped_probabilities
@@ -260,11 +261,11 @@ def test_the_reduction_of_any_number_of_shards_is_the_full_draw(world_size, layo
         for start, stop in shard_bounds(vocab_size, world_size, layout):
             weight_shard, bias_shard = shard_of(weight, bias, start, stop)
             stop = min(stop, vocab_size)
-            score, index = _shard_candidates(
+            score, index, _ = _shard_candidates(
                 hidden, weight_shard[: stop - start],
                 None if bias_shard is None else bias_shard[: stop - start],
-                temperature, 1.0, seed, num_samples, kwargs.get("logits_dtype"), impl, start,
-                kwargs.get("softcap", 0.0),
+                temperature, 1.0, seed, 0, num_samples, kwargs.get("logits_dtype"), impl,
+                start, kwargs.get("softcap", 0.0),
             )  # fmt: skip
             header = torch.tensor([case["batch"], num_samples, vocab_size, 0, start, stop])
             messages.append(pack_message(score, index, header))
@@ -531,8 +532,8 @@ def test_symmetric_exchange_kernel_on_simulated_ranks(world_size):
             start, stop = min(start, vocab_size), min(stop, vocab_size)
             shard_bias = None if bias is None else bias[start:stop]
             impl = "triton" if per_tile else "torch"
-            shard = _shard_candidates(
-                hidden, weight[start:stop], shard_bias, temperature, 1.0, seed, num_samples,
+            *shard, _ = _shard_candidates(
+                hidden, weight[start:stop], shard_bias, temperature, 1.0, seed, 0, num_samples,
                 kwargs.get("logits_dtype"), impl, start, per_tile=per_tile,
             )  # fmt: skip
             candidates.append(shard)
@@ -552,8 +553,8 @@ def _plain_candidates(world_size, seed=3):
     one, seed = torch.tensor(1.0), torch.tensor(seed)
     candidates = []
     for start, stop in bounds:
-        shard = _shard_candidates(
-            hidden, weight[start:stop], None, one, 1.0, seed, 1, None, "torch", start
+        *shard, _ = _shard_candidates(
+            hidden, weight[start:stop], None, one, 1.0, seed, 0, 1, None, "torch", start
         )
         candidates.append(shard)
     return candidates, [(5, 1, 1000, start, stop) for start, stop in bounds]
@@ -576,6 +577,22 @@ def test_symmetric_exchange_fails_a_rank_seeded_apart(world_size):
             exchange.receive(score, index, seed, rank_fields, "test")
         bad = world_size if exchange.rank != world_size - 1 else 1  # 1 + the rank that differs
         assert int(exchange.ok) == 0 and int(exchange.error) == bad, exchange.rank
+
+
+def test_symmetric_exchange_takes_an_int_seed_as_its_tensor():
+    """A Python int seed goes into the exchange's kernel as two words (no 0-d tensor made
+    per call): its header is the 0-d tensor's, so a rank passing the int and one passing the
+    tensor agree, also for a seed with its high bit set; another int fails the call."""
+    big = 2**63 + 12345  # (the op takes seeds modulo 2**64: a negative int64 tensor)
+    for seed, tensor in ((3, torch.tensor(3)), (big, torch.tensor(big - 2**64))):
+        ranks = _simulated_ranks(2)
+        candidates, fields = _plain_candidates(2)
+        tokens = _exchange_in_turn(ranks, candidates, [seed, tensor], fields)
+        assert torch.equal(tokens[0], tokens[1])
+        assert all(int(r.ok) == 1 and int(r.error) == 0 for r in ranks)
+    ranks = _simulated_ranks(2)
+    with pytest.raises(RuntimeError, match="sampled another batch size"):
+        _exchange_in_turn(ranks, candidates, [3, 4], fields)
 
 
 def test_symmetric_exchange_fails_a_missing_rank_and_shards_that_do_not_tile():
@@ -607,15 +624,16 @@ from flashsampling_inductor import exchange
 kernel = exchange._exchange
 signature = {
     "cand_score_ptr": "*fp32", "cand_index_ptr": "*i32", "num_candidates": "i32",
-    "seed_ptr": "*i64", "peers_ptr": "*i64", "buffer_ptr": "*i64", "epoch_ptr": "*i64",
+    "seed_ptr": "*i64", "seed_lo": "i32", "seed_hi": "u32", "peers_ptr": "*i64",
+    "buffer_ptr": "*i64", "epoch_ptr": "*i64",
     "out_ptr": "*i64", "ok_ptr": "*i64", "error_ptr": "*i64", "rank": "i32", "lanes": "i32",
     "batch": "i32", "num_samples": "i32", "vocab_size": "i32", "start": "i32", "stop": "i32",
     "timeout_ns": "i64",
 }
 for world_block in (2, 4, 8):
-    constants = dict(PER_ROW_SEED=world_block == 4, WORLD=world_block, WORLD_BLOCK=world_block,
-                     BLOCK_C=2048, SEND=True, RECEIVE=True, SPIN=True, PDL=True,
-                     TRAP=world_block != 8)
+    constants = dict(SEED_MODE={2: 0, 4: 2, 8: 1}[world_block], WORLD=world_block,
+                     WORLD_BLOCK=world_block, BLOCK_C=2048, SEND=True, RECEIVE=True, SPIN=True,
+                     PDL=True, TRAP=world_block != 8)
     types = dict(signature, **{name: "constexpr" for name in constants})
     constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
     compiled = triton.compile(
@@ -705,3 +723,37 @@ def test_symmetric_exchange_tags_wrap_after_2_to_the_32_calls():
     assert int(ranks[0].epochs[0]) == 2**32 + 1
     with pytest.raises(RuntimeError, match="did not arrive"):
         ranks[0].receive(*candidates[0], torch.tensor(3), fields[0], "test")
+
+
+@pytest.mark.parametrize(
+    ("dim", "shard", "batch", "hopper", "persistent"),
+    [
+        pytest.param(4096, 37984, 1, True, False, id="D4096-B1-full-grid"),
+        pytest.param(4096, 37984, 64, True, False, id="D4096-B64-full-grid"),
+        pytest.param(4096, 37984, 256, True, True, id="D4096-B256-persistent"),
+        pytest.param(8192, 32064, 64, True, False, id="D8192-B64-gluon"),
+        pytest.param(8192, 32064, 256, True, True, id="D8192-B256-persistent"),
+        pytest.param(2048, 75968, 256, True, False, id="D2048-B256-swapped-gluon"),
+        pytest.param(2048, 75968, 128, False, True, id="D2048-B128-persistent-off-hopper"),
+    ],
+)
+def test_the_pdl_exchange_follows_a_persistent_triton_stage1(
+    dim, shard, batch, hopper, persistent, monkeypatch
+):
+    """FLASHSAMPLING_TP_EXCHANGE_PDL=auto (opt-in): the exchange is a programmatic dependent
+    of stage 1 exactly where stage 1 is the Triton kernel on a persistent grid (the
+    benchmark's shards at TP = 4: B = 256); by default never."""
+    from flashsampling_inductor import dispatch, exchange
+
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: hopper)
+    params = SamplingParams(None, 1.0, None, 7, 1)
+    cuda = torch.device("cuda", 0)
+    assert dispatch.persistent_triton_stage1(batch, dim, shard, cuda, params) == persistent
+    monkeypatch.setattr(exchange, "pdl_launch", lambda device: {"PDL": True, "launch_pdl": True})
+    monkeypatch.delenv("FLASHSAMPLING_TP_EXCHANGE_PDL", raising=False)
+    assert not exchange.exchange_launches_pdl(cuda, persistent)
+    for mode, expected in (("0", False), ("1", True), ("auto", persistent)):
+        monkeypatch.setenv("FLASHSAMPLING_TP_EXCHANGE_PDL", mode)
+        assert exchange.exchange_launches_pdl(cuda, persistent) == expected
+    top_k = SamplingParams(None, 1.0, None, 7, 1, scalar_top_k=50)
+    assert not dispatch.persistent_triton_stage1(batch, dim, shard, cuda, top_k)

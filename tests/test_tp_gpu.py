@@ -37,9 +37,9 @@ def test_gpu_kernel_on_shards_draws_the_full_vocabulary_tokens(batch, shards):
     size = VOCAB // shards
     messages = []
     for start in range(0, VOCAB, size):
-        score, index = _shard_candidates(
+        score, index, _ = _shard_candidates(
             hidden, weight[start : start + size], None, None, 1.0,
-            torch.tensor(seed, device=hidden.device), 1, None, "triton", start,
+            torch.tensor(seed, device=hidden.device), 0, 1, None, "triton", start,
         )  # fmt: skip
         header = torch.tensor([batch, 1, VOCAB, 0, start, start + size], device=hidden.device)
         messages.append(pack_message(score, index, header))
@@ -175,13 +175,22 @@ def test_symmetric_exchange_at_the_benchmarks_shapes(world):
             assert not torch.equal(draws[0], draws[1]), key
 
 
-def _skewed_worker(rank, world, steps):
-    """One rank is delayed at random (host sleeps and device spins) for ``steps`` steps."""
+def _skewed_worker(rank, world, steps, batch=4, dim=256, pdl=False, int_seeds=False):
+    """One rank is delayed at random (host sleeps and device spins) for ``steps`` steps;
+    ``pdl``: the shape's exchange must be a programmatic dependent of stage 1; ``int_seeds``:
+    each step's seed a Python int (passed to the kernels as it is), else a 0-d tensor."""
     device = torch.device("cuda", rank)
-    batch = 4
-    hidden, weight = make_problem(batch, VOCAB, 256, torch.bfloat16, device=device)
+    hidden, weight = make_problem(batch, VOCAB, dim, torch.bfloat16, device=device)
     shard = -(-VOCAB // world)
     start = rank * shard
+    if pdl:
+        from flashsampling_inductor.dispatch import persistent_triton_stage1
+        from flashsampling_inductor.exchange import exchange_launches_pdl
+        from flashsampling_inductor.params import SamplingParams
+
+        params = SamplingParams(None, 1.0, None, 0, 1)
+        persistent = persistent_triton_stage1(batch, dim, shard, device, params)
+        assert exchange_launches_pdl(device, persistent), "the exchange is not PDL here"
     seeds = torch.arange(steps, device=device)
     tokens = torch.empty((steps, batch), dtype=torch.int64, device=device)
     delay = random.Random(rank)
@@ -194,7 +203,7 @@ def _skewed_worker(rank, world, steps):
                 torch.cuda._sleep(delay.randrange(1, 200_000))  # device spin, cycles
         tokens[step] = tp_fused_sample(
             hidden, weight[start : start + shard], vocab_start=start, vocab_size=VOCAB,
-            seed=seeds[step],
+            seed=step if int_seeds else seeds[step],
         )[:, 0]  # fmt: skip
     tokens = tokens.cpu()
     if rank == 0:  # TP = 1 on a subset of steps
@@ -211,15 +220,24 @@ EXCHANGE_VARIANTS = {
     "default": {},
     "assert": {"FLASHSAMPLING_TP_EXCHANGE_CHECK": "assert"},
     "pdl": {"FLASHSAMPLING_TP_EXCHANGE_PDL": "1"},
+    # the opt-in PDL rule at a shape whose stage 1 runs on a persistent grid (B = 256, D =
+    # 8192: the Triton kernel at any TP size), the exchange its programmatic dependent there,
+    # with int seeds passed to the kernels as they are (opt-in too)
+    "auto": {"FLASHSAMPLING_TP_EXCHANGE_PDL": "auto", "FLASHSAMPLING_TP_SCALAR_SEED": "1"},
 }
+# (batch, D, whether the exchange must be PDL, int seeds) of the skewed steps per variant
+SKEWED_SHAPES = {"auto": (256, 8192, True, True)}
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("variant", ["default", "pdl"])  # (the assert changes no exchange)
-def test_10000_skewed_steps_agree_on_every_rank(variant, monkeypatch):
+@pytest.mark.parametrize("variant", ["default", "pdl", "auto"])  # (not the assert: it
+def test_10000_skewed_steps_agree_on_every_rank(variant, monkeypatch):  # changes no exchange)
     for name, value in EXCHANGE_VARIANTS[variant].items():
         monkeypatch.setenv(name, value)  # (the ranks, spawned, inherit it)
-    per_rank = run_ranks(world_size(), _skewed_worker, 10_000, backend="nccl", timeout_s=300)
+    shape = SKEWED_SHAPES.get(variant, (4, 256, False, False))
+    per_rank = run_ranks(
+        world_size(), _skewed_worker, 10_000, *shape, backend="nccl", timeout_s=300
+    )
     for other in per_rank[1:]:
         assert torch.equal(other, per_rank[0])
 
