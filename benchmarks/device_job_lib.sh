@@ -48,3 +48,15 @@ timed_step() {
     timeout -k 5 "$limit" "$@" > "$log" 2>&1
     echo "$label: rc=$? wall $(($(date +%s) - t)) s" >> "$S"
 }
+
+# tp_bench LABEL LIMIT SHAPES PROVIDERS [BENCH ARGS...]: bench_tp.py on every GPU ($GPUS, from
+# tp_job_start), CUDA-graph timing, into $O/bench_tp.log and its CSV; the step's line and each
+# provider's row (first occurrence, in the run's order) into the summary $S
+tp_bench() {
+    local label=$1 limit=$2 shapes=$3 providers=$4
+    shift 4
+    timed_step "$label" "$O/bench_tp.log" 1 "$limit" python3 -m torch.distributed.run \
+        --nproc_per_node="$GPUS" benchmarks/bench_tp.py --shapes "$shapes" --modes graph \
+        --providers "$providers" --out-dir "$O" "$@"
+    grep -E "^D=" "$O/bench_tp.log" | awk '!seen[$0]++' | head -64 >> "$S"
+}

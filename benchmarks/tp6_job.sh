@@ -16,13 +16,9 @@ source benchmarks/device_job_lib.sh
 tp_job_start tp6/r1 2
 
 # A
-t=$(date +%s)
-timeout -k 5 "$(cap 95 90)" python3 -m torch.distributed.run --nproc_per_node="$GPUS" \
-    benchmarks/bench_tp.py --shapes 4096x151936,8192x128256:64/256 --batches 1,16,64,256 --modes graph \
-    --providers shard_matmul,fused_tp_assert,fused_tp,fused_tp_pdl,tp1_fused \
-    --out-dir "$O" > "$O/bench_tp.log" 2>&1
-echo "A bench_tp TP=$GPUS D=4096 B=1,16,64,256, D=8192 B=64,256: rc=$? wall $(( $(date +%s)-t )) s" >> "$S"
-grep -E "^D=" "$O/bench_tp.log" | sort -u | head -64 >> "$S"
+tp_bench "A bench_tp TP=$GPUS D=4096 B=1,16,64,256, D=8192 B=64,256" "$(cap 95 90)" \
+    4096x151936,8192x128256:64/256 shard_matmul,fused_tp_assert,fused_tp,fused_tp_pdl,tp1_fused \
+    --batches 1,16,64,256
 
 # B
 timed_step "B tests (skewed default, seeded apart default / PDL, missing rank)" \

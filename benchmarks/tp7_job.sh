@@ -17,13 +17,9 @@ source benchmarks/device_job_lib.sh
 tp_job_start tp7/r1 2
 
 # A
-t=$(date +%s)
-timeout -k 5 "$(cap 100 95)" python3 -m torch.distributed.run --nproc_per_node="$GPUS" \
-    benchmarks/bench_tp.py --shapes 4096x151936:256/64/16/1,8192x128256:256/64/16/1 --modes graph \
-    --providers shard_matmul,fused_tp,fused_tp_auto,fused_tp_seed,fused_tp_seed_scalar,tp1_fused \
-    --out-dir "$O" > "$O/bench_tp.log" 2>&1
-echo "A bench_tp TP=$GPUS D=4096/8192 B=256,64,16,1: rc=$? wall $(( $(date +%s)-t )) s" >> "$S"
-grep -E "^D=" "$O/bench_tp.log" | head -64 >> "$S"
+tp_bench "A bench_tp TP=$GPUS D=4096/8192 B=256,64,16,1" "$(cap 100 95)" \
+    4096x151936:256/64/16/1,8192x128256:256/64/16/1 \
+    shard_matmul,fused_tp,fused_tp_auto,fused_tp_seed,fused_tp_seed_scalar,tp1_fused
 
 # B
 timed_step "B tests (seeded apart: default / assert / pdl)" "$O/tp_gpu_seeded_apart.log" 30 \
