@@ -4,7 +4,11 @@
 # process with fresh Inductor and Triton caches; then tests/test_gpu_compile_ahead.py.
 #   OUT=/tmp/out bash benchmarks/first_call_job.sh --budget 500 [--batches "1,16,64 8"]
 # Writes $OUT/first_call/{summary.txt,<run>.log,<run>.json.gz,gpu_tests.log}. TESTS=0: no
-# tests (the pairs then keep no time for them).
+# tests (the pairs then keep no time for them). FLASHSAMPLING_* variables pass through to
+# both runs of a pair (stock ignores them) and are written to env.txt; the late hand-off
+# (docs/hf.md), three B = 1 pairs:
+#   FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late TESTS=0 OUT=/tmp/out \
+#       bash benchmarks/first_call_job.sh --budget 270 --batches "1 1 1"
 budget=500
 batches="1,16,64 8"
 source benchmarks/device_job_lib.sh
@@ -18,9 +22,13 @@ fi
   cat COMMIT 2>/dev/null; env | grep FLASHSAMPLING; } > "$O/env.txt" 2>&1
 # the seconds each pair may take: 1,16,64 ~ 2 compiles of 45-75 s each when run together
 pair_limit() { case "$1" in *,*) echo 240 ;; *) echo 95 ;; esac; }
+pair=0
 for b in $batches; do
+    pair=$((pair + 1))
     limit=$(cap "$(pair_limit "$b")" "$([ "${TESTS:-1}" = 0 ] && echo 5 || echo 100)")
     name=b${b//,/_}
+    # (a batch list given again, e.g. "1 1 1": each pair keeps its own logs)
+    [ -e "$O/${name}_stock.log" ] && name=${name}_pair$pair
     if [ "$limit" -lt 60 ]; then echo "$name: no time left ($limit s)" >> "$S"; continue; fi
     say "pair B=$b, limit $limit s"
     pids=()
@@ -35,7 +43,7 @@ for b in $batches; do
     t=$(date +%s)
     for i in 0 1; do wait "${pids[$i]}"; echo "${name} $([ $i = 0 ] && echo stock || echo fused): rc=$? after $(($(date +%s) - t)) s" >> "$S"; done
     rm -rf "$O"/*.inductor "$O"/*.triton
-    grep -h "^== hf_" "$O/${name}"_*.log >> "$S"
+    grep -h "^== hf_" "$O/${name}_stock.log" "$O/${name}_fused.log" >> "$S"
 done
 limit=$(cap 200 5)
 if [ "${TESTS:-1}" = 0 ]; then

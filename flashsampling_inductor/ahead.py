@@ -40,7 +40,9 @@ graph's call resized by its batch-sized tensors), which a first run of such a si
 and a later graph of such a call loads instead of starting children: the second and third
 batch sizes of a ``generate`` find their kernels compiled (H200, fresh caches, stock and
 fused started together, B = 1 -> 16 -> 64 in one process: 43.2 / 57.4 / 1.4 s fused against
-43.1 / 58.2 / 1.3 s stock; docs/hf.md).
+43.1 / 58.2 / 1.3 s stock; docs/hf.md). ``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late`` (opt-in,
+not measured on a GPU yet) hands the pass's calls to the compile ahead once Inductor's joint
+graph passes have ended (``hand_off``, from the backend) rather than in the pass.
 """
 
 from __future__ import annotations
@@ -65,12 +67,21 @@ import torch
 
 from . import launch as _launch
 
-__all__ = ["before_first_run", "in_background", "prestart", "wait_for_background_compiles"]
+__all__ = [
+    "before_first_run", "hand_off", "in_background", "prestart", "wait_for_background_compiles",
+]  # fmt: skip
 
 log = logging.getLogger("flashsampling_inductor")
 
 # "1" (default): both moments, "first": a call's first run only, "0": off.
 MODE = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
+# When the graph pass's calls are handed to their compile ahead: "now" (default, measured),
+# in the pass; "late" (opt-in, NOT measured on a GPU yet), once Inductor's joint graph passes
+# have ended (``hand_off``, from the backend's inner compile): in the fused runs those passes
+# took 1.0-2.6 s longer than stock's, the main thread stalling 100-250 ms at a time from the
+# moment the pass handed the children the call (H200, docs/hf.md); the children ended 4-6 s
+# before Inductor did, so the call can come later.
+HANDOFF = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_HANDOFF", "now")
 # Where the graph pass's dry run compiles: "threads" of this process, or "processes":
 # _PROCESSES children that each compile a share of its kernels into Triton's on-disk cache,
 # where the first launch here finds them (no lock shared with Inductor's compile). Children
@@ -130,6 +141,8 @@ warnings.filterwarnings(
     "ignore", "Accessing the data pointer of FakeTensor", module=r"triton\.experimental\.gluon"
 )
 
+# The graph pass's calls not handed to their compile ahead yet (HANDOFF "late"): (run, args).
+_not_handed_off: list[tuple] = []
 _kinds_seen: set[tuple] = set()
 _kinds_lock = threading.Lock()
 _background: ThreadPoolExecutor | None = None
@@ -149,6 +162,8 @@ def before_first_run(run: Callable, args: tuple) -> None:
     was compiled ahead before. (A few us a call: the key.)"""
     if MODE == "0" or _launch.compiling_ahead():
         return
+    if _not_handed_off:  # (a graph whose compile did not reach Inductor's inner compile)
+        hand_off()
     if _held_children:  # (a compiled graph's first run: its compile is over)
         _release_held_children()
     kinds = _real_kinds(args)
@@ -166,12 +181,36 @@ def before_first_run(run: Callable, args: tuple) -> None:
 def in_background(run: Callable, args: tuple) -> None:
     """Start compiling the kernels of ``run(*args)`` in a thread of its own (its compiles in
     ``WORKERS``); ``args`` hold fake tensors (a graph's ``meta["val"]``) or real ones, the
-    first on the call's CUDA device, read here and not kept. A symbolic size is read as its
-    hint, its size in the call being compiled (a step compiled again with a dynamic batch
-    for a new batch size compiles that size's kernels here, behind Inductor); calls with a
-    size that has none are left to ``before_first_run``."""
+    first on the call's CUDA device, read here and not kept (with ``HANDOFF`` "late": kept,
+    and read, at ``hand_off``). A symbolic size is read as its hint, its size in the call
+    being compiled (a step compiled again with a dynamic batch for a new batch size
+    compiles that size's kernels here, behind Inductor); calls with a size that has none
+    are left to ``before_first_run``."""
     if MODE != "1":
         return
+    if HANDOFF == "late":
+        _not_handed_off.append((run, args))
+        return
+    _start_in_background(run, args)
+
+
+def hand_off() -> None:
+    """Start the compiles ahead of the calls the graph pass kept for later (``HANDOFF``
+    "late"): the backend calls it as Inductor's inner compile starts (the joint graph
+    passes have ended), and a first run calls it for any left."""
+    while True:
+        try:
+            run, args = _not_handed_off.pop(0)
+        except IndexError:  # (all handed off, here or in another thread)
+            return
+        try:  # (never fails, as in the pass: at worst nothing is compiled ahead)
+            _start_in_background(run, args)
+        except Exception as error:
+            log.debug("flashsampling: not compiled ahead (%r)", error, exc_info=True)
+
+
+def _start_in_background(run: Callable, args: tuple) -> None:
+    """``in_background``'s work: the call's kinds, its dry run started in a thread."""
     try:
         kinds = _fake_kinds(args)
     except _NotStatic:

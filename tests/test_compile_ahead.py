@@ -103,9 +103,16 @@ def test_dry_run_compiles_what_the_call_launches(monkeypatch, knobs):
 KNOBS = dict(top_k=5, temperature=0.7, seed=torch.tensor(3))
 
 
-def _compiled_ahead_by_the_pass(monkeypatch, tracing_mode: str) -> tuple:
+# When the pass's calls are handed to their compile ahead (FLASHSAMPLING_COMPILE_AHEAD_HANDOFF):
+# the tests of what it is handed check both.
+HANDOFFS = ["now", "late"]
+
+
+def _compiled_ahead_by_the_pass(monkeypatch, tracing_mode: str, handoff: str = "now") -> tuple:
     """The arguments the pass hands the compile ahead for a step traced with
-    ``tracing_mode`` (fake tensors, their sizes symbolic with "symbolic")."""
+    ``tracing_mode`` (fake tensors, their sizes symbolic with "symbolic"); with ``handoff``
+    "late", handed later (``ahead.hand_off``: the backend's inner compile), outside the
+    pass."""
     hidden, weight = torch.randn(B, D), torch.randn(V, D)
 
     def step(hidden, weight, seed):
@@ -114,11 +121,16 @@ def _compiled_ahead_by_the_pass(monkeypatch, tracing_mode: str) -> tuple:
     graph = make_fx(step, tracing_mode=tracing_mode)(hidden, weight, KNOBS["seed"]).graph
     started = []
     monkeypatch.setattr(op, "_triton_interpreter_on", lambda: False)  # (as on a GPU)
-    monkeypatch.setattr(ahead, "in_background", lambda run, args: started.append(args))
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "HANDOFF", handoff)
+    monkeypatch.setattr(ahead, "_start_in_background", lambda run, args: started.append(args))
     for node in graph.nodes:
         op.compile_ahead_in_background(node)
+    if handoff == "late":
+        assert not started and len(ahead._not_handed_off) == 1
+        ahead.hand_off()
     monkeypatch.undo()
-    assert len(started) == 1
+    assert len(started) == 1 and not ahead._not_handed_off
     return started[0]
 
 
@@ -128,17 +140,19 @@ def _real_call_kinds(monkeypatch, knobs: dict, **shape) -> tuple:
     return ahead._real_kinds((*real[:6], ahead.seed_class(real[6]), *real[7:]))
 
 
-def test_graph_key_is_the_first_runs(monkeypatch):
+@pytest.mark.parametrize("handoff", HANDOFFS)
+def test_graph_key_is_the_first_runs(monkeypatch, handoff):
     """The pass's key of a traced call (fake tensors) equals the key its first run makes
     from the real tensors: the run then does not compile the call ahead again."""
-    started = _compiled_ahead_by_the_pass(monkeypatch, "fake")
+    started = _compiled_ahead_by_the_pass(monkeypatch, "fake", handoff)
     assert ahead._fake_kinds(started) == _real_call_kinds(monkeypatch, KNOBS)
 
 
-def test_first_launch_waits_for_the_background_compile(monkeypatch):
+@pytest.mark.parametrize("handoff", HANDOFFS)
+def test_first_launch_waits_for_the_background_compile(monkeypatch, handoff):
     """The pass's dry run runs in a thread of its own; the call's first launch waits until
     it has finished (Triton 3.9 keeps a compile in flight as a placeholder that cannot be
-    launched)."""
+    launched). Handed off late, it starts at the hand-off."""
     args = _flat_call(monkeypatch, CALLS["top_k"])
     compiled, launched = [], []
 
@@ -157,7 +171,11 @@ def test_first_launch_waits_for_the_background_compile(monkeypatch):
     monkeypatch.setattr(ahead, "MODE", "1")
     monkeypatch.setattr(ahead, "WORKERS", "threads")  # (the default on hosts of few CPUs)
     monkeypatch.setattr(ahead, "_claim", lambda kinds: True)  # (else CUDA calls only)
+    monkeypatch.setattr(ahead, "HANDOFF", handoff)
     ahead.in_background(op._fused_sample_run, (*args[:6], 0, *args[7:]))
+    if handoff == "late":
+        assert not launch_module._pending and not compiled
+        ahead.hand_off()
     assert launch_module._pending
     op._fused_sample_run(*args)
     assert not launch_module._pending
@@ -270,12 +288,13 @@ def test_children_run_the_dry_run(monkeypatch, tmp_path):
     assert later.exists() and waiting.returncode == 0
 
 
-def test_symbolic_sizes_are_read_as_the_calls(monkeypatch):
+@pytest.mark.parametrize("handoff", HANDOFFS)
+def test_symbolic_sizes_are_read_as_the_calls(monkeypatch, handoff):
     """A graph with a dynamic batch (a step compiled again for a second batch size) is
     compiled ahead for the call it is compiled for: the pass's key of the traced call, its
     sizes read as their hints, is the key of that call's first run; and then for the batch
     sizes it may meet next."""
-    started = _compiled_ahead_by_the_pass(monkeypatch, "symbolic")
+    started = _compiled_ahead_by_the_pass(monkeypatch, "symbolic", handoff)
     assert isinstance(started[0].shape[0], torch.SymInt)
     kinds = ahead._fake_kinds(started)
     assert kinds == _real_call_kinds(monkeypatch, KNOBS)
@@ -358,13 +377,14 @@ assert len(keys) == 1 and not keys & {alone, after_stage1}, keys
 """
 
 
-def test_a_static_graph_compiles_other_batch_sizes_ahead(monkeypatch):
+@pytest.mark.parametrize("handoff", HANDOFFS)
+def test_a_static_graph_compiles_other_batch_sizes_ahead(monkeypatch, handoff):
     """A step's first graph is static (its batch a number; B = 1 included): its call's
     kinds at other batch sizes, compiled ahead once it has compiled, are those of the
     graph with a dynamic batch that the next batch size compiles, and of that size's first
     run, so that neither compiles them again."""
-    static = _compiled_ahead_by_the_pass(monkeypatch, "fake")
-    symbolic = _compiled_ahead_by_the_pass(monkeypatch, "symbolic")
+    static = _compiled_ahead_by_the_pass(monkeypatch, "fake", handoff)
+    symbolic = _compiled_ahead_by_the_pass(monkeypatch, "symbolic", handoff)
     monkeypatch.setattr(ahead, "_OTHER_BATCHES", (1, 2, 8, 64))
     kinds = ahead._fake_kinds(static)
     others = ahead._other_batches(static, kinds)
@@ -397,3 +417,75 @@ def test_a_timing_can_wait_for_the_background_compiles(monkeypatch):
     monkeypatch.setattr(ahead, "_other_batches_running", [([], running)])
     ahead.wait_for_background_compiles()
     assert running.done()
+
+
+@pytest.mark.parametrize(
+    "handoff, expected",
+    [
+        ("now", ["pass rewrote", "handed off", "joint passes ended", "post-grad passes"]),
+        ("late", ["pass rewrote", "joint passes ended", "handed off", "post-grad passes"]),
+    ],
+)
+def test_when_the_backend_hands_off_the_calls(monkeypatch, handoff, expected):
+    """The backend's compile hands the pass's call to the compile ahead in the pass (the
+    default), or with ``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late`` after Inductor's joint graph
+    passes and before its post-grad passes (then stopped: nothing after matters here)."""
+    from flashsampling_inductor import graph_pass
+
+    from .test_patterns import hidden, nanogpt
+
+    events = []
+
+    def rewritten(node):
+        if node.target in op._FUSED_IMPLS:
+            events.append("pass rewrote")
+            ahead.in_background(op._fused_sample_run, (node.name,))
+
+    def post_grad(graph):
+        events.append("post-grad passes")
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "HANDOFF", handoff)
+    monkeypatch.setattr(ahead, "_not_handed_off", [])
+    monkeypatch.setattr(graph_pass, "compile_ahead_in_background", rewritten)
+    monkeypatch.setattr(ahead, "_start_in_background", lambda *call: events.append("handed off"))
+    options = {
+        "joint_custom_post_pass": lambda graph: events.append("joint passes ended"),
+        "post_grad_custom_pre_pass": post_grad,
+    }  # (passes without a uuid: no cache skips the compile)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed), torch.no_grad():
+        torch.compile(nanogpt, backend="flashsampling", fullgraph=True, options=options)(
+            hidden(3, 5, 24)
+        )
+    torch._dynamo.reset()
+    assert events == expected and not ahead._not_handed_off
+
+
+def test_a_first_run_hands_off_calls_left(monkeypatch):
+    """A call the pass kept for a late hand-off that no inner compile handed off (a compile
+    that stopped before it) is handed off at the first run."""
+    args = _flat_call(monkeypatch, CALLS["top_k"])
+    args = (*args[:6], ahead.seed_class(args[6]), *args[7:])
+    started = []
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "HANDOFF", "late")
+    monkeypatch.setattr(ahead, "_not_handed_off", [])
+    monkeypatch.setattr(ahead, "_start_in_background", lambda run, args: started.append(args))
+    monkeypatch.setattr(ahead, "_kinds_seen", {ahead._real_kinds(args)})  # (no dry run here)
+    ahead.in_background(op._fused_sample_run, args)
+    assert not started
+    ahead.before_first_run(op._fused_sample_run, args)
+    assert started == [args] and not ahead._not_handed_off
+
+
+def test_a_failed_hand_off_fails_no_compile(monkeypatch):
+    """A call whose compile ahead cannot start (here: no kinds) is dropped at the hand-off,
+    as in the pass: the backend's compile goes on."""
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "HANDOFF", "late")
+    monkeypatch.setattr(ahead, "_not_handed_off", [])
+    ahead.in_background(op._fused_sample_run, ())
+    ahead.hand_off()
+    assert not ahead._not_handed_off
