@@ -30,6 +30,7 @@ import functools
 import os
 import threading
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -469,13 +470,14 @@ def _check_in_kernel() -> bool:
     return os.environ.get("FLASHSAMPLING_TP_EXCHANGE_CHECK", "kernel") != "assert"
 
 
-def exchange_launches_pdl(device: torch.device, persistent_stage1: bool) -> bool:
+def exchange_launches_pdl(device: torch.device, persistent_stage1: Callable[[], bool]) -> bool:
     """Whether the symmetric exchange after a stage 1 on ``device`` is launched as a
     programmatic dependent of it (``pdl_launch``; stage 1 then signals it as its programs
     start: ``SIGNAL_DEPENDENTS``). FLASHSAMPLING_TP_EXCHANGE_PDL (read at each call, set
     alike on every rank): ``0`` (the default) never, ``auto`` (opt-in, not yet measured) where
-    stage 1 is the Triton kernel on a persistent grid (``persistent_stage1``:
-    ``dispatch.persistent_triton_stage1``), ``1`` (opt-in) after every stage 1.
+    stage 1 is the Triton kernel on a persistent grid (``persistent_stage1()``:
+    ``dispatch.persistent_triton_stage1``, which picks the call's tiles: asked only under
+    ``auto``, so the default path chooses its tiles once), ``1`` (opt-in) after every stage 1.
 
     The rule: a persistent grid starts every program at once, so the signal launches the
     exchange at stage 1's start and its programs take the SMs that stage 1's programs free
@@ -489,7 +491,7 @@ def exchange_launches_pdl(device: torch.device, persistent_stage1: bool) -> bool
     / ``fused_tp_pdl`` time ``auto`` / ``1`` beside ``fused_tp``)."""
     mode = os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", PDL_DEFAULT)
     if mode == "auto":
-        mode = "1" if persistent_stage1 else "0"
+        mode = "1" if persistent_stage1() else "0"
     return mode == "1" and pdl_launch(device)["PDL"]
 
 

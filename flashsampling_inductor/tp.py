@@ -311,10 +311,12 @@ def _shard_candidates(
 
         if per_tile:
             # (a PDL exchange after it: stage 1 lets it be scheduled as its programs start)
-            persistent = persistent_triton_stage1(
-                batch, hidden.shape[1], weight.shape[0], hidden.device, params
+            pdl = exchange_launches_pdl(
+                hidden.device,
+                lambda: persistent_triton_stage1(
+                    batch, hidden.shape[1], weight.shape[0], hidden.device, params
+                ),
             )
-            pdl = exchange_launches_pdl(hidden.device, persistent)
             score, index = triton_fused_sample(
                 hidden, weight, bias, params, vocab_offset=vocab_start, tile_candidates=True,
                 signal_dependents=pdl,

@@ -751,9 +751,9 @@ def test_the_pdl_exchange_follows_a_persistent_triton_stage1(
     assert dispatch.persistent_triton_stage1(batch, dim, shard, cuda, params) == persistent
     monkeypatch.setattr(exchange, "pdl_launch", lambda device: {"PDL": True, "launch_pdl": True})
     monkeypatch.delenv("FLASHSAMPLING_TP_EXCHANGE_PDL", raising=False)
-    assert not exchange.exchange_launches_pdl(cuda, persistent)
+    assert not exchange.exchange_launches_pdl(cuda, lambda: persistent)
     for mode, expected in (("0", False), ("1", True), ("auto", persistent)):
         monkeypatch.setenv("FLASHSAMPLING_TP_EXCHANGE_PDL", mode)
-        assert exchange.exchange_launches_pdl(cuda, persistent) == expected
+        assert exchange.exchange_launches_pdl(cuda, lambda: persistent) == expected
     top_k = SamplingParams(None, 1.0, None, 7, 1, scalar_top_k=50)
     assert not dispatch.persistent_triton_stage1(batch, dim, shard, cuda, top_k)

@@ -190,7 +190,7 @@ def _skewed_worker(rank, world, steps, batch=4, dim=256, pdl=False, int_seeds=Fa
 
         params = SamplingParams(None, 1.0, None, 0, 1)
         persistent = persistent_triton_stage1(batch, dim, shard, device, params)
-        assert exchange_launches_pdl(device, persistent), "the exchange is not PDL here"
+        assert exchange_launches_pdl(device, lambda: persistent), "the exchange is not PDL here"
     seeds = torch.arange(steps, device=device)
     tokens = torch.empty((steps, batch), dtype=torch.int64, device=device)
     delay = random.Random(rank)
