@@ -5,9 +5,9 @@
 #   OUT=/tmp/out bash benchmarks/first_call_job.sh --budget 500 [--batches "1,16,64 8"]
 # Writes $OUT/first_call/{summary.txt,<run>.log,<run>.json.gz,gpu_tests.log}. TESTS=0: no
 # tests (the pairs then keep no time for them). FLASHSAMPLING_* variables pass through to
-# both runs of a pair (stock ignores them) and are written to env.txt; the late hand-off
-# (docs/hf.md), three B = 1 pairs:
-#   FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late TESTS=0 OUT=/tmp/out \
+# both runs of a pair (stock ignores them) and are written to env.txt; the hand-off A/B
+# (docs/hf.md; the default, late, against now), B = 1 pairs:
+#   FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=now TESTS=0 OUT=/tmp/out \
 #       bash benchmarks/first_call_job.sh --budget 270 --batches "1 1 1"
 budget=500
 batches="1,16,64 8"

@@ -298,8 +298,8 @@ def child(
     second = bg.timed(bg.hf_call, model, config, prompt, new_tokens, top_k)
     ahead = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
     # (the hand-off is named only where it is not the default, so older summaries still match)
-    handoff = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_HANDOFF", "now")
-    handoff = "" if handoff == "now" else f" FLASHSAMPLING_COMPILE_AHEAD_HANDOFF={handoff}"
+    handoff = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_HANDOFF", "late")
+    handoff = "" if handoff == "late" else f" FLASHSAMPLING_COMPILE_AHEAD_HANDOFF={handoff}"
     print(f"== {config} B={batch} top_k={top_k} FLASHSAMPLING_COMPILE_AHEAD={ahead}{handoff}: "
           f"first call {first:.2f} s, second {second:.3f} s")  # fmt: skip
     tokens = outputs[0][:, prompt.shape[1] :]

@@ -40,9 +40,11 @@ graph's call resized by its batch-sized tensors), which a first run of such a si
 and a later graph of such a call loads instead of starting children: the second and third
 batch sizes of a ``generate`` find their kernels compiled (H200, fresh caches, stock and
 fused started together, B = 1 -> 16 -> 64 in one process: 43.2 / 57.4 / 1.4 s fused against
-43.1 / 58.2 / 1.3 s stock; docs/hf.md). ``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late`` (opt-in,
-not measured on a GPU yet) hands the pass's calls to the compile ahead once Inductor's joint
-graph passes have ended (``hand_off``, from the backend) rather than in the pass.
+43.1 / 58.2 / 1.3 s stock; docs/hf.md). Under the backend the pass's calls are handed to the
+compile ahead once Inductor's joint graph passes have ended (``hand_off``, from the backend's
+inner compile), not in the pass: at B = 1 fused's first call was 1.6 s under stock's on
+average over three pairs, 2.0 s over it with the hand-off in the pass
+(``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=now``; docs/hf.md).
 """
 
 from __future__ import annotations
@@ -68,20 +70,23 @@ import torch
 from . import launch as _launch
 
 __all__ = [
-    "before_first_run", "hand_off", "in_background", "prestart", "wait_for_background_compiles",
+    "backend_hands_off", "before_first_run", "hand_off", "in_background", "prestart",
+    "wait_for_background_compiles",
 ]  # fmt: skip
 
 log = logging.getLogger("flashsampling_inductor")
 
 # "1" (default): both moments, "first": a call's first run only, "0": off.
 MODE = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD", "1")
-# When the graph pass's calls are handed to their compile ahead: "now" (default, measured),
-# in the pass; "late" (opt-in, NOT measured on a GPU yet), once Inductor's joint graph passes
-# have ended (``hand_off``, from the backend's inner compile): in the fused runs those passes
-# took 1.0-2.6 s longer than stock's, the main thread stalling 100-250 ms at a time from the
-# moment the pass handed the children the call (H200, docs/hf.md); the children ended 4-6 s
-# before Inductor did, so the call can come later.
-HANDOFF = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_HANDOFF", "now")
+# When the graph pass's calls are handed to their compile ahead: "late" (default), once
+# Inductor's joint graph passes have ended (``hand_off``, from the backend's inner compile,
+# where the backend compiles: ``backend_hands_off``); "now", in the pass. With "now" the
+# fused runs' joint passes took 1.0-2.6 s longer than stock's, the main thread stalling
+# 100-250 ms at a time from the moment the pass handed the children the call, and the
+# children ended 4-6 s before Inductor did, so the call can come later. H200, B = 1, fresh
+# caches, stock and fused started together, three pairs each, alternated: fused - stock
+# -4.5 / -3.6 / +3.4 s late, +0.3 / +1.6 / +4.0 s now (docs/hf.md).
+HANDOFF = os.environ.get("FLASHSAMPLING_COMPILE_AHEAD_HANDOFF", "late")
 # Where the graph pass's dry run compiles: "threads" of this process, or "processes":
 # _PROCESSES children that each compile a share of its kernels into Triton's on-disk cache,
 # where the first launch here finds them (no lock shared with Inductor's compile). Children
@@ -143,6 +148,9 @@ warnings.filterwarnings(
 
 # The graph pass's calls not handed to their compile ahead yet (HANDOFF "late"): (run, args).
 _not_handed_off: list[tuple] = []
+# Set while the backend compiles (``backend_hands_off``): only then does someone hand off
+# late; the pass set on stock Inductor by hand hands its calls off in the pass.
+_backend_compiling = threading.local()
 _kinds_seen: set[tuple] = set()
 _kinds_lock = threading.Lock()
 _background: ThreadPoolExecutor | None = None
@@ -188,10 +196,22 @@ def in_background(run: Callable, args: tuple) -> None:
     are left to ``before_first_run``."""
     if MODE != "1":
         return
-    if HANDOFF == "late":
+    if HANDOFF == "late" and getattr(_backend_compiling, "on", False):
         _not_handed_off.append((run, args))
         return
     _start_in_background(run, args)
+
+
+@contextlib.contextmanager
+def backend_hands_off():
+    """While the backend compiles a graph: the pass keeps its calls for ``hand_off``, which
+    the backend's inner compile calls (``HANDOFF`` "late")."""
+    before = getattr(_backend_compiling, "on", False)
+    _backend_compiling.on = True
+    try:
+        yield
+    finally:
+        _backend_compiling.on = before
 
 
 def hand_off() -> None:

@@ -60,17 +60,18 @@ def flashsampling_backend(
     )
     config_patches["joint_custom_pre_pass"] = FlashSamplingPass(then=user_pass)
     if ahead.HANDOFF == "late":
-        return compile_fx(
-            gm, example_inputs, inner_compile=_handing_off_first, config_patches=config_patches
-        )
+        with ahead.backend_hands_off():
+            return compile_fx(
+                gm, example_inputs, inner_compile=_handing_off_first, config_patches=config_patches
+            )
     return compile_fx(gm, example_inputs, config_patches=config_patches)
 
 
 def _handing_off_first(gm: torch.fx.GraphModule, example_inputs: list[Any], **options) -> Any:
     """Inductor's inner compile, after the compile ahead is handed the calls the pass kept
-    (``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late``): it starts after the joint graph passes,
-    before the post-grad passes and codegen (~13 s on an H200 at B = 1; the children's
-    compiles took ~10 s there)."""
+    (``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late``, the default): it starts after the joint
+    graph passes, before the post-grad passes and codegen (~13 s on an H200 at B = 1; the
+    children's compiles took ~10 s there)."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     from . import ahead

@@ -108,6 +108,12 @@ KNOBS = dict(top_k=5, temperature=0.7, seed=torch.tensor(3))
 HANDOFFS = ["now", "late"]
 
 
+def _handing_off(monkeypatch, handoff: str) -> None:
+    """``handoff`` as if the backend were compiling (only then is a late hand-off made)."""
+    monkeypatch.setattr(ahead, "HANDOFF", handoff)
+    monkeypatch.setattr(ahead._backend_compiling, "on", True, raising=False)
+
+
 def _compiled_ahead_by_the_pass(monkeypatch, tracing_mode: str, handoff: str = "now") -> tuple:
     """The arguments the pass hands the compile ahead for a step traced with
     ``tracing_mode`` (fake tensors, their sizes symbolic with "symbolic"); with ``handoff``
@@ -122,7 +128,7 @@ def _compiled_ahead_by_the_pass(monkeypatch, tracing_mode: str, handoff: str = "
     started = []
     monkeypatch.setattr(op, "_triton_interpreter_on", lambda: False)  # (as on a GPU)
     monkeypatch.setattr(ahead, "MODE", "1")
-    monkeypatch.setattr(ahead, "HANDOFF", handoff)
+    _handing_off(monkeypatch, handoff)
     monkeypatch.setattr(ahead, "_start_in_background", lambda run, args: started.append(args))
     for node in graph.nodes:
         op.compile_ahead_in_background(node)
@@ -171,7 +177,7 @@ def test_first_launch_waits_for_the_background_compile(monkeypatch, handoff):
     monkeypatch.setattr(ahead, "MODE", "1")
     monkeypatch.setattr(ahead, "WORKERS", "threads")  # (the default on hosts of few CPUs)
     monkeypatch.setattr(ahead, "_claim", lambda kinds: True)  # (else CUDA calls only)
-    monkeypatch.setattr(ahead, "HANDOFF", handoff)
+    _handing_off(monkeypatch, handoff)
     ahead.in_background(op._fused_sample_run, (*args[:6], 0, *args[7:]))
     if handoff == "late":
         assert not launch_module._pending and not compiled
@@ -427,9 +433,9 @@ def test_a_timing_can_wait_for_the_background_compiles(monkeypatch):
     ],
 )
 def test_when_the_backend_hands_off_the_calls(monkeypatch, handoff, expected):
-    """The backend's compile hands the pass's call to the compile ahead in the pass (the
-    default), or with ``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late`` after Inductor's joint graph
-    passes and before its post-grad passes (then stopped: nothing after matters here)."""
+    """The backend's compile hands the pass's call to the compile ahead after Inductor's joint
+    graph passes and before its post-grad passes (``FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=late``,
+    the default), or with ``=now`` in the pass (then stopped: nothing after matters here)."""
     from flashsampling_inductor import graph_pass
 
     from .test_patterns import hidden, nanogpt
@@ -470,7 +476,7 @@ def test_a_first_run_hands_off_calls_left(monkeypatch):
     args = (*args[:6], ahead.seed_class(args[6]), *args[7:])
     started = []
     monkeypatch.setattr(ahead, "MODE", "1")
-    monkeypatch.setattr(ahead, "HANDOFF", "late")
+    _handing_off(monkeypatch, "late")
     monkeypatch.setattr(ahead, "_not_handed_off", [])
     monkeypatch.setattr(ahead, "_start_in_background", lambda run, args: started.append(args))
     monkeypatch.setattr(ahead, "_kinds_seen", {ahead._real_kinds(args)})  # (no dry run here)
@@ -484,8 +490,23 @@ def test_a_failed_hand_off_fails_no_compile(monkeypatch):
     """A call whose compile ahead cannot start (here: no kinds) is dropped at the hand-off,
     as in the pass: the backend's compile goes on."""
     monkeypatch.setattr(ahead, "MODE", "1")
-    monkeypatch.setattr(ahead, "HANDOFF", "late")
+    _handing_off(monkeypatch, "late")
     monkeypatch.setattr(ahead, "_not_handed_off", [])
     ahead.in_background(op._fused_sample_run, ())
     ahead.hand_off()
     assert not ahead._not_handed_off
+
+
+def test_the_pass_outside_the_backend_hands_off_in_the_pass(monkeypatch):
+    """The pass set on stock Inductor by hand (no backend compiling, so no inner compile to
+    hand off from): its calls go to the compile ahead at once, also with the late default."""
+    started = []
+    monkeypatch.setattr(ahead, "MODE", "1")
+    monkeypatch.setattr(ahead, "HANDOFF", "late")
+    monkeypatch.setattr(ahead, "_not_handed_off", [])
+    monkeypatch.setattr(ahead, "_start_in_background", lambda run, args: started.append(args))
+    ahead.in_background(op._fused_sample_run, ("call",))
+    assert started == [("call",)] and not ahead._not_handed_off
+    with ahead.backend_hands_off():
+        ahead.in_background(op._fused_sample_run, ("later",))
+    assert started == [("call",)] and ahead._not_handed_off == [(op._fused_sample_run, ("later",))]
