@@ -85,6 +85,9 @@ BLOCK_D = 64
 STAGES = {64: 8, 128: 5}
 CONSUMER_REGISTERS = 232
 LOADER_REGISTERS = 40
+# One m64n128 MMA a k step into one accumulator instead of two m64n64 (WIDE_MMA): None
+# chooses per call (``launch_stage1``'s ``wide_mma``), a bool forces it (A/B runs).
+WIDE_MMA: bool | None = None
 
 
 _disabled_by: str | None = None  # why this process stopped using the kernel
@@ -368,7 +371,7 @@ if AVAILABLE:
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         PLAIN: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
         KEY_LOW_BITS: gl.constexpr, TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr,
-        MIN_P_MODE: gl.constexpr,
+        MIN_P_MODE: gl.constexpr, WIDE_MMA: gl.constexpr,
     ):  # fmt: skip
         """One consumer warpgroup: the program's tiles number parity, parity + 2, ...
         With both epilogues (per-row knobs that may be off), each runs only where a row of
@@ -379,6 +382,9 @@ if AVAILABLE:
         HALF_V: gl.constexpr = BLOCK_V // 2
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_V, 16]
+        )
+        wide_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_V, 16]
         )
         row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
 
@@ -393,24 +399,46 @@ if AVAILABLE:
             j = 2 * n + parity
             mbarrier.wait(turn.index(parity), (n + parity + 1) & 1, pred=j > 0)
             it = j * k_steps
-            acc_lo = gl.zeros([BLOCK_B, HALF_V], gl.float32, acc_layout)
-            acc_hi = gl.zeros([BLOCK_B, HALF_V], gl.float32, acc_layout)
-            for k in range(k_steps):
-                stage = it % STAGES
-                mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
-                h = h_bufs.index(stage)
-                w = w_bufs.index(stage)
-                acc_lo = warpgroup_mma(h, w.slice(0, HALF_V).permute((1, 0)), acc_lo,
-                                       is_async=True)  # fmt: skip
-                acc_hi = warpgroup_mma(h, w.slice(HALF_V, HALF_V).permute((1, 0)), acc_hi,
-                                       is_async=True)  # fmt: skip
-                # Only this step's two MMAs may still run: the previous stage is free.
-                acc_lo, acc_hi = warpgroup_mma_wait(2, deps=(acc_lo, acc_hi))
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
-                it += 1
-            mbarrier.arrive(turn.index(1 - parity))
-            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            if WIDE_MMA:
+                # One m64n128 MMA a step instead of two m64n64: each reads the hidden tile
+                # from shared memory once, not twice (a third fewer operand bytes a step).
+                acc = gl.zeros([BLOCK_B, BLOCK_V], gl.float32, wide_layout)
+                for k in range(k_steps):
+                    stage = it % STAGES
+                    mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+                    acc = warpgroup_mma(h_bufs.index(stage), w_bufs.index(stage).permute((1, 0)),
+                                        acc, is_async=True)  # fmt: skip
+                    # Only this step's MMA may still run: the previous stage is free.
+                    acc = warpgroup_mma_wait(1, deps=(acc,))
+                    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+                    it += 1
+                mbarrier.arrive(turn.index(1 - parity))
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+                # The halves hold the same registers in the narrow MMA's layout: column c of
+                # the wide one sits where column c mod HALF_V of a narrow one does.
+                lo, hi = gl.split(gl.permute(gl.reshape(acc, [BLOCK_B, 2, HALF_V]), (0, 2, 1)))
+                acc_lo = gl.convert_layout(lo, acc_layout)
+                acc_hi = gl.convert_layout(hi, acc_layout)
+            else:
+                acc_lo = gl.zeros([BLOCK_B, HALF_V], gl.float32, acc_layout)
+                acc_hi = gl.zeros([BLOCK_B, HALF_V], gl.float32, acc_layout)
+                for k in range(k_steps):
+                    stage = it % STAGES
+                    mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+                    h = h_bufs.index(stage)
+                    w = w_bufs.index(stage)
+                    acc_lo = warpgroup_mma(h, w.slice(0, HALF_V).permute((1, 0)), acc_lo,
+                                           is_async=True)  # fmt: skip
+                    acc_hi = warpgroup_mma(h, w.slice(HALF_V, HALF_V).permute((1, 0)), acc_hi,
+                                           is_async=True)  # fmt: skip
+                    # Only this step's two MMAs may still run: the previous stage is free.
+                    acc_lo, acc_hi = warpgroup_mma_wait(2, deps=(acc_lo, acc_hi))
+                    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+                    it += 1
+                mbarrier.arrive(turn.index(1 - parity))
+                acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
             # The epilogue, while the other consumer runs its MMAs.
             b_start = (tile % num_b_tiles) * BLOCK_B
@@ -531,6 +559,7 @@ if AVAILABLE:
         # 1: no tile if a row of the batch is truncated, 2: none if no row is (the two
         # launches of a split stage 1, as sampling_kernel's); 0: every tile.
         BATCH_TRUNCATES: gl.constexpr = 0,
+        WIDE_MMA: gl.constexpr = False,  # one m64n128 MMA a step (_consume_tiles)
     ):  # fmt: skip
         num_tiles = gl.cdiv(B, h_desc.block_type.shape[0]) * gl.cdiv(V, w_desc.block_type.shape[0])
         if BATCH_TRUNCATES > 0:
@@ -609,6 +638,7 @@ if AVAILABLE:
                         TOP_K_MODE,
                         TOP_P_MODE,
                         MIN_P_MODE,
+                        WIDE_MMA,
                     ),
                 ),
                 (
@@ -655,6 +685,7 @@ if AVAILABLE:
                         TOP_K_MODE,
                         TOP_P_MODE,
                         MIN_P_MODE,
+                        WIDE_MMA,
                     ),
                 ),
                 (
@@ -687,7 +718,7 @@ def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
     temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
-    key_low_bits=0, row_knobs=None, batch_truncates=0,
+    key_low_bits=0, row_knobs=None, batch_truncates=0, wide_mma=False,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``dispatch.triton_fused_sample``, which calls this and then stage 2
@@ -728,6 +759,7 @@ def launch_stage1(
         KEY_LOW_BITS=key_low_bits,
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
+        WIDE_MMA=wide_mma if WIDE_MMA is None else WIDE_MMA,
         num_warps=4,
     )  # fmt: skip
 
