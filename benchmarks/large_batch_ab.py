@@ -1,17 +1,28 @@
 """Stage-1 choices at 129-256 rows against the default and cuBLAS, in one process, with the
-tokens of every choice checked against the default's (they must not depend on the tiling).
+tokens of every choice checked against the first of its mode (they must not depend on the
+tiling).
 
-    python benchmarks/large_batch_ab.py [--budget 180] [--rounds 2] [--out-dir DIR]
-        [--batches 128,144,160,192,224,256] [--shapes 2048x151936,8192x128256,4096x151936]
+    python benchmarks/large_batch_ab.py [--what variants|dispatch|diagnose] [--budget 180]
+        [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
+        [--shapes 2048x151936,8192x128256,4096x151936]
 
-Per shape and batch size: cuBLAS ``hidden @ W.T``; plain sampling (T = 1, a 0-d device seed)
-with the default and with the Gluon kernel (``hopper_kernel``) on 64- or 128-row tiles, each
-with two m64n64 MMAs a step (the kernel's own) or one m64n128 (``hopper_kernel.WIDE_MMA``);
-top-k 50 with the default, those Gluon tiles and the swapped kernel's top-m epilogue
-(``dispatch.SWAP_TRUNCATING``). CUDA-graph medians, round-robin over ``--rounds``; a CSV row
-per timing (``large_batch_ab.csv``) and a summary line per point (ratio to cuBLAS). Points are
-skipped once ``--budget`` seconds are near (the job is killed at its budget). Needs a Hopper
-GPU (elsewhere it says so and exits 0).
+Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
+
+* ``variants`` (default): plain sampling (T = 1, a 0-d device seed) with the default and
+  with the Gluon kernel (``hopper_kernel``) on 64- or 128-row tiles, each with two m64n64 MMAs
+  a step (the kernel's own) or one m64n128 (``hopper_kernel.WIDE_MMA``); top-k 50 with the
+  default, those Gluon tiles and the swapped kernel's top-m epilogue
+  (``dispatch.SWAP_TRUNCATING``);
+* ``dispatch``: the default before and after ``dispatch._large_batch_gluon_rows``
+  (``LARGE_BATCH_GLUON``) where they differ, for plain sampling (T = 1, per-row
+  temperatures, greedy), top-k 50, top-p 0.9, both, and min-p 0.1;
+* ``diagnose``: the swapped kernel and the wide Gluon tiles at T = 1 and greedy (the same
+  kernels without the noise: the noise's share).
+
+CUDA-graph medians, round-robin over ``--rounds`` in a shuffled order; a CSV row per timing
+(``large_batch_<what>.csv``) and a summary line per point (each provider's fastest round over
+cuBLAS's). Points are skipped once ``--budget`` seconds are near (the job is killed at its
+budget). Needs a Hopper GPU (elsewhere it says so and exits 0).
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
-import statistics
+import random
 import sys
 import time
 import traceback
@@ -73,6 +84,72 @@ def swap_config(batch, hidden_size, device) -> SampleConfig:
     return dataclasses.replace(config, warp_specialized_swap="ping-pong")
 
 
+def with_dispatch(run, large_batch_gluon: bool):
+    """``run`` under ``dispatch.LARGE_BATCH_GLUON`` (the choice of 129-256 rows, new or old)."""
+
+    def call_under():
+        with patched(dispatch, "LARGE_BATCH_GLUON", large_batch_gluon):
+            return run()
+
+    return call_under
+
+
+def dispatch_providers(batch, hidden, weight):
+    """The default before and after ``dispatch._large_batch_gluon_rows`` (``*_old`` /
+    ``*_new``) in each mode, where the two choose differently."""
+    device, hidden_size = hidden.device, hidden.shape[1]
+    seed = torch.tensor(7, device=device)
+    generator = torch.Generator(device=device).manual_seed(batch)
+    modes = {
+        "plain": SamplingParams(None, 1.0, seed, 0, 1),
+        "rowsT": SamplingParams(
+            torch.rand(batch, generator=generator, device=device) + 0.5, 1.0, seed, 0, 1
+        ),  # fmt: skip
+        "greedy": SamplingParams(None, 0.0, None, 0, 1),
+        "k50": SamplingParams(None, 1.0, seed, 0, 1, scalar_top_k=50),
+        "p09": SamplingParams(None, 1.0, seed, 0, 1, scalar_top_p=0.9),
+        "k50p09": SamplingParams(None, 1.0, seed, 0, 1, scalar_top_k=50, scalar_top_p=0.9),
+        "minp": SamplingParams(None, 1.0, seed, 0, 1, scalar_min_p=0.1),
+    }
+    timed = {"matmul": lambda: hidden @ weight.T}
+    for mode, params in modes.items():
+        configs = []
+        for flag in (False, True):
+            with patched(dispatch, "LARGE_BATCH_GLUON", flag):
+                configs.append(
+                    dispatch.default_config(
+                        batch,
+                        hidden_size,
+                        device,
+                        params.truncates,
+                        weight.shape[0],
+                        dispatch.knobs_may_be_off(params, weight.shape[0]),
+                        params.per_row_seed,
+                    )  # fmt: skip
+                )
+        if configs[0] == configs[1]:
+            continue
+        run = call(hidden, weight, params)
+        timed[f"{mode}_old"] = with_dispatch(run, False)
+        timed[f"{mode}_new"] = with_dispatch(run, True)
+    return timed
+
+
+def diagnose_providers(batch, hidden, weight):
+    """Where the time goes: each kernel choice at T = 1 and greedy (the same kernel without
+    the noise), against cuBLAS."""
+    seed = torch.tensor(7, device=hidden.device)
+    plain = SamplingParams(None, 1.0, seed, 0, 1)
+    greedy = SamplingParams(None, 0.0, None, 0, 1)
+    swap = swap_config(batch, hidden.shape[1], hidden.device)
+    timed = {"matmul": lambda: hidden @ weight.T}
+    for mode, params in (("plain", plain), ("greedy", greedy)):
+        timed[f"{mode}_swap"] = call(hidden, weight, params, swap)
+        timed[f"{mode}_g64w"] = call(hidden, weight, params, gluon(64), wide=True)
+        timed[f"{mode}_g128w"] = call(hidden, weight, params, gluon(128), wide=True)
+    return timed
+
+
 def providers(batch, hidden, weight):
     seed = torch.tensor(7, device=hidden.device)
     plain = SamplingParams(None, 1.0, seed, 0, 1)
@@ -94,14 +171,17 @@ def providers(batch, hidden, weight):
 
 
 def check_tokens(timed) -> list[str]:
-    """Names whose tokens differ from their mode's default (one call each)."""
-    differ = []
-    for mode in ("plain", "k50"):
-        expected = timed[f"{mode}_default"]()
-        for name, fn in timed.items():
-            if name.startswith(mode + "_") and name != f"{mode}_default":
-                if not torch.equal(fn(), expected):
-                    differ.append(name)
+    """Names whose tokens differ from their mode's first provider's (one call each)."""
+    differ, expected = [], {}
+    for name, fn in timed.items():
+        if name == "matmul":
+            continue
+        mode = name.rsplit("_", 1)[0]
+        tokens = fn()
+        if mode not in expected:
+            expected[mode] = tokens
+        elif not torch.equal(tokens, expected[mode]):
+            differ.append(name)
     return differ
 
 
@@ -112,7 +192,14 @@ def main() -> None:
     parser.add_argument("--out-dir", default=".")
     parser.add_argument("--batches", default="128,144,160,192,224,256")
     parser.add_argument("--shapes", default="2048x151936,8192x128256,4096x151936")
+    parser.add_argument("--what", choices=["variants", "dispatch", "diagnose"], default="variants")
     args = parser.parse_args()
+    make_providers = {
+        "variants": providers,
+        "dispatch": dispatch_providers,
+        "diagnose": diagnose_providers,
+    }[args.what]
+    order = random.Random(0)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("large_batch_ab.py needs a Hopper GPU; there is none here: nothing run")
         return
@@ -123,7 +210,7 @@ def main() -> None:
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     generator = torch.Generator(device="cuda").manual_seed(0)
     failures = 0
-    with open(out / "large_batch_ab.csv", "w", newline="") as f:
+    with open(out / f"large_batch_{args.what}.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["D", "V", "B", "provider", "round", "us"])
         for hidden_size, vocab in shapes:
@@ -135,7 +222,7 @@ def main() -> None:
             points = []
             for batch in batches:
                 hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
-                points.append((batch, providers(batch, hidden.bfloat16(), weight)))
+                points.append((batch, make_providers(batch, hidden.bfloat16(), weight)))
             started = time.time()
             try:
                 with compile_ahead(threads=16):
@@ -161,20 +248,22 @@ def main() -> None:
                 failures += len(differ)
                 times = {name: [] for name in timed}
                 for round_index in range(args.rounds):
-                    for name, fn in timed.items():
-                        us = graph_median_us(fn)
+                    names = list(timed)
+                    order.shuffle(names)  # (clock drift and neighbours hit every provider)
+                    for name in names:
+                        us = graph_median_us(timed[name])
                         times[name].append(us)
                         writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
                 f.flush()
-                med = {n: statistics.median(t) for n, t in times.items()}
-                mm = med["matmul"]
+                best = {n: min(t) for n, t in times.items()}
+                mm = best["matmul"]
                 line = f"D={hidden_size} B={batch} matmul {mm:.1f}us | " + " ".join(
-                    f"{n} {u / mm:.3f}" for n, u in med.items() if n != "matmul"
+                    f"{n} {u / mm:.3f}" for n, u in best.items() if n != "matmul"
                 )
                 if differ:
                     line += f" | TOKENS DIFFER: {','.join(differ)}"
                 print(line, flush=True)
-                with open(out / "large_batch_ab_summary.txt", "a") as summary:
+                with open(out / f"large_batch_{args.what}_summary.txt", "a") as summary:
                     summary.write(line + "\n")
             del weight, points
             torch.cuda.empty_cache()

@@ -94,6 +94,9 @@ class SampleConfig:
     # with the vocabulary on the MMA's M (hopper_swap_kernel.py), its consumers "ping-pong" or
     # "cooperative"; other calls as above.
     warp_specialized_swap: str = ""
+    # The Gluon kernel with one m64n128 MMA a k step instead of two m64n64
+    # (hopper_kernel's WIDE_MMA): see _large_batch_gluon_rows.
+    wide_mma: bool = False
 
 
 def default_config(
@@ -103,6 +106,7 @@ def default_config(
     truncates: bool = False,
     vocab_size: int | None = None,
     knobs_per_row: bool = False,
+    per_row_seed: bool = False,
 ) -> SampleConfig:
     """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
     from sweeps on an H200 and an H100 (benchmarks/results/kernel_sweep_*.json); ``truncates``
@@ -110,7 +114,8 @@ def default_config(
     instead of drawing noise; ``vocab_size`` the rows of the weight this call sees (a
     tensor-parallel shard's, V / P), when known; ``knobs_per_row`` for truncating knobs
     that may leave rows untruncated (tensors, as ``generate`` and continuous batching pass
-    them: ``knobs_may_be_off``), whose stage 1 carries both epilogues."""
+    them: ``knobs_may_be_off``), whose stage 1 carries both epilogues; ``per_row_seed`` for
+    a [B] seed tensor (``_large_batch_gluon_rows``)."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
@@ -188,6 +193,14 @@ def default_config(
     # D = 2048; triton_fused_sample keeps it off: SWAP_GREEDY_ROWS_MAX;
     # swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
     # Truncating calls: see swap_serves_knobs.
+    large_batch_rows = _large_batch_gluon_rows(batch, hidden_size, truncates, per_row_seed)
+    # (measured on whole vocabularies only: not on a tensor-parallel shard's)
+    whole_vocab = vocab_size is None or vocab_size >= 100_000
+    if large_batch_rows and _WARP_SPECIALIZED and not knobs_per_row and whole_vocab:
+        if is_hopper(device):
+            return dataclasses.replace(
+                triton_config, warp_specialized_rows=large_batch_rows, wide_mma=True
+            )
     swap = (
         _WARP_SPECIALIZED
         and 128 < batch <= _swap_rows_max(hidden_size)
@@ -317,6 +330,36 @@ def _fewest_candidates(k: int, block_v: int, vocab_size: int, batch: int, table:
         if batch * overflow_chance(k, block_v, vocab_size, m) <= 1e-3:
             return m
     return table
+
+
+# False: the stage-1 choice at 129-256 rows before _large_batch_gluon_rows (A/B runs).
+LARGE_BATCH_GLUON = True
+
+
+def _large_batch_gluon_rows(
+    batch: int, hidden_size: int, truncates: bool, per_row_seed: bool = False
+) -> int:
+    """Rows per tile of the Gluon kernel with its wide MMA (``SampleConfig.wide_mma``) for a
+    call at 129-256 rows whose knobs truncate every row (scalars), or plain sampling at
+    193-256 rows and 2048 < D <= 4096; 0: the choice below it in ``default_config``.
+
+    H200, one process, CUDA-graph medians (min of two rounds) over cuBLAS alone, top-k 50:
+    the previous choice (the Gluon kernel's 64-row tiles with two m64n64 MMAs a step up to
+    192 rows at D = 2048, else the Triton kernel) against 64-row tiles with the wide MMA up
+    to 192 rows and 128-row ones above: D = 2048 B = 144 1.37 -> 1.35, B = 224 / 256 1.51 /
+    1.41 -> 1.35 / 1.32; D = 4096 B = 144 / 160 1.80 / 1.66 -> 1.32 / 1.26, B = 224 / 256
+    1.45 / 1.40 -> 1.25 / 1.20; D = 8192 B = 144 / 160 1.63 / 1.63 -> 1.27 / 1.48 (1.29 on
+    the narrow MMA), B = 256 1.19 -> 1.12. Plain sampling, D = 4096, the swapped kernel ->
+    128-row tiles: B = 224 1.48 -> 1.28, B = 256 1.34 -> 1.29; at D = 2048 and 8192 and below
+    193 rows the swapped kernel (or, at D = 8192 above 192 rows, the Triton kernel) stays
+    ahead or even (large_batch_ab_h200_20261128-1050: benchmarks/large_batch_ab.py)."""
+    if not LARGE_BATCH_GLUON or not 128 < batch <= 256:
+        return 0
+    if truncates:  # (the top-m epilogue draws no noise: per-row seeds do not matter)
+        return 64 if batch <= 192 else 128
+    # (128-row tiles with per-row seeds spill: 632 bytes a thread, Triton 3.9, sm_90a)
+    plain_rows = 128 if batch > 192 and 2048 < hidden_size <= 4096 and not per_row_seed else 0
+    return plain_rows
 
 
 def _swap_rows_max(hidden_size: int) -> int:
@@ -489,7 +532,7 @@ def triton_fused_sample(
     if config is None:
         config = default_config(
             batch, hidden_size, hidden.device, params.truncates, vocab_size,
-            knobs_may_be_off(params, vocab_size),
+            knobs_may_be_off(params, vocab_size), params.per_row_seed,
         )  # fmt: skip
         if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
             # Truncating calls that stage 2 does not merge keep m candidates per tile for
@@ -752,6 +795,7 @@ def _hopper_fused_sample(
         hopper_kernel.launch_stage1(
             *common, stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
             row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
+            wide_mma=config.wide_mma,
         )  # fmt: skip
         if not params.truncates:
             if tile_candidates:

@@ -297,6 +297,9 @@ variants = [
     # greedy (the noise scale's zeros: a layout passed on, which Triton 3.6 once rejected)
     dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, TEMPERATURE_MODE=3, SEED_MODE=0,
          **no_knobs),
+    # one m64n128 MMA a step (WIDE_MMA): plain, and top-k 50
+    dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, WIDE_MMA=True, **no_knobs),
+    dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, WIDE_MMA=True, **no_knobs),
 ]
 for variant in variants:
     constants = {**base, **variant}

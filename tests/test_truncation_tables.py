@@ -207,8 +207,41 @@ def test_knobs_that_may_be_off_take_a_gluon_stage1_on_hopper(batch, hidden_size,
     swapped = batch > 128 and hidden_size <= 4096 and batch <= 160
     assert hopper.warp_specialized_swap == ("ping-pong" if swapped else "")
     plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
-    plain_swaps = batch > 128 and (hidden_size <= 4096 or batch <= 192)  # (unchanged)
+    plain_swaps = batch > 128 and (hidden_size <= 4096 or batch <= 192)
+    plain_swaps &= not (batch > 192 and hidden_size == 4096)  # (_large_batch_gluon_rows)
     assert plain.warp_specialized_swap == ("ping-pong" if plain_swaps else "")
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
     other = dispatch.default_config(batch, hidden_size, cuda, True, 151936, True)
     assert other == dispatch.default_config(batch, hidden_size, cuda, True, 151936)
+
+
+@pytest.mark.parametrize("hidden_size", [2048, 4096, 8192])
+@pytest.mark.parametrize("batch", [128, 129, 144, 192, 193, 224, 256, 257])
+def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, monkeypatch):
+    """On Hopper, at 129-256 rows, calls that truncate every row (scalar knobs) take the Gluon
+    kernel with its wide MMA, on 64-row tiles up to 192 rows and 128-row ones above; plain
+    sampling takes its 128-row tiles at 193-256 rows and D = 4096 unless the seeds are per
+    row. Not on a tensor-parallel shard's vocabulary, nor off Hopper, nor with
+    LARGE_BATCH_GLUON off (the choice before)."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    in_range = 128 < batch <= 256
+    truncating = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
+    assert truncating.wide_mma == in_range
+    if in_range:
+        assert truncating.warp_specialized_rows == (64 if batch <= 192 else 128)
+        assert truncating.warp_specialized_swap == ""
+    plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
+    plain_wide = hidden_size == 4096 and 192 < batch <= 256
+    assert plain.wide_mma == plain_wide
+    assert plain.warp_specialized_rows == (128 if plain_wide else plain.warp_specialized_rows)
+    seeded = dispatch.default_config(batch, hidden_size, cuda, False, 151936, per_row_seed=True)
+    assert not seeded.wide_mma
+    for vocab_size in (75968, 37984):  # shards at TP = 2 and 4
+        assert not dispatch.default_config(batch, hidden_size, cuda, True, vocab_size).wide_mma
+    assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936, True).wide_mma
+    monkeypatch.setattr(dispatch, "LARGE_BATCH_GLUON", False)
+    assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma
+    monkeypatch.setattr(dispatch, "LARGE_BATCH_GLUON", True)
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
+    assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma
