@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# One GPU-machine call that only compiles: FlashInfer's JIT modules for the peer benchmarks
-# (issue 38 item 2), built by the machine's nvcc for sm_90a with the GPU hidden
-# (CUDA_VISIBLE_DEVICES empty, FLASHINFER_CUDA_ARCH_LIST=9.0a), so it can share a machine with
-# another job's timings. Four builds at once, each a process of its own at nice 19:
-# 0.7.2.post1's `sampling`, `topk` (the radix top-k of top_k_top_p_sampling_from_logits'
-# top-k-first path) and `cake_sampling_<hash>` (one 47 MB translation unit, hence
-# -split-compile=0), and 0.6.9's `sampling`. Each built module is then loaded once (the
-# import check: the .so opens and FlashInfer finds its functions; no CUDA call).
+# One GPU-machine call that only compiles what a timed peer sweep (issue 38 item 2) needs, with
+# the GPU untouched (no CUDA context, no kernel), so it can share a machine with another job's
+# timings:
+#  - FlashInfer's JIT modules, built by the machine's nvcc for sm_90a with the GPU hidden
+#    (CUDA_VISIBLE_DEVICES empty, FLASHINFER_CUDA_ARCH_LIST=9.0a), four builds at once:
+#    0.7.2.post1's `sampling`, `topk` (the radix top-k of top_k_top_p_sampling_from_logits'
+#    top-k-first path) and `cake_sampling_<hash>` (one 47 MB translation unit, hence
+#    -split-compile=0), and 0.6.9's `sampling`; each built module is then loaded once (the
+#    import check: the .so opens and FlashInfer finds its functions; no CUDA call);
+#  - the fused providers' Triton kernels at every shape and batch (benchmarks/compile_fused.py:
+#    dry runs on fake tensors, a few processes splitting the compiles) into
+#    TRITON_CACHE_DIR=/tmp/triton_peers, the path the timed call must use too.
 #
-#   bash benchmarks/flashinfer_prebuild_job.sh [--budget S]
+#   bash benchmarks/peers_prebuild_job.sh [--budget S]
 #
 # Needs (git-ignored, carried): .fi072/site.tar.xz (benchmarks/fetch_flashinfer.sh) and
 # 0.6.9's wheels in .whl/ (../shared/gpu/fetch-wheels.sh). Writes to $OUT, flat (a few files):
 # flashinfer_aot.tar.xz (aot072/<name>/<name>.so, aot069/sampling/sampling.so: put 0.7.2's as
-# .fi072/aot/<name>/<name>.so and rerun fetch_flashinfer.sh), build logs inside it and in
-# the job's output; a module not built in time comes back as its ninja build folder
-# (flashinfer_partial.tar.xz, same /tmp paths, for a next call to resume from).
+# .fi072/aot/<name>/<name>.so and rerun fetch_flashinfer.sh; logs/), triton_peers.tar.xz (the
+# cache, cubins and launchers, no IR: `tar -xJf triton_peers.tar.xz -C /`), and a module not
+# built in time as its ninja build folder (flashinfer_partial.tar.xz, same /tmp paths, for a
+# next call to resume from); a file over 15 MiB comes back in parts (cat FILE.part* > FILE).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 budget=440
@@ -68,6 +73,16 @@ print(f"{what} ok: {spec.name} built in {built:.0f} s, loads ({', '.join(names)}
       f"{spec.get_library_path()}")
 EOF
 
+# The Triton kernels first, at the lowest priority: the FlashInfer builds matter more.
+export TRITON_CACHE_DIR=/tmp/triton_peers
+rm -rf "$TRITON_CACHE_DIR"
+triton_pids=() triton_count=4
+for index in $(seq 0 $((triton_count - 1))); do
+    PYTHONPATH=$PWD timeout "$(cap 9999 50)" nice -n 19 python3 benchmarks/compile_fused.py \
+        --index "$index" --count "$triton_count" --threads 3 > "$logs/triton_$index.log" 2>&1 &
+    triton_pids+=($!)
+done
+
 pids=()
 for job in 072:cake 072:topk 072:sampling 069:sampling; do
     v=${job%%:*} what=${job#*:}
@@ -75,16 +90,27 @@ for job in 072:cake 072:topk 072:sampling 069:sampling; do
     [ "$what" = cake ] && flags="-split-compile=0"
     CUDA_VISIBLE_DEVICES= FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_EXTRA_CUDAFLAGS=$flags \
         FLASHINFER_WORKSPACE_BASE=/tmp/fiws$v PYTHONPATH=/tmp/site$v \
-        timeout "$(cap 9999 45)" nice -n 19 python3 /tmp/fi_prebuild.py "$what" \
+        timeout "$(cap 9999 45)" nice -n 10 python3 /tmp/fi_prebuild.py "$what" \
         > "$logs/build_${v}_$what.log" 2>&1 &
     pids+=($!)
 done
-while [ "$(jobs -rp | wc -l)" -gt 0 ]; do
+descendants() { local pid; for pid in $(pgrep -P "$1"); do echo "$pid"; descendants "$pid"; done; }
+while [ "$(jobs -rp | wc -l)" -gt 0 ]; do  # (the builds and the Triton compiles)
     sleep 10
-    [ $(($(elapsed) % 60)) -lt 10 ] && say "building; load $(cut -d' ' -f1-3 /proc/loadavg)"
+    [ $(($(elapsed) % 60)) -lt 10 ] || continue
+    say "building; load $(cut -d' ' -f1-3 /proc/loadavg)"
+    # (the check that this job holds no CUDA context: none of its processes on the GPU)
+    mine=$(descendants $$ | paste -sd'|')
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null |
+        grep -E "^($mine)," | sed 's/^/   on the GPU: /'
 done
-wait "${pids[@]}"
-for log in "$logs"/build_*.log; do say "$(basename "$log" .log): $(tail -n 1 "$log")"; done
+wait "${pids[@]}" "${triton_pids[@]}"
+for log in "$logs"/build_*.log "$logs"/triton_*.log; do
+    say "$(basename "$log" .log): $(tail -n 1 "$log")"
+done
+say "Triton cache: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) cubins, $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
+XZ_OPT="-T0 -6" tar -C / -cJf "$out/triton_peers.tar.xz" --exclude='*.ttir' --exclude='*.ttgir' \
+    --exclude='*.llir' --exclude='*.ptx' --exclude='*.source' "${TRITON_CACHE_DIR#/}"
 
 # fit FILE: FILE in 15 MiB parts (FILE.part00, ...) when it is larger: a call brings back files
 # of 16 MiB at most (cat FILE.part* > FILE joins them)
@@ -113,6 +139,7 @@ cp -r "$logs" /tmp/fi_aot/logs
 XZ_OPT="-T0 -6" tar -C /tmp/fi_aot -cJf "$out/flashinfer_aot.tar.xz" . &&
     say "modules: $(cd /tmp/fi_aot && find . -name '*.so' -printf '%p %s\n' | tr '\n' ' ')"
 fit "$out/flashinfer_aot.tar.xz"
+fit "$out/triton_peers.tar.xz"
 if [ ${#partial[@]} -gt 0 ]; then
     say "unfinished: ${partial[*]}"
     XZ_OPT="-T0 -1" timeout "$(cap 30 3)" tar -C / -cJf "$out/flashinfer_partial.tar.xz" \
