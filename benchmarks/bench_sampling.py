@@ -18,6 +18,8 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
     flashinfer_topk50        matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=1.0)
     flashinfer_topk50_topp09 matmul + top_k_top_p_sampling_from_logits(top_k=50, top_p=0.9)
                              (FlashInfer >= 0.7 takes its radix top-k-first path for these)
+    flashinfer_topk50_joint  the same with filter_apply_order="joint" (softmax, then top-k and
+    flashinfer_topk50_topp09_joint  top-p in one rejection-sampling kernel: no top-k-first path)
     flashinfer_cake_topk50   matmul + fp32 softmax + flashinfer.cake_top_k_top_p_sampling_
                              from_probs(top_k=50, top_p=1.0) (FlashInfer >= 0.7.2, Hopper+)
     flashinfer_cake_topk50_topp09  the same with top_p=0.9
@@ -263,8 +265,11 @@ def compiled_builder(backend_name: str, mode: str | None) -> Callable[..., Step]
 
 
 def flashinfer_builder(
-    top_k_top_p: bool, top_k: int | None = None, top_p: float = 1.0
+    top_k_top_p: bool, top_k: int | None = None, top_p: float = 1.0, order: str | None = None
 ) -> Callable[[torch.Tensor], Step]:
+    """order: top_k_top_p_sampling_from_logits' filter_apply_order (None: its default,
+    "top_k_first")."""
+
     def build(weight: torch.Tensor) -> Step:
         import flashinfer.sampling as fi
 
@@ -275,8 +280,9 @@ def flashinfer_builder(
         if top_k_top_p:
             # top_k >= V takes FlashInfer's "no top-k" path
             k = top_k or weight.shape[0]
+            ordered = {"filter_apply_order": order} if order else {}
             return lambda hidden: fi.top_k_top_p_sampling_from_logits(
-                hidden @ weight.T, top_k=k, top_p=top_p, seed=seed, offset=offset
+                hidden @ weight.T, top_k=k, top_p=top_p, seed=seed, offset=offset, **ordered
             )
         return lambda hidden: fi.sampling_from_logits(hidden @ weight.T, seed=seed, offset=offset)
 
@@ -358,6 +364,16 @@ PROVIDERS = {
         Provider("flashinfer_topk50", flashinfer_builder(True, TOP_K), flashinfer=True),
         Provider(
             "flashinfer_topk50_topp09", flashinfer_builder(True, TOP_K, TOP_P), flashinfer=True
+        ),
+        Provider(
+            "flashinfer_topk50_joint",
+            flashinfer_builder(True, TOP_K, order="joint"),
+            flashinfer=True,
+        ),
+        Provider(
+            "flashinfer_topk50_topp09_joint",
+            flashinfer_builder(True, TOP_K, TOP_P, "joint"),
+            flashinfer=True,
         ),
         Provider("flashinfer_cake_topk50", flashinfer_cake_builder(), flashinfer=True),
         Provider("flashinfer_cake_topk50_topp09", flashinfer_cake_builder(TOP_P), flashinfer=True),
@@ -812,6 +828,8 @@ PEER_LABELS = {
     "fused_topk256": "fused top-k 256",
     "flashinfer_topk50": "FlashInfer top-k 50",
     "flashinfer_topk50_topp09": "FlashInfer top-k 50 + top-p 0.9",
+    "flashinfer_topk50_joint": "FlashInfer top-k 50, joint",
+    "flashinfer_topk50_topp09_joint": "FlashInfer top-k 50 + top-p 0.9, joint",
     "flashinfer_cake_topk50": "FlashInfer cake top-k 50",
     "flashinfer_cake_topk50_topp09": "FlashInfer cake top-k 50 + top-p 0.9",
     "hf_topk50": "transformers top-k 50, compiled",
@@ -831,6 +849,8 @@ FUSED_OF = {
     "flashinfer_topk50": "fused_topk50",
     "hf_topk50": "fused_topk50",
     "flashinfer_topk50_topp09": "fused_topk50_topp09",
+    "flashinfer_topk50_joint": "fused_topk50",
+    "flashinfer_topk50_topp09_joint": "fused_topk50_topp09",
     "flashinfer_cake_topk50": "fused_topk50",
     "flashinfer_cake_topk50_topp09": "fused_topk50_topp09",
     "hf_topk50_topp09": "fused_topk50_topp09",

@@ -142,3 +142,27 @@ done
 rm -f "$dir/site.tar.xz"
 XZ_OPT="-T0 -6" tar -C "$dir/site" -cJf "$dir/site.tar.xz" .
 du -sh "$dir/site" "$dir/site.tar.xz"
+
+# FlashInfer 0.6.9 beside it, once its sampling module is prebuilt (DIR/aot069/sampling/
+# sampling.so, from peers_prebuild_job.sh): its Python package without the kernel sources
+# (a prebuilt module needs none; 57 MB of the wheel's 63), tvm-ffi and cuda-tile (the
+# versions 0.7.2.post1 takes, above), as DIR/site069.tar.xz (about 3 MB).
+if [ -f "$dir/aot069/sampling/sampling.so" ]; then
+    download 3.12 "$dir/wheels069" flashinfer-python==0.6.9
+    rm -rf "$dir/site069" && mkdir -p "$dir/site069"
+    python3 -m zipfile -e "$dir"/wheels069/flashinfer_python-0.6.9-*.whl "$dir/site069"
+    rm -rf "$dir"/site069/flashinfer/data/{csrc,cutlass,include,spdlog} "$dir"/site069/build_*.py
+    (cd "$dir/site" && tar -cf - tvm_ffi apache_tvm_ffi-*.dist-info cuda cuda_tile-*.dist-info) |
+        tar -xf - -C "$dir/site069"
+    mkdir -p "$dir/site069/flashinfer/data/aot/sampling"
+    cp "$dir/aot069/sampling/sampling.so" "$dir/site069/flashinfer/data/aot/sampling/"
+    PYTHONPATH=$probe:$dir/site069 FLASHINFER_CUDA_ARCH_LIST=9.0a "$py" -c '
+import flashinfer
+from flashinfer.jit.sampling import gen_sampling_module
+spec = gen_sampling_module()
+assert spec.is_aot, spec.aot_path
+print("0.6.9 trimmed:", flashinfer.__version__, "prebuilt", spec.name)' 2>&1 | tail -n 1
+    rm -f "$dir/site069.tar.xz"
+    XZ_OPT="-T0 -6" tar -C "$dir/site069" -cJf "$dir/site069.tar.xz" .
+    du -sh "$dir/site069" "$dir/site069.tar.xz"
+fi
