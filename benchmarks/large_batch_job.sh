@@ -27,11 +27,11 @@ step() {  # seconds, then large_batch_ab.py's arguments
         --out-dir "$OUT" "$@"
     echo "-- at $(( $(date +%s) - START )) s"
 }
-step "${DISPATCH_S:-95}" --what dispatch --rounds 3 --batches 144,160,192,224,256 \
+[ "${DISPATCH_S:-95}" -gt 0 ] && step "${DISPATCH_S:-95}" --what dispatch --rounds 3 --batches 144,160,192,224,256 \
     --shapes 4096x151936,2048x151936,8192x128256
-step "${CONSUMERS_S:-40}" --what consumers --rounds 3 --batches 144,192,256 \
+step "${CONSUMERS_S:-40}" --what consumers --rounds 3 --batches "${CONSUMER_BATCHES:-144,192,256}" \
     --shapes 2048x151936,4096x151936
-step "${DIAGNOSE_S:-25}" --what diagnose --rounds 2 --batches 256 --shapes 2048x151936,4096x151936
+step "${DIAGNOSE_S:-25}" --what diagnose --rounds 2 --batches "${DIAGNOSE_BATCHES:-256}" --shapes 2048x151936,4096x151936
 if [ "$(left)" -gt 15 ]; then
     timeout -k 3 $(( $(left) - 4 )) python3 -m pytest -v -p no:xdist -p no:cacheprovider \
         tests/test_gpu_op.py -k "warp_specialized_kernel_matches and wide" > "$OUT/gpu_tests.log" 2>&1
