@@ -34,7 +34,7 @@ step "${CONSUMERS_S:-40}" --what consumers --rounds 3 --batches "${CONSUMER_BATC
 step "${DIAGNOSE_S:-25}" --what diagnose --rounds 2 --batches "${DIAGNOSE_BATCHES:-256}" --shapes 2048x151936,4096x151936
 if [ "$(left)" -gt 15 ]; then
     timeout -k 3 $(( $(left) - 4 )) python3 -m pytest -v -p no:xdist -p no:cacheprovider \
-        tests/test_gpu_op.py -k "warp_specialized_kernel_matches and wide" > "$OUT/gpu_tests.log" 2>&1
+        tests/test_gpu_op.py -k "${TESTS_K:-warp_specialized_kernel_matches and wide}" > "$OUT/gpu_tests.log" 2>&1
     echo "GPU tests rc=$? (124: cut by the budget):"
     grep -cE " PASSED" "$OUT/gpu_tests.log" | sed 's/$/ passed/'
     grep -E " FAILED|Error" "$OUT/gpu_tests.log" | head -5
