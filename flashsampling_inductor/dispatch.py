@@ -131,7 +131,9 @@ def default_config(
     # other blocks), where it beats the Triton kernel's two 128-row blocks: H200, B = 144-192,
     # D = 2048 265-275 us against 317-334; at D >= 4096 only above 160 rows (at 144-160 the
     # two are even plain and Gluon is 5-12% slower with top-k 50); above 192 the Triton
-    # kernel wins (large_batch_stage1_padded_h200_20261127-0755.log).
+    # kernel wins (large_batch_stage1_padded_h200_20261127-0755.log). Since measured again:
+    # calls that truncate every row, and plain ones at 193-256 rows and D = 4096, take the
+    # Gluon kernel's wide MMA at 129-256 rows (``_large_batch_gluon_rows``, below).
     gluon_rows_max = 192 if hidden_size <= 2048 or batch > 160 else 128
     hopper_rows = 64 if _WARP_SPECIALIZED and batch <= gluon_rows_max and is_hopper(device) else 0
     if batch <= 64 and truncates:

@@ -1,6 +1,7 @@
 """Stage 1 of the fused sampler for Hopper, warp-specialized, in Gluon.
 
-``default_config`` uses it from 33 to 128 rows on sm_90, to 192 at some shapes
+``default_config`` uses it from 33 to 128 rows on sm_90, to 192 at some shapes, and at
+129-256 rows for calls that truncate every row (``dispatch._large_batch_gluon_rows``)
 (``FLASHSAMPLING_WARP_SPECIALIZED=0`` turns it off). Written for Triton 3.6's Gluon; it
 also compiles with 3.9's.
 
@@ -16,7 +17,13 @@ inside one program per SM, as CUTLASS's "ping-pong" schedule does:
   other draws the noise of its previous tile. An mbarrier pair (``turn``) makes their main
   loops alternate strictly: the tensor cores serve one tile at a time, and each consumer
   waits on a ring stage only after the other has consumed the stage's previous fill, so no
-  wait on the shared ring can mistake an old phase for a new one.
+  wait on the shared ring can mistake an old phase for a new one. (``NUM_CONSUMERS`` = 3,
+  opt-in through ``CONSUMERS``: three in turn on 64-row tiles, each with two other tiles'
+  main loops for its noise, on fewer registers and ring stages.)
+
+Each k step is two m64n64 MMAs, one per accumulator, or with ``WIDE_MMA`` one m64n128 into one
+accumulator whose halves are the same registers (the hidden tile read from shared memory once
+a step instead of twice): the default at 129-256 rows, where it took 3-17% off.
 
 The result is the same as ``_sample_stage1``'s: per (row, sample, vocabulary tile) the best
 perturbed fp32 score and its global index, with the same noise stream (the shared Philox and
