@@ -41,6 +41,13 @@ sys.path.insert(0, str(REPO))  # run from a plain checkout, as bench_sampling.py
 from benchmarks.bench_sampling import parse_ints, parse_shapes, slug  # noqa: E402
 
 PROVIDERS = ("matmul", "fused", "fused_greedy")
+# The truncating forms of bench_sampling's providers (``--providers``), Python-scalar knobs.
+TRUNCATING = {
+    "fused_topk50": dict(top_k=50),
+    "fused_topk50_topp09": dict(top_k=50, top_p=0.9),
+    "fused_topp09": dict(top_p=0.9),
+    "fused_minp01": dict(min_p=0.1),
+}
 COLUMNS = (
     "gpu", "torch", "triton", "date", "D", "V", "B", "provider", "median_us", "loop_us",
     "power_w", "power_limit_w", "sm_mhz", "max_sm_mhz", "reasons", "energy_mj",
@@ -55,7 +62,8 @@ def step(provider: str, weight: torch.Tensor):
     if provider == "matmul":
         return lambda hidden: hidden @ weight.T
     temperature = 0.0 if provider == "fused_greedy" else 1.0
-    return lambda hidden: fused_sample(hidden, weight, temperature=temperature)
+    knobs = TRUNCATING.get(provider, {})
+    return lambda hidden: fused_sample(hidden, weight, temperature=temperature, **knobs)
 
 
 def smi(query: str) -> list[str]:
@@ -121,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         "--batches", type=parse_ints, default=(64, 128, 256), help="B list (default 64,128,256)"
     )
     parser.add_argument(
+        "--providers",
+        type=lambda text: tuple(text.split(",")),
+        default=PROVIDERS,
+        help=f"matmul first, then any of {', '.join(PROVIDERS[1:] + tuple(TRUNCATING))}"
+        " (default: matmul,fused,fused_greedy)",
+    )
+    parser.add_argument(
         "--seconds", type=float, default=2.5, help="sustained-load loop per point (default 2.5)"
     )
     parser.add_argument(
@@ -149,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             for batch in args.batches:
                 hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
                 base = None
-                for provider in PROVIDERS:
+                for provider in args.providers:
                     call = functools.partial(step(provider, weight), hidden)
                     call()  # compile
                     median = triton.testing.do_bench(call, return_mode="median")

@@ -1,0 +1,30 @@
+#!/bin/bash
+# GPU job (one Hopper GPU, run by the lead) for issue 38 item 1 at B <= 128, the truncating
+# forms (top-p alone above all), within BUDGET seconds (first argument, default 150),
+# everything written to $OUT:
+#   1. benchmarks/profile_calls.py: each kernel's device time in the top-p / top-k / min-p
+#      calls beside the whole call (CUDA graph) and cuBLAS, D = 2048 (the shortest matmul,
+#      where top-p alone is 1.09x at every B);
+#   2. benchmarks/power_draw.py at 96 / 128 rows: is the H200 at its power cap there (plain
+#      sampling 1.10-1.14x at D = 2048 only on the H200), and the fused calls' energy over
+#      cuBLAS's (issue 38's "within 3% of the energy bound").
+budget=${1:-150}
+source benchmarks/device_job_lib.sh
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/topp8_out}
+mkdir -p "$OUT"
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "no CUDA device: nothing run"; exit 0
+fi
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+say "profile"
+timeout -k 3 "$(cap "${PROFILE_S:-75}" 40)" python3 benchmarks/profile_calls.py \
+    --shapes 2048x151936 --batches "${PROFILE_BATCHES:-1,16,64,96,128}" \
+    --modes plain,topp09,topk50,minp01,topk50_topp09 > "$OUT/profile_calls.txt" 2>&1
+echo "profile rc=$?"; cat "$OUT/profile_calls.txt"
+say "power"
+timeout -k 3 "$(cap 200 6)" python3 benchmarks/power_draw.py --seconds 2 \
+    --shapes "${POWER_SHAPES:-2048x151936,4096x151936}" --batches "${POWER_BATCHES:-96,128}" \
+    --providers matmul,fused,fused_topp09,fused_topk50 --out-dir "$OUT" > "$OUT/power_draw.txt" 2>&1
+echo "power rc=$?"; cat "$OUT/power_draw.txt"
+say "done"
