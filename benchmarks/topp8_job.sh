@@ -2,6 +2,8 @@
 # GPU job (one Hopper GPU, run by the lead) for issue 38 item 1 at B <= 128, the truncating
 # forms (top-p alone above all), within BUDGET seconds (first argument, default 150),
 # everything written to $OUT:
+#   0. benchmarks/truncation_ab.py: stage 2's nucleus search narrowed (NUCLEUS_NARROW) and
+#      top-p / min-p alone without the tile-level patch, against the default, one process;
 #   1. benchmarks/profile_calls.py: each kernel's device time in the top-p / top-k / min-p
 #      calls beside the whole call (CUDA graph) and cuBLAS, D = 2048 (the shortest matmul,
 #      where top-p alone is 1.09x at every B);
@@ -17,14 +19,19 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
     echo "no CUDA device: nothing run"; exit 0
 fi
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+say "A/B"
+timeout -k 3 "$(cap "${AB_S:-60}" 60)" python3 benchmarks/truncation_ab.py --budget "$(cap "${AB_S:-60}" 62)" \
+    --batches "${AB_BATCHES:-1,64,128}" --modes "${AB_MODES:-p09,k50p09,minp}" --rounds 3 \
+    --out-dir "$OUT" > "$OUT/truncation_ab.txt" 2>&1
+echo "A/B rc=$?"; cat "$OUT/truncation_ab.txt" | grep -v Warning | tail -20
 say "profile"
-timeout -k 3 "$(cap "${PROFILE_S:-75}" 40)" python3 benchmarks/profile_calls.py \
+timeout -k 3 "$(cap "${PROFILE_S:-45}" 25)" python3 benchmarks/profile_calls.py \
     --shapes 2048x151936 --batches "${PROFILE_BATCHES:-1,16,64,96,128}" \
     --modes plain,topp09,topk50,minp01,topk50_topp09 > "$OUT/profile_calls.txt" 2>&1
 echo "profile rc=$?"; cat "$OUT/profile_calls.txt"
 say "power"
 timeout -k 3 "$(cap 200 6)" python3 benchmarks/power_draw.py --seconds 2 \
-    --shapes "${POWER_SHAPES:-2048x151936,4096x151936}" --batches "${POWER_BATCHES:-96,128}" \
-    --providers matmul,fused,fused_topp09,fused_topk50 --out-dir "$OUT" > "$OUT/power_draw.txt" 2>&1
+    --shapes "${POWER_SHAPES:-2048x151936}" --batches "${POWER_BATCHES:-96,128}" \
+    --providers matmul,fused,fused_topp09 --out-dir "$OUT" > "$OUT/power_draw.txt" 2>&1
 echo "power rc=$?"; cat "$OUT/power_draw.txt"
 say "done"

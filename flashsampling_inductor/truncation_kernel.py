@@ -93,6 +93,9 @@ PATCH_TILES = 16
 # knobs, eager profile) the truncating stage 2 took 2.4-2.5 us instead of 2.8-2.9 at B = 1
 # and 16 (the plain stage 2: 1.9-2.1; bench_off_knobs_nvidia-h200_profile-new_20261128-0316).
 PREFETCH_PLAIN = True
+# Top-p's nucleus bound: searched from the weighed candidates' key range, two bits a pass
+# (``_nucleus_bound``'s NARROW), or one bit a pass over all the bits the logits' dtype leaves.
+NUCLEUS_NARROW = False
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
 
@@ -226,20 +229,65 @@ def _kth_key(keys, k, LOW_BITS: tl.constexpr, NARROW: tl.constexpr):
 
 
 @triton.jit
-def _nucleus_bound(keys, weights, total, top_p, LOW_BITS: tl.constexpr):
+def _add3(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
+def _nucleus_bound(keys, weights, total, top_p, LOW_BITS: tl.constexpr,
+                   NARROW: tl.constexpr = False):  # fmt: skip
     """Top-p over candidates held in registers: the smallest kept key, i.e. the largest key
     T whose mass at or above it is still >= p * total, built bit by bit from KEY_PAD = -2**31
     up (so a trial never leaves the int32 range) down to bit LOW_BITS (``_kth_key``). One
     bit a pass keeps each pass's mass the same sum over the same lanes as the reference's.
     (Starting between the weighed candidates' extreme keys, as ``_kth_key`` does, cost top-p
-    alone at B = 128 4 us more on an H100.)"""
+    alone at B = 128 4 us more on an H100, one bit a pass.)
+
+    With NARROW, as ``_kth_key``'s: only the bits below those the smallest and the largest
+    weighed key share (``_search_start``; the bound lies between them, or is KEY_PAD when
+    all of them weigh less than p * total), two a pass, whose three trial masses are one
+    reduction of three sums (each sum as one bit a pass forms it; nested sums of weights
+    >= 0 round monotonically, so the passing trials are a prefix): ~5 reductions instead of
+    16 with bf16 logits (std-5 rows' top candidates lie within an octave or two)."""
     threshold = top_p * total
     one = tl.full((), 1, tl.int64)
-    bound = tl.full((), KEY_PAD, tl.int32)
-    for i in range(32 - LOW_BITS):
-        trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
-        mass = tl.sum(tl.where(keys >= trial, weights, 0.0))
-        bound = tl.where(mass >= threshold, trial, bound)
+    if NARROW:
+        weighed = weights > 0
+        # (one reduction: the weighed keys' range and their whole mass)
+        lo, hi, whole = tl.reduce(
+            (tl.where(weighed, keys, _INT32_MAX), tl.where(weighed, keys, KEY_PAD), weights),
+            0, _range_combine,
+        )  # fmt: skip
+        bound, top = _search_start(lo, hi, LOW_BITS)
+        NUM_PAIRS: tl.constexpr = (33 - LOW_BITS) // 2
+        for pair in tl.static_range(NUM_PAIRS):
+            bit = LOW_BITS + 2 * (NUM_PAIRS - 1 - pair)
+            if bit <= top:
+                # (a trial past the int32 range, bit 32 set, is clamped above every key)
+                trial = tl.minimum(bound + (one << bit) - (one << 31), _INT32_MAX).to(tl.int32)
+                trial2 = tl.minimum(bound + (one << (bit + 1)) - (one << 31), _INT32_MAX)
+                trial3 = tl.minimum(bound + 3 * (one << bit) - (one << 31), _INT32_MAX)
+                mass, mass2, mass3 = tl.reduce(
+                    (tl.where(keys >= trial, weights, 0.0),
+                     tl.where(keys >= trial2.to(tl.int32), weights, 0.0),
+                     tl.where(keys >= trial3.to(tl.int32), weights, 0.0)),
+                    0, _add3,
+                )  # fmt: skip
+                digit = (mass >= threshold).to(tl.int64)
+                digit += (mass2 >= threshold).to(tl.int64)
+                digit += (mass3 >= threshold).to(tl.int64)
+                bound += digit << bit
+        # The search over [lo, hi] finds what the search from KEY_PAD finds where lo's mass
+        # (all of it) reaches p * total; else no trial passes there: KEY_PAD. (A threshold
+        # <= 0, which no valid p gives, passes every trial there: the largest key.)
+        bound = tl.where(whole >= threshold, bound - (one << 31), KEY_PAD)
+        bound = tl.where(threshold > 0, bound, (one << 31) - (one << LOW_BITS)).to(tl.int32)
+    else:
+        bound = tl.full((), KEY_PAD, tl.int32)
+        for i in range(32 - LOW_BITS):
+            trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+            mass = tl.sum(tl.where(keys >= trial, weights, 0.0))
+            bound = tl.where(mass >= threshold, trial, bound)
     return restore_low_bits(bound, LOW_BITS)
 
 
@@ -554,6 +602,7 @@ def _top_p_bound(
     top_value, inv_temperature, survivor_bound, top_p, k_on, p_on, compact, packed, row_total,
     HAS_MASS: tl.constexpr, COMPLETE: tl.constexpr, SINGLE: tl.constexpr,
     COMPACT: tl.constexpr, KEY_LOW_BITS: tl.constexpr, BLOCK: tl.constexpr,
+    NUCLEUS_NARROW: tl.constexpr = False,
 ):  # fmt: skip
     """Top-p: ``keep_bound`` raised to the nucleus bound where top-p is on; with it whether
     the heaviest candidates, packed (heavy_keys, heavy_index), hold every kept one."""
@@ -566,8 +615,9 @@ def _top_p_bound(
         # the candidates lack.
         if compact:
             small_weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
+            small_total = tl.sum(small_weights)
             keep_bound = _nucleus_bound(
-                small_keys, small_weights, tl.sum(small_weights), top_p, KEY_LOW_BITS
+                small_keys, small_weights, small_total, top_p, KEY_LOW_BITS, NUCLEUS_NARROW
             )
         elif SINGLE:
             weights = _weights(row_keys, top_value, inv_temperature, survivor_bound)
@@ -597,12 +647,16 @@ def _top_p_bound(
                     if pruned:
                         heavy_weights = _weights(heavy_keys, top_value, inv_temperature, KEY_PAD)
                         nucleus = _nucleus_bound(
-                            heavy_keys, heavy_weights, total, top_p, KEY_LOW_BITS
+                            heavy_keys, heavy_weights, total, top_p, KEY_LOW_BITS, NUCLEUS_NARROW
                         )
                     else:
-                        nucleus = _nucleus_bound(row_keys, weights, total, top_p, KEY_LOW_BITS)
+                        nucleus = _nucleus_bound(
+                            row_keys, weights, total, top_p, KEY_LOW_BITS, NUCLEUS_NARROW
+                        )
                 else:
-                    nucleus = _nucleus_bound(row_keys, weights, total, top_p, KEY_LOW_BITS)
+                    nucleus = _nucleus_bound(
+                        row_keys, weights, total, top_p, KEY_LOW_BITS, NUCLEUS_NARROW
+                    )
                 keep_bound = tl.maximum(keep_bound, nucleus)
         else:
             total = _mass_above(key_ptr, index_ptr, num_candidates, KEY_PAD, top_value,
@@ -791,6 +845,9 @@ def _stage2_row(
     # With HAS_PLAIN: ``prefetched`` is the row's first chunk of plain candidates, loaded
     # before its knobs (``_prefetch_plain``), so an untruncated row waits for one load less.
     PREFETCH_PLAIN: tl.constexpr = False,
+    # Top-p's nucleus bound searched from the weighed candidates' key range, two bits a
+    # pass (``_nucleus_bound``'s NARROW; NUCLEUS_NARROW, the launchers' choice).
+    NUCLEUS_NARROW: tl.constexpr = False,
 ):  # fmt: skip
     """Row ``row`` of a stage-2 pass: truncation, then Gumbel-max among the kept candidates
     (the arguments are ``_truncated_stage2``'s)."""
@@ -895,7 +952,7 @@ def _stage2_row(
         keep_bound, row_keys, row_index, small_keys, small_index, key_ptr, index_ptr,
         num_candidates, mass_ptr, compact_key_ptr, compact_index_ptr, row64, num_tiles,
         top_value, inv_temperature, survivor_bound, top_p, k_on, p_on, compact, packed,
-        row_total, HAS_MASS, COMPLETE, SINGLE, COMPACT, KEY_LOW_BITS, BLOCK,
+        row_total, HAS_MASS, COMPLETE, SINGLE, COMPACT, KEY_LOW_BITS, BLOCK, NUCLEUS_NARROW,
     )  # fmt: skip
 
     if min_p_on:
@@ -969,6 +1026,7 @@ def _truncated_stage2(
     # the merged candidates (merged_*: num_merged per row over num_groups groups, in
     # MERGED_BLOCK lanes, MERGED_COMPACT slots), any other from stage 1's per-tile ones.
     MERGED_BLOCK: tl.constexpr = 0, MERGED_COMPACT: tl.constexpr = 16,
+    NUCLEUS_NARROW: tl.constexpr = False,
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates. The
     arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL and the
@@ -993,7 +1051,7 @@ def _truncated_stage2(
                 TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN,
                 HAS_MASS, False, True, FAST_MATH, MERGED_BLOCK, MERGED_COMPACT, PACK, False,
                 PATCH_TILES, PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK,
-                PREFETCH_PLAIN,
+                PREFETCH_PLAIN, NUCLEUS_NARROW,
             )  # fmt: skip
             return
     _stage2_row(
@@ -1007,7 +1065,7 @@ def _truncated_stage2(
         num_samples,
         TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN, HAS_MASS,
         COMPLETE, SINGLE, FAST_MATH, BLOCK, COMPACT, PACK, PATCHED, PATCH_TILES, PATCH_V,
-        KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK, PREFETCH_PLAIN,
+        KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK, PREFETCH_PLAIN, NUCLEUS_NARROW,
     )  # fmt: skip
 
 
@@ -1030,6 +1088,7 @@ def _fallback_stage2(
     COMPLETE_SINGLE: tl.constexpr, COMPLETE_BLOCK: tl.constexpr,
     COMPLETE_COMPACT: tl.constexpr, PACK: tl.constexpr,
     PDL: tl.constexpr, LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
+    NUCLEUS_NARROW: tl.constexpr = False,
 ):  # fmt: skip
     """Both passes of the fallback's stage 2 in one launch, one program per row: a row
     flagged OVERFLOW_PATCH drawn over stage 1's per-tile candidates (key_ptr ... num_tiles,
@@ -1052,7 +1111,7 @@ def _fallback_stage2(
             TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, False, HAS_MASS,
             False, PATCHED_SINGLE, FAST_MATH, PATCHED_BLOCK, PATCHED_COMPACT, PACK, True,
             PATCH_TILES,
-            PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, 16,
+            PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, 16, False, NUCLEUS_NARROW,
         )  # fmt: skip
     elif code == OVERFLOW_FULL:
         _stage2_row(
@@ -1065,7 +1124,7 @@ def _fallback_stage2(
             TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, False, False,
             True, COMPLETE_SINGLE, FAST_MATH, COMPLETE_BLOCK, COMPLETE_COMPACT, PACK, False, 0,
             16, 0,
-            LOGPROBS, RAW_LOGIT_LATER, 16,
+            LOGPROBS, RAW_LOGIT_LATER, 16, False, NUCLEUS_NARROW,
         )  # fmt: skip
 
 
@@ -1473,6 +1532,7 @@ def _stage2_arguments(
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
         PREFETCH_PLAIN=PREFETCH_PLAIN and stage1.get("plain_score") is not None,
         MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
+        NUCLEUS_NARROW=NUCLEUS_NARROW,
     )  # fmt: skip
     return runtime, constexprs, 16 if block >= 8192 else 8
 
@@ -1589,5 +1649,5 @@ _FALLBACK_PATCHED = (
 )  # fmt: skip
 _FALLBACK_SHARED_CONSTEXPRS = (
     "TEMPERATURE_MODE", "SEED_MODE", "TOP_K_MODE", "TOP_P_MODE", "MIN_P_MODE", "HAS_MASS",
-    "FAST_MATH", "LOGPROBS", "RAW_LOGIT_LATER",
+    "FAST_MATH", "LOGPROBS", "RAW_LOGIT_LATER", "NUCLEUS_NARROW",
 )  # fmt: skip

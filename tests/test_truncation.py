@@ -171,6 +171,35 @@ def test_scalar_knobs_match_the_contract_pathwise(impl, top_k, top_p):
         assert torch.equal(tokens, plain)
 
 
+@pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-logits"])
+def test_narrow_nucleus_search_draws_the_contract_tokens(logits_dtype, monkeypatch):
+    """Stage 2's nucleus bound searched from the candidates' key range, two bits a pass
+    (``truncation_kernel.NUCLEUS_NARROW``): the per-row (k, p) grid with greedy rows, and a
+    Python p alone (the whole row's mass from stage 1's partials), draw the contract's
+    tokens, as the one-bit search does."""
+    monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", True)
+    top_k, top_p, temperature = per_row_grid()
+    batch = len(top_k)
+    hidden, weight = make_exact_problem(batch, 1000, 64)
+    logits = exact_logits(hidden, weight)
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
+    seed = torch.arange(batch, device=DEVICE) * 7 + 3
+    tokens = fused_sample(
+        hidden, weight, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        num_samples=2, logits_dtype=logits_dtype, impl="triton",
+    )  # fmt: skip
+    assert torch.equal(tokens, contract_sample(logits, temperature, top_k, top_p, seed, 2))
+    temperature = torch.full((batch,), 0.8, device=DEVICE)
+    tokens = fused_sample(
+        hidden, weight, temperature=0.8, top_p=0.9, seed=seed, num_samples=2,
+        logits_dtype=logits_dtype, impl="triton",
+    )  # fmt: skip
+    ps = torch.full((batch,), 0.9)
+    expected = contract_sample(logits, temperature, torch.zeros(batch), ps, seed, 2)
+    assert torch.equal(tokens, expected)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_sample_logits_draws_what_fused_sample_draws(impl):
     """sample_logits on hidden @ weight.T (exact) draws fused_sample's tokens, with and

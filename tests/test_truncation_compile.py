@@ -56,7 +56,7 @@ stage2_shared = dict(
     RAW_LOGIT_LATER=False, PLAIN_BLOCK=16, PREFETCH_PLAIN=False,
     HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True, merged_key_ptr=None,
     merged_index_ptr=None, merged_hidden_ptr=None, merged_mass_ptr=None, MERGED_BLOCK=0,
-    MERGED_COMPACT=16,
+    MERGED_COMPACT=16, NUCLEUS_NARROW=False,
 )
 
 
@@ -78,11 +78,13 @@ compile_stage2(
 compile_stage2(
     **first_pass, BLOCK=8192, PATCHED=True, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0
 )
-# The same on merged candidates: 64 groups of 32 in 2048 lanes (no packing there).
-compile_stage2(
-    **first_pass, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64, KEY_LOW_BITS=16,
-    num_warps=8,
-)
+# The same on merged candidates: 64 groups of 32 in 2048 lanes (no packing there); also
+# with the nucleus bound narrowed, two bits a pass (NUCLEUS_NARROW), bf16 and fp32 keys.
+for narrow, low_bits in ((False, 16), (True, 16), (True, 0)):
+    compile_stage2(
+        **first_pass, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64,
+        KEY_LOW_BITS=low_bits, NUCLEUS_NARROW=narrow, num_warps=8,
+    )
 # Per-row knobs that may be off (continuous batching: every knob a [B] tensor): untruncated
 # rows drawn from stage 1's plain candidates first, then top-k per row; also with the
 # processed log-probabilities transformers' return_logprobs asks for.
@@ -131,7 +133,7 @@ compile_kernel(
          HAS_MASS=True, FAST_MATH=True, PATCHED_SINGLE=True, PATCHED_BLOCK=16384,
          PATCHED_COMPACT=2048, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0,
          COMPLETE_SINGLE=False, COMPLETE_BLOCK=16384, COMPLETE_COMPACT=2048, PACK=16384,
-         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False),
+         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False, NUCLEUS_NARROW=True),
     num_warps=16,
 )
 # Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).

@@ -1,0 +1,184 @@
+"""Stage-2 choices of the truncating calls at B <= 128 (issue 38 item 1: top-p alone, and
+top-k / top-p / min-p at <= 1.05x of cuBLAS), old against new in one process, with each
+variant's tokens checked against its mode's default (they must not depend on the choice).
+
+    python benchmarks/truncation_ab.py [--budget 60] [--rounds 3] [--out-dir DIR]
+        [--batches 1,64,128] [--shapes 2048x151936] [--modes p09,k50p09]
+
+Per shape and batch size, cuBLAS ``hidden @ W.T`` and, per mode (``p09`` top-p 0.9 alone,
+``k50p09`` top-k 50 + top-p 0.9, ``k50`` top-k 50, ``minp`` min-p 0.1, ``plain``; Python
+scalars, a 0-d device seed, bf16 logits as a bf16 LM head's rewrite passes), the default and
+each variant of ``VARIANTS`` that applies to it (module flags set around the call only, so
+the graph capture and every replay see them). Logits of std 5 (~3.6 nats, as bench_sampling's
+--logit-std 5). CUDA-graph medians, round-robin over ``--rounds`` in a shuffled order; a CSV
+row per timing (``truncation_ab.csv``) and a summary line per point (each provider's fastest
+round over cuBLAS's fastest). Points are skipped once ``--budget`` seconds are near. Needs a
+CUDA GPU (without one it says so and exits 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+from sweep_configs import graph_median_us  # noqa: E402  (this folder)
+
+from flashsampling_inductor import dispatch, fused_sample, truncation_kernel  # noqa: E402
+from flashsampling_inductor.launch import compile_ahead  # noqa: E402
+
+START = time.time()
+MODES = {
+    "p09": dict(top_p=0.9),
+    "k50p09": dict(top_k=50, top_p=0.9),
+    "k50": dict(top_k=50),
+    "minp": dict(min_p=0.1),
+    "plain": {},
+}
+# name -> (the modes it applies to, [(module, attribute, value)])
+VARIANTS = {
+    "narrow": (("p09", "k50p09"), [(truncation_kernel, "NUCLEUS_NARROW", True)]),
+    "nopatch": (("p09", "minp"), [(dispatch, "patching_pays", lambda params: False)]),
+}
+
+
+@contextlib.contextmanager
+def flags(settings):
+    before = [(module, name, getattr(module, name)) for module, name, _ in settings]
+    for module, name, value in settings:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in before:
+            setattr(module, name, value)
+
+
+def providers(hidden, weight, modes, seed):
+    timed = {"matmul": lambda: hidden @ weight.T}
+    for mode in modes:
+        knobs = MODES[mode]
+
+        def call(settings=(), knobs=knobs):
+            def run():
+                with flags(settings):
+                    return fused_sample(
+                        hidden, weight, logits_dtype=torch.bfloat16, seed=seed, **knobs
+                    )
+
+            return run
+
+        timed[f"{mode}_default"] = call()
+        for name, (applies, settings) in VARIANTS.items():
+            if mode in applies:
+                timed[f"{mode}_{name}"] = call(settings)
+    return timed
+
+
+def check_tokens(timed) -> list[str]:
+    """Names whose tokens differ from their mode's default (one call each)."""
+    differ, expected = [], {}
+    for name, fn in timed.items():
+        if name == "matmul":
+            continue
+        mode = name.split("_", 1)[0]
+        tokens = fn()
+        if mode not in expected:
+            expected[mode] = tokens
+        elif not torch.equal(tokens, expected[mode]):
+            differ.append(name)
+    return differ
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--budget", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out-dir", default=".")
+    parser.add_argument("--batches", default="1,64,128")
+    parser.add_argument("--shapes", default="2048x151936")
+    parser.add_argument("--modes", default="p09,k50p09")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("truncation_ab.py needs a CUDA GPU; there is none here: nothing run")
+        return
+    order = random.Random(0)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    batches = [int(b) for b in args.batches.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    modes = args.modes.split(",")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    seed = torch.tensor(7, device="cuda")
+    failures = 0
+    with open(out / "truncation_ab.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["D", "V", "B", "provider", "round", "us"])
+        for hidden_size, vocab in shapes:
+            weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
+            weight = (weight * (5 / hidden_size**0.5)).bfloat16()
+            points = []
+            for batch in batches:
+                hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
+                points.append((batch, providers(hidden.bfloat16(), weight, modes, seed)))
+            started = time.time()
+            try:
+                with compile_ahead(threads=16):
+                    for _, timed in points:
+                        for name, fn in timed.items():
+                            if name != "matmul":
+                                fn()
+            except Exception:  # noqa: BLE001 - they then compile at their first launch
+                traceback.print_exc()
+            torch.cuda.synchronize()
+            print(f"D={hidden_size}: compiled ahead in {time.time() - started:.1f} s", flush=True)
+            for batch, timed in points:
+                if time.time() - START > args.budget - 8:
+                    print(f"D={hidden_size} B={batch}: skipped (budget)", flush=True)
+                    continue
+                for name, fn in list(timed.items()):
+                    try:
+                        fn()
+                    except Exception:  # noqa: BLE001 - logged, the others go on
+                        traceback.print_exc()
+                        del timed[name]
+                differ = check_tokens(timed)
+                failures += len(differ)
+                times = {name: [] for name in timed}
+                for round_index in range(args.rounds):
+                    names = list(timed)
+                    order.shuffle(names)  # (clock drift and neighbours hit every provider)
+                    for name in names:
+                        us = graph_median_us(timed[name])
+                        times[name].append(us)
+                        writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
+                f.flush()
+                best = {n: min(t) for n, t in times.items()}
+                mm = best["matmul"]
+                line = f"D={hidden_size} B={batch} matmul {mm:.1f}us | " + " ".join(
+                    f"{n} {u / mm:.3f}" for n, u in best.items() if n != "matmul"
+                )
+                if differ:
+                    line += f" | TOKENS DIFFER: {','.join(differ)}"
+                print(line, flush=True)
+                with open(out / "truncation_ab_summary.txt", "a") as summary:
+                    summary.write(line + "\n")
+            del weight, points
+            torch.cuda.empty_cache()
+    print(f"done in {time.time() - START:.0f} s; token mismatches: {failures}")
+
+
+if __name__ == "__main__":
+    main()
