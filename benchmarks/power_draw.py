@@ -24,9 +24,11 @@ Needs a CUDA GPU and ``nvidia-smi`` (without CUDA it says so and exits 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import functools
+import os
 import statistics
 import subprocess
 import sys
@@ -66,9 +68,29 @@ def step(provider: str, weight: torch.Tensor):
     return lambda hidden: fused_sample(hidden, weight, temperature=temperature, **knobs)
 
 
+@functools.cache
+def smi_gpu() -> str:
+    """The GPU that CUDA calls device 0, as nvidia-smi's ``-i`` names it: by its UUID, since
+    nvidia-smi ignores CUDA_VISIBLE_DEVICES (its "-i 0" is the host's first GPU, which on a
+    shared host read an idle card: 78-124 W at 345 MHz beside a loaded one, 2026-11-28)."""
+    candidates = []
+    with contextlib.suppress(Exception):
+        candidates.append(f"GPU-{torch.cuda.get_device_properties(0).uuid}")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    candidates += [visible] if visible else []
+    for gpu in candidates:
+        probe = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", gpu],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if probe.returncode == 0:
+            return gpu
+    return "0"
+
+
 def smi(query: str) -> list[str]:
     line = subprocess.run(
-        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"],
+        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", smi_gpu()],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     return [field.strip() for field in line.strip().split(",")]
@@ -79,7 +101,7 @@ def sustained(fn, seconds: float) -> tuple[float, list[list[str]]]:
     from that loop (the first half second left out: the clock settles)."""
     sampler = subprocess.Popen(
         ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
-         "-i", "0", "-lms", "100"],
+         "-i", smi_gpu(), "-lms", "100"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     start = time.monotonic()
@@ -136,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         " (default: matmul,fused,fused_greedy)",
     )
     parser.add_argument(
+        "--logit-std", type=float, default=1.0,
+        help="the logits' std (default 1, flat rows); 5 as bench_sampling's --logit-std 5 for"
+        " the top-p / min-p providers, whose kept set a flat row makes huge",
+    )  # fmt: skip
+    parser.add_argument(
         "--seconds", type=float, default=2.5, help="sustained-load loop per point (default 2.5)"
     )
     parser.add_argument(
@@ -153,14 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     power_limit, max_clock = smi("power.limit,clocks.max.sm")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"power_draw_{slug(gpu)}_{now.strftime('%Y%m%d-%H%M')}.csv"
-    print(f"{meta}, power limit {power_limit} W, max SM clock {max_clock} MHz\nwriting {path}")
+    print(
+        f"{meta}, nvidia-smi -i {smi_gpu()}, power limit {power_limit} W,"
+        f" max SM clock {max_clock} MHz\nwriting {path}"
+    )
     print(f"{'D':>5} {'B':>4} {'provider':<13} {'us':>7} {'loop us':>8} {'W':>6} {'MHz':>5}"
           f" {'mJ':>6} {'t/mm':>5} {'E/mm':>5}  reasons")  # fmt: skip
     with path.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(COLUMNS)
         for dim, vocab in args.shapes:
-            weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
+            weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16)
+            weight *= args.logit_std * dim**-0.5
             for batch in args.batches:
                 hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
                 base = None

@@ -2,9 +2,11 @@
 # GPU job (one Hopper GPU, run by the lead) for issue 38 item 1 at B <= 128, the truncating
 # forms (top-p alone above all), within BUDGET seconds (first argument, default 150),
 # everything written to $OUT:
-#   0. benchmarks/truncation_ab.py: stage 2's nucleus search narrowed (NUCLEUS_NARROW) and
-#      top-p / min-p alone without the tile-level patch, against the default, one process;
-#   1. benchmarks/profile_calls.py: each kernel's device time in the top-p / top-k / min-p
+#   0. benchmarks/truncation_ab.py: stage 2's nucleus search narrowed (NUCLEUS_NARROW), stage
+#      1's mass partials' maximum from the largest key (MASS_MAX_FROM_TOP_KEY), top-p / min-p
+#      alone without the tile-level patch, against the default, one process, tokens checked;
+#   then the GPU pathwise tests of those levers (TESTS=1, the default);
+#   1. (PROFILE=1; round 1's) benchmarks/profile_calls.py: each kernel's device time in the top-p / top-k / min-p
 #      calls beside the whole call (CUDA graph) and cuBLAS, D = 2048 (the shortest matmul,
 #      where top-p alone is 1.09x at every B);
 #   2. benchmarks/power_draw.py at 96 / 128 rows: is the H200 at its power cap there (plain
@@ -20,18 +22,26 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 fi
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 say "A/B"
-timeout -k 3 "$(cap "${AB_S:-60}" 60)" python3 benchmarks/truncation_ab.py --budget "$(cap "${AB_S:-60}" 62)" \
-    --batches "${AB_BATCHES:-1,64,128}" --modes "${AB_MODES:-p09,k50p09,minp}" --rounds 3 \
+timeout -k 3 "$(cap "${AB_S:-90}" 55)" python3 benchmarks/truncation_ab.py --budget "$(cap "${AB_S:-90}" 57)" \
+    --batches "${AB_BATCHES:-1,16,64,128,96}" --modes "${AB_MODES:-p09,k50p09,minp}" --rounds 3 \
     --out-dir "$OUT" > "$OUT/truncation_ab.txt" 2>&1
-echo "A/B rc=$?"; cat "$OUT/truncation_ab.txt" | grep -v Warning | tail -20
-say "profile"
-timeout -k 3 "$(cap "${PROFILE_S:-45}" 25)" python3 benchmarks/profile_calls.py \
-    --shapes 2048x151936 --batches "${PROFILE_BATCHES:-1,16,64,96,128}" \
-    --modes plain,topp09,topk50,minp01,topk50_topp09 > "$OUT/profile_calls.txt" 2>&1
-echo "profile rc=$?"; cat "$OUT/profile_calls.txt"
+echo "A/B rc=$?"; grep -v Warning "$OUT/truncation_ab.txt" | tail -20
+if [ "${TESTS:-1}" = 1 ]; then
+    say "GPU tests"
+    timeout -k 3 "$(cap 35 22)" python3 -m pytest -q -p no:xdist -p no:cacheprovider -rA \
+        tests/test_gpu_truncation.py -k "scalar_top_p_min_p" > "$OUT/gpu_tests.log" 2>&1
+    echo "GPU tests rc=$?"; grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
+fi
+if [ "${PROFILE:-0}" = 1 ]; then
+    say "profile"
+    timeout -k 3 "$(cap "${PROFILE_S:-45}" 25)" python3 benchmarks/profile_calls.py \
+        --shapes 2048x151936 --batches "${PROFILE_BATCHES:-1,16,64,96,128}" \
+        --modes plain,topp09,topk50,minp01,topk50_topp09 > "$OUT/profile_calls.txt" 2>&1
+    echo "profile rc=$?"; cat "$OUT/profile_calls.txt"
+fi
 say "power"
-timeout -k 3 "$(cap 200 6)" python3 benchmarks/power_draw.py --seconds 2 \
-    --shapes "${POWER_SHAPES:-2048x151936}" --batches "${POWER_BATCHES:-96,128}" \
-    --providers matmul,fused,fused_topp09 --out-dir "$OUT" > "$OUT/power_draw.txt" 2>&1
+timeout -k 3 "$(cap 200 4)" python3 benchmarks/power_draw.py --seconds 2 --logit-std 5 \
+    --shapes "${POWER_SHAPES:-2048x151936}" --batches "${POWER_BATCHES:-128,96}" \
+    --providers "${POWER_PROVIDERS:-matmul,fused}" --out-dir "$OUT" > "$OUT/power_draw.txt" 2>&1
 echo "power rc=$?"; cat "$OUT/power_draw.txt"
 say "done"

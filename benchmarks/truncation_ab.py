@@ -33,7 +33,12 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
 from sweep_configs import graph_median_us  # noqa: E402  (this folder)
 
-from flashsampling_inductor import dispatch, fused_sample, truncation_kernel  # noqa: E402
+from flashsampling_inductor import (  # noqa: E402
+    dispatch,
+    fused_sample,
+    sampling_kernel,
+    truncation_kernel,
+)
 from flashsampling_inductor.launch import compile_ahead  # noqa: E402
 
 START = time.time()
@@ -45,9 +50,15 @@ MODES = {
     "plain": {},
 }
 # name -> (the modes it applies to, [(module, attribute, value)])
+NARROW = (truncation_kernel, "NUCLEUS_NARROW", True)
+MASS_MAX = (sampling_kernel, "MASS_MAX_FROM_TOP_KEY", True)
+NO_PATCH = (dispatch, "patching_pays", lambda params: False)
 VARIANTS = {
-    "narrow": (("p09", "k50p09"), [(truncation_kernel, "NUCLEUS_NARROW", True)]),
-    "nopatch": (("p09", "minp"), [(dispatch, "patching_pays", lambda params: False)]),
+    "narrow": (("p09", "k50p09"), [NARROW]),  # stage 2's nucleus search
+    "massmax": (("p09",), [MASS_MAX]),  # stage 1's mass partials (Triton kernel, B <= 32)
+    "nopatch": (("p09", "minp"), [NO_PATCH]),  # no tile-level fallback: one launch less
+    "all": (("p09",), [NARROW, MASS_MAX, NO_PATCH]),
+    "narrowmax": (("p09",), [NARROW, MASS_MAX]),
 }
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "row_seeds",
     "tile_log_mass",
     "tile_mass",
+    "tile_sum_below",
     "tma_compatible",
     "token_gumbel",
     "truncates",
@@ -429,10 +430,16 @@ def tile_mass(values, inv_temperature):
     nothing: the softmax(v / T) mass relative to the tile's maximum, which a later stage
     rescales to the row's (``row_mass``)."""
     tile_max = tl.max(values, axis=1)
+    return tile_max, tile_sum_below(values, tile_max, inv_temperature)
+
+
+@triton.jit
+def tile_sum_below(values, tile_max, inv_temperature):
+    """``tile_mass``'s sum, given the tile's maximum ``tile_max`` [ROWS] (found elsewhere)."""
     weights = tl.exp2((values - tile_max[:, None]) * inv_temperature[:, None])
     weights = tl.where(values == tile_max[:, None], 1.0, weights)
     weights = tl.where(values > float("-inf"), weights, 0.0)
-    return tile_max, tl.sum(weights, axis=1)
+    return tl.sum(weights, axis=1)
 
 
 @triton.jit

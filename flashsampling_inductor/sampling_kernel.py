@@ -42,6 +42,7 @@ from .sampling_device import (
     await_previous_kernel,
     drawn_logprob,
     gumbel_tile,
+    key_value,
     knob_per_row,
     mass_rows,
     ordered_key,
@@ -52,11 +53,16 @@ from .sampling_device import (
     softcap_logits,
     tile_log_mass,
     tile_mass,
+    tile_sum_below,
     tma_compatible,
     truncating_rows,
 )
 
 __all__ = ["launch_stage1", "launch_stage2"]
+
+# Top-p's mass partials (ROW_MASS) with the tile's maximum taken from the top-m epilogue's
+# largest key instead of a reduction of its own (ROW_MASS 2).
+MASS_MAX_FROM_TOP_KEY = False
 
 
 @triton.jit
@@ -158,7 +164,8 @@ def _top_m_epilogue(
     ROW_MASS: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
 ):  # fmt: skip
     """Stage 1's truncating epilogue (``_sample_stage1`` with TOP_M; the mass partials with
-    ROW_MASS where ``mass_wanted``)."""
+    ROW_MASS where ``mass_wanted``: ROW_MASS 2 takes the tile's maximum from its largest key,
+    which the first slot finds, instead of a reduction of its own)."""
     # Truncation needs no noise here: the tile's TOP_M largest scores (ties to the
     # lowest index), then the largest one left out, which bounds what it hides.
     keys = ordered_key(logits)
@@ -175,6 +182,8 @@ def _top_m_epilogue(
         for slot in tl.static_range(TOP_M):
             top = tl.max(packed, axis=1)
             key = restore_low_bits(top & -(1 << KEY_LOW_BITS), KEY_LOW_BITS)
+            if slot == 0:
+                top_key = key
             arg = BLOCK_V - 1 - (top & low)
             tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
             tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
@@ -186,6 +195,8 @@ def _top_m_epilogue(
     else:
         for slot in tl.static_range(TOP_M):
             key, arg = tl.max(keys, axis=1, return_indices=True, return_indices_tie_break_left=True)
+            if slot == 0:
+                top_key = key
             tl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=b_mask)
             tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
                      mask=b_mask)  # fmt: skip
@@ -197,7 +208,14 @@ def _top_m_epilogue(
             # weights); stage 2 rescales the partials to the row maximum.
             inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
             values = _tile_values(logits, v_mask, EVEN_V)
-            tile_max, tile_sum = tile_mass(values, inv_temperature)
+            if ROW_MASS == 2:
+                # The largest key is the largest value's (NaN and the columns past V are
+                # -inf in both, -0.0 weighs as +0.0): one cross-warp reduction fewer a
+                # tile, where the vocabulary is the MMA's M (swap-AB).
+                tile_max = tl.where(top_key == KEY_PAD, float("-inf"), key_value(top_key))
+                tile_sum = tile_sum_below(values, tile_max, inv_temperature)
+            else:
+                tile_max, tile_sum = tile_mass(values, inv_temperature)
             tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
             tl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=b_mask)
 
@@ -253,7 +271,8 @@ def _sample_stage1(
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
     PLAIN: tl.constexpr = True,  # write the best perturbed score per (row, sample)
     TOP_M: tl.constexpr = 0,  # > 0: keep the tile's TOP_M largest scores (truncation)
-    ROW_MASS: tl.constexpr = False,  # with TOP_M: per-tile (max, sum of exp2) for top-p
+    # with TOP_M: per-tile (max, sum of exp2) for top-p (2: the max from the largest key)
+    ROW_MASS: tl.constexpr = False,
     KEY_LOW_BITS: tl.constexpr = 0,  # with TOP_M: key bits the sign fixes (key_low_bits)
     LOGPROBS: tl.constexpr = 0,  # 1 "raw", 2 "processed": the log-probability partials
     # With PLAIN and TOP_M (per-row knobs that may be off): where top-k, top-p and min-p
@@ -562,7 +581,8 @@ def launch_stage1(
         EVEN_V=vocab_size % config.block_v == 0,
         INTERPRETER=hidden.device.type == "cpu",
         BLOCK_B=config.block_b, BLOCK_V=config.block_v, BLOCK_D=config.block_d,
-        PLAIN=cand_score is not None, TOP_M=top_m, ROW_MASS=row_mass,
+        PLAIN=cand_score is not None, TOP_M=top_m,
+        ROW_MASS=2 if row_mass and MASS_MAX_FROM_TOP_KEY else row_mass,
         KEY_LOW_BITS=key_low_bits, LOGPROBS=LOGPROB_CODES[params.logprobs],
         **row_knobs, BATCH_TRUNCATES=batch_truncates,
         **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),

@@ -11,7 +11,13 @@ import pytest
 import torch
 from scipy import stats
 
-from flashsampling_inductor import fused_sample, hopper_kernel, sample_logits
+from flashsampling_inductor import (
+    fused_sample,
+    hopper_kernel,
+    sample_logits,
+    sampling_kernel,
+    truncation_kernel,
+)
 
 from .sampling_oracle import (
     ALPHA,
@@ -165,6 +171,35 @@ def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
     near-ties."""
     hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
     seed = torch.arange(batch, device=CUDA) * 7919 + 11
+    arguments = dict(
+        temperature=0.8, seed=seed, num_samples=2, logits_dtype=torch.bfloat16, **knobs
+    )
+    tokens = fused_sample(hidden, weight, impl="triton", **arguments)
+    expected = fused_sample(hidden, weight, impl="torch", **arguments)
+    assert_pathwise_equal(
+        tokens, expected, hidden, weight, temperature=0.8, seed=seed,
+        logits_dtype=torch.bfloat16,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [1, 16, 64, 128])
+@pytest.mark.parametrize(
+    "knobs", [dict(top_p=0.9), dict(min_p=0.1), dict(top_k=50, top_p=0.9)],
+    ids=["p09", "minp01", "k50-p09"],
+)  # fmt: skip
+@pytest.mark.parametrize("levers", ["default", "narrow-massmax"])
+def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, monkeypatch):
+    """Top-p alone (the whole row's mass from stage 1's partials), min-p and top-k + top-p
+    as Python scalars with bf16 logits, at the batch sizes of both stage-1 kernels (Triton
+    up to 32 rows, Gluon above), with stage 2's nucleus search narrowed and the partials'
+    maximum taken from the largest key (``truncation_kernel.NUCLEUS_NARROW``,
+    ``sampling_kernel.MASS_MAX_FROM_TOP_KEY``) or not: the reference's tokens up to
+    documented noise near-ties. Exact logits (multiples of 1/32): ties everywhere."""
+    if levers != "default":
+        monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", True)
+        monkeypatch.setattr(sampling_kernel, "MASS_MAX_FROM_TOP_KEY", True)
+    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
+    seed = torch.arange(batch, device=CUDA) * 7919 + 13
     arguments = dict(
         temperature=0.8, seed=seed, num_samples=2, logits_dtype=torch.bfloat16, **knobs
     )

@@ -14,7 +14,13 @@ import torch
 from scipy import stats
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from flashsampling_inductor import dispatch, fused_sample, sample_logits, truncation_kernel
+from flashsampling_inductor import (
+    dispatch,
+    fused_sample,
+    sample_logits,
+    sampling_kernel,
+    truncation_kernel,
+)
 
 from .sampling_oracle import (
     ALPHA,
@@ -198,6 +204,35 @@ def test_narrow_nucleus_search_draws_the_contract_tokens(logits_dtype, monkeypat
     ps = torch.full((batch,), 0.9)
     expected = contract_sample(logits, temperature, torch.zeros(batch), ps, seed, 2)
     assert torch.equal(tokens, expected)
+
+
+@pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-logits"])
+def test_mass_partials_take_the_tile_maximum_from_the_largest_key(logits_dtype, monkeypatch):
+    """Stage 1's top-p mass partials with each tile's maximum taken from the top-m
+    epilogue's largest key (``sampling_kernel.MASS_MAX_FROM_TOP_KEY``) are the same bits as
+    with a reduction of their own, and so are the tokens: a bias with -inf and NaN tokens,
+    +-0 logits, a vocabulary that the tiles do not divide, a whole tile at -inf."""
+    hidden, weight = make_exact_problem(3, 997, 64, seed=2)
+    weight[5:9] = 0.0  # (+0 logits, and -0 through the bias below)
+    bias = torch.zeros(997, device=DEVICE)
+    bias[7::11] = float("-inf")
+    bias[3::17] = float("nan")
+    bias[5] = -0.0
+    bias[256:512] = float("-inf")  # (the interpreter's tiles are 256 wide)
+    masses = []
+
+    def keep_mass(hidden, weight, bias, params, stage1, *args, **kwargs):
+        masses.append(stage1["mass"].clone())
+        return finish(hidden, weight, bias, params, stage1, *args, **kwargs)
+
+    finish = dispatch._finish_truncation
+    monkeypatch.setattr(dispatch, "_finish_truncation", keep_mass)
+    knobs = dict(temperature=0.7, top_p=0.9, seed=5, num_samples=2, logits_dtype=logits_dtype)
+    tokens = fused_sample(hidden, weight, bias=bias, impl="triton", **knobs)
+    monkeypatch.setattr(sampling_kernel, "MASS_MAX_FROM_TOP_KEY", True)
+    assert torch.equal(fused_sample(hidden, weight, bias=bias, impl="triton", **knobs), tokens)
+    assert len(masses) == 2 and torch.equal(masses[0], masses[1])
+    assert masses[0][:, :, 0].isneginf().any()  # (the -inf tile)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -203,12 +203,16 @@ for plain_half in (True, False):
                TOP_K_MODE=2, TOP_P_MODE=1, MIN_P_MODE=2, BATCH_TRUNCATES=2 - plain_half),
         num_warps=4, num_stages=4,
     )
-# bf16 logits without a soft-cap: the top-m search on keys packed with their column.
-compile_kernel(
-    sampling_kernel._sample_stage1, stage1,
-    {**stage1_constants, "HAS_SOFTCAP": False, "LOGITS_DTYPE": tl.bfloat16, "KEY_LOW_BITS": 16},
-    num_warps=4, num_stages=4,
-)
+# bf16 logits without a soft-cap: the top-m search on keys packed with their column; also
+# with the mass partials' maximum from the largest key (ROW_MASS 2: MASS_MAX_FROM_TOP_KEY),
+# and that on fp32 keys.
+for row_mass, low_bits in ((True, 16), (2, 16), (2, 0)):
+    compile_kernel(
+        sampling_kernel._sample_stage1, stage1,
+        {**stage1_constants, "HAS_SOFTCAP": False, "LOGITS_DTYPE": tl.bfloat16,
+         "KEY_LOW_BITS": low_bits, "ROW_MASS": row_mass},
+        num_warps=4, num_stages=4,
+    )
 fallback = {
     "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "overflow_ptr": "*i32",
     "scratch_ptr": "*fp32", "patch_tile_ptr": "*i32", "patch_count_ptr": "*i32",
