@@ -59,6 +59,7 @@ VARIANTS = {
     "nopatch": (("p09", "minp"), [NO_PATCH]),  # no tile-level fallback: one launch less
     "all": (("p09",), [NARROW, MASS_MAX, NO_PATCH]),
     "narrowmax": (("p09",), [NARROW, MASS_MAX]),
+    "warps4": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 4)]),
 }
 
 

@@ -96,6 +96,9 @@ PREFETCH_PLAIN = True
 # Top-p's nucleus bound: searched from the weighed candidates' key range, two bits a pass
 # (``_nucleus_bound``'s NARROW), or one bit a pass over all the bits the logits' dtype leaves.
 NUCLEUS_NARROW = False
+# Stage 2's warps on up to 4096 lanes (merged candidates: 1024 or 2048), whose searches
+# are chains of block-wide reductions: fewer warps, fewer partials to combine.
+STAGE2_WARPS = 8
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
 
@@ -1534,7 +1537,7 @@ def _stage2_arguments(
         MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
         NUCLEUS_NARROW=NUCLEUS_NARROW,
     )  # fmt: skip
-    return runtime, constexprs, 16 if block >= 8192 else 8
+    return runtime, constexprs, 16 if block >= 8192 else STAGE2_WARPS
 
 
 def raw_logit_later(params: SamplingParams) -> bool:
