@@ -17,16 +17,18 @@
 # D = 2048 and 8192 (these two at ten B: rest_batches); a provider whose CUDA-graph capture failed at D = 4096 is timed again in
 # events mode with the time left. Needs (git-ignored, carried), from fetch_flashinfer.sh:
 # .fi072/site.tar.xz (0.7.2, its three modules prebuilt), .fi072/site069.tar.xz (0.6.9, its
-# sampling module prebuilt) and .fi072/triton_peers.tar.xz (optional). Writes $OUT/peers/:
-# summary.txt, run.log, one CSV and PNG per process.
+# sampling module prebuilt) and .fi072/triton_peers.tar.xz (optional). Writes $OUT/peers.tar
+# (summary.txt, run.log, one CSV and PNG per process: one file, as a call brings back few and
+# none deeper than two folders) and $OUT/peers_summary.txt.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 budget=195 batches=1,2,4,8,16,32,48,64,96,128,144,160,192,224,256
 rest_batches=1,8,32,64,128,144,160,192,224,256 # D = 2048 and 8192: ten B, the cliff's all
 source benchmarks/device_job_lib.sh
 parse_budget_batches "$@"
-out=${OUT:-$PWD/benchmarks/results}/peers
-mkdir -p "$out"
+results=${OUT:-$PWD/benchmarks/results}
+out=/tmp/peers
+rm -rf "$out" && mkdir -p "$out" "$results"
 echo "started $(date -u +%H:%M:%S) UTC; budget $budget s; see run.log" > "$out/summary.txt"
 exec > >(tee -a "$out/run.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -34,6 +36,7 @@ export PYTHONUNBUFFERED=1
 if ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     say "no CUDA device: nothing to time"
     echo "no CUDA device: nothing timed" >> "$out/summary.txt"
+    cp "$out/summary.txt" "$results/peers_summary.txt"
     exit 0
 fi
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,temperature.gpu --format=csv
@@ -103,3 +106,4 @@ EOF
     grep -h "^|\|^###" "$out/run.log"
 } >> "$out/summary.txt"
 say "done"
+tar -C /tmp -cf "$results/peers.tar" peers && cp "$out/summary.txt" "$results/peers_summary.txt"
