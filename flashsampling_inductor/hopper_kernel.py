@@ -19,7 +19,8 @@ inside one program per SM, as CUTLASS's "ping-pong" schedule does:
   waits on a ring stage only after the other has consumed the stage's previous fill, so no
   wait on the shared ring can mistake an old phase for a new one. (``NUM_CONSUMERS`` = 3,
   opt-in through ``CONSUMERS``: three in turn on 64-row tiles, each with two other tiles'
-  main loops for its noise, on fewer registers and ring stages.)
+  main loops for its noise, on fewer registers and ring stages: 1-14% slower than two on an
+  H200 at 96-256 rows, docs/performance.md.)
 
 Each k step is two m64n64 MMAs, one per accumulator, or with ``WIDE_MMA`` one m64n128 into one
 accumulator whose halves are the same registers (the hidden tile read from shared memory once
