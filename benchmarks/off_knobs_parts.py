@@ -8,8 +8,8 @@ variants that leave parts of a truncating call's tail out, for timing only (issu
   stage 2 over its plain candidates (the floor of any tail after that stage 1; off rows'
   tokens stay, truncated rows' do not).
 
-    python benchmarks/off_knobs_parts.py --zero-d --knobs plain,off \\
-        --variants nofb:truncation_kernel.launch_fallback=@no_fallback,floor:_finish_truncation=@plain_stage2
+    python benchmarks/off_knobs_parts.py --zero-d --knobs plain,off --variants \\
+        nofb:truncation_kernel.launch_fallback=@no_fallback,floor:_finish_truncation=@plain_stage2
 """
 
 from __future__ import annotations
