@@ -8,6 +8,8 @@
 #   nosplit  the Gluon kernel's stage 1 as one launch (B = 64)
 # on off-valued knobs, plus the providers as they are now (plain / off / k50 / k50off /
 # qwen3off / k50int, [B] off / mixed / all), and per-kernel times (eager profile).
+# (Round 1 ran this at c7499ed. Round 2 ran the A/B of a merge in stage 2's program and of a
+# persistent split stage 1, branch knobs8-merge-in-stage2 at 4324128, not landed: docs/performance.md.)
 # Everything under $OUT/knobs8/, summary.txt first.
 set -u
 cd "$(dirname "$0")/.."
