@@ -5,8 +5,10 @@ A cold sweep compiles each (shape, batch range, provider) kernel at its first la
 each for top-p / min-p: minutes of a short lease (sweep_device_run.sh's parallel warm-up
 took 80-90 s of GPU time). Here each provider's own step (bench_sampling's builder, so the
 same knobs, dtypes and seed) runs as ahead.py's dry run: fake tensors, every launch only
-compiles (launch.compile_ahead), no CUDA context and no kernel of any kind (as ahead.py's
-children), so it can run on a GPU machine beside another job's timings. Several processes
+compiles (launch.compile_ahead), no kernel of any kind, so it can run on a GPU machine
+beside another job's timings. (Each process still held a CUDA context, 520 MiB of the GPU, in
+its first call on an H200 on 2026-11-28, ahead.py's two patches below notwithstanding: the
+cause is not found.) Several processes
 split the compiles (--index / --count, compile_ahead's ``share``). Triton's cache keys are
 settled first (ahead._settle_cache_keys), as bench_sampling.py does before it times, so the
 keys match whatever ran before. Cached under TRITON_CACHE_DIR: use the same absolute path

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine call that only compiles what a timed peer sweep (issue 38 item 2) needs, with
-# the GPU untouched (no CUDA context, no kernel), so it can share a machine with another job's
-# timings:
+# no kernel launched (the Triton processes do hold a CUDA context each, 520 MiB: see
+# compile_fused.py), so it can share a machine with another job's timings:
 #  - FlashInfer's JIT modules, built by the machine's nvcc for sm_90a with the GPU hidden
 #    (CUDA_VISIBLE_DEVICES empty, FLASHINFER_CUDA_ARCH_LIST=9.0a), four builds at once:
 #    0.7.2.post1's `sampling`, `topk` (the radix top-k of top_k_top_p_sampling_from_logits'
@@ -99,7 +99,7 @@ while [ "$(jobs -rp | wc -l)" -gt 0 ]; do  # (the builds and the Triton compiles
     sleep 10
     [ $(($(elapsed) % 60)) -lt 10 ] || continue
     say "building; load $(cut -d' ' -f1-3 /proc/loadavg)"
-    # (the check that this job holds no CUDA context: none of its processes on the GPU)
+    # (which of this job's processes hold a CUDA context, and how much of the GPU)
     mine=$(descendants $$ | paste -sd'|')
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null |
         grep -E "^($mine)," | sed 's/^/   on the GPU: /'
