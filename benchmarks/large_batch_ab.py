@@ -2,7 +2,7 @@
 tokens of every choice checked against the first of its mode (they must not depend on the
 tiling).
 
-    python benchmarks/large_batch_ab.py [--what variants|dispatch|consumers|diagnose] [--budget 180]
+    python benchmarks/large_batch_ab.py [--what variants|dispatch|diagnose] [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
 
@@ -16,8 +16,6 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
 * ``dispatch``: the default before and after ``dispatch._large_batch_gluon_rows``
   (``LARGE_BATCH_GLUON``) where they differ, for plain sampling (T = 1, per-row
   temperatures, greedy), top-k 50, top-p 0.9, both, and min-p 0.1;
-* ``consumers``: the Gluon kernel's 64-row tiles (wide MMA) with three consumer warpgroups
-  (``hopper_kernel.CONSUMERS``) against two and the default: plain, greedy, top-k 50;
 * ``diagnose``: the swapped kernel and the wide Gluon tiles at T = 1 and greedy (the same
   kernels without the noise: the noise's share).
 
@@ -67,14 +65,13 @@ def patched(module, name, value):
         setattr(module, name, before)
 
 
-def call(hidden, weight, params, config=None, wide=None, swap_truncating=False, consumers=None):
+def call(hidden, weight, params, config=None, wide=None, swap_truncating=False):
     """One fused call with the given stage-1 choice (flags set around the call only, so the
     graph capture and every replay see them)."""
 
     def run():
         with (
             patched(hopper_kernel, "WIDE_MMA", wide),
-            patched(hopper_kernel, "CONSUMERS", consumers),
             patched(dispatch, "SWAP_TRUNCATING", swap_truncating),
         ):
             return triton_fused_sample(hidden, weight, None, params, config)
@@ -138,23 +135,6 @@ def dispatch_providers(batch, hidden, weight):
     return timed
 
 
-def consumers_providers(batch, hidden, weight):
-    """The Gluon kernel's 64-row tiles (wide MMA) with three consumer warpgroups against two,
-    and the default, for plain sampling, greedy and top-k 50."""
-    seed = torch.tensor(7, device=hidden.device)
-    modes = {
-        "plain": SamplingParams(None, 1.0, seed, 0, 1),
-        "greedy": SamplingParams(None, 0.0, None, 0, 1),
-        "k50": SamplingParams(None, 1.0, seed, 0, 1, scalar_top_k=50),
-    }
-    timed = {"matmul": lambda: hidden @ weight.T}
-    for mode, params in modes.items():
-        timed[f"{mode}_default"] = call(hidden, weight, params)
-        timed[f"{mode}_g64w"] = call(hidden, weight, params, gluon(64), wide=True, consumers=2)
-        timed[f"{mode}_g64w3"] = call(hidden, weight, params, gluon(64), wide=True, consumers=3)
-    return timed
-
-
 def diagnose_providers(batch, hidden, weight):
     """Where the time goes: each kernel choice at T = 1 and greedy (the same kernel without
     the noise), against cuBLAS."""
@@ -212,15 +192,12 @@ def main() -> None:
     parser.add_argument("--out-dir", default=".")
     parser.add_argument("--batches", default="128,144,160,192,224,256")
     parser.add_argument("--shapes", default="2048x151936,8192x128256,4096x151936")
-    parser.add_argument(
-        "--what", choices=["variants", "dispatch", "diagnose", "consumers"], default="variants"
-    )
+    parser.add_argument("--what", choices=["variants", "dispatch", "diagnose"], default="variants")
     args = parser.parse_args()
     make_providers = {
         "variants": providers,
         "dispatch": dispatch_providers,
         "diagnose": diagnose_providers,
-        "consumers": consumers_providers,
     }[args.what]
     order = random.Random(0)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):

@@ -4,11 +4,9 @@
 # step with a slice of the budget; benchmarks/large_batch_ab.py skips points near its end):
 #   1. --what dispatch: the default before and after dispatch._large_batch_gluon_rows, with
 #      token checks (DISPATCH_S);
-#   2. --what consumers: the Gluon kernel's 64-row tiles with three consumer warpgroups
-#      against two (CONSUMERS_S);
-#   3. --what diagnose: T = 1 against greedy, the noise's share (DIAGNOSE_S);
-#   4. the GPU pathwise tests of the Gluon stage 1 with the wide MMA and three consumers,
-#      with the time left.
+#   2. --what diagnose: T = 1 against greedy, the noise's share (DIAGNOSE_S);
+#   3. the GPU pathwise tests of the Gluon stage 1 with the wide MMA, with the time left.
+# (Three consumer warpgroups, once step 2 here, were slower than two and are gone.)
 BUDGET=${1:-200}
 START=$(date +%s)
 export PYTHONPATH=$PWD
@@ -29,8 +27,6 @@ step() {  # seconds, then large_batch_ab.py's arguments
 }
 [ "${DISPATCH_S:-95}" -gt 0 ] && step "${DISPATCH_S:-95}" --what dispatch --rounds 3 --batches 144,160,192,224,256 \
     --shapes 4096x151936,2048x151936,8192x128256
-step "${CONSUMERS_S:-40}" --what consumers --rounds 3 --batches "${CONSUMER_BATCHES:-144,192,256}" \
-    --shapes 2048x151936,4096x151936
 step "${DIAGNOSE_S:-25}" --what diagnose --rounds 2 --batches "${DIAGNOSE_BATCHES:-256}" --shapes 2048x151936,4096x151936
 if [ "$(left)" -gt 15 ]; then
     timeout -k 3 $(( $(left) - 4 )) python3 -m pytest -v -p no:xdist -p no:cacheprovider \

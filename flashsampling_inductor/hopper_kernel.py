@@ -17,10 +17,9 @@ inside one program per SM, as CUTLASS's "ping-pong" schedule does:
   other draws the noise of its previous tile. An mbarrier pair (``turn``) makes their main
   loops alternate strictly: the tensor cores serve one tile at a time, and each consumer
   waits on a ring stage only after the other has consumed the stage's previous fill, so no
-  wait on the shared ring can mistake an old phase for a new one. (``NUM_CONSUMERS`` = 3,
-  opt-in through ``CONSUMERS``: three in turn on 64-row tiles, each with two other tiles'
-  main loops for its noise, on fewer registers and ring stages: 1-14% slower than two on an
-  H200 at 96-256 rows, docs/performance.md.)
+  wait on the shared ring can mistake an old phase for a new one. (Three in turn on 64-row
+  tiles, each with two other tiles' main loops for its noise on fewer registers and ring
+  stages, were 1-14% slower than two on an H200 at 96-256 rows: docs/performance.md; removed.)
 
 Each k step is two m64n64 MMAs, one per accumulator, or with ``WIDE_MMA`` one m64n128 into one
 accumulator whose halves are the same registers (the hidden tile read from shared memory once
@@ -96,13 +95,6 @@ LOADER_REGISTERS = 40
 # One m64n128 MMA a k step into one accumulator instead of two m64n64 (WIDE_MMA): None
 # chooses per call (``launch_stage1``'s ``wide_mma``), a bool forces it (A/B runs).
 WIDE_MMA: bool | None = None
-# Three consumer warpgroups in turn instead of two, on 64-row tiles (NUM_CONSUMERS): each has
-# two other tiles' main loops for its noise instead of one. Registers a consumer and ring
-# stages are then fewer (the register file and shared memory are shared by three). None: per
-# call (``launch_stage1``'s ``consumers``); an int forces it (A/B runs).
-CONSUMERS: int | None = None
-THREE_CONSUMER_REGISTERS = 152
-THREE_CONSUMER_STAGES = 7
 
 
 _disabled_by: str | None = None  # why this process stopped using the kernel
@@ -386,10 +378,9 @@ if AVAILABLE:
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         PLAIN: gl.constexpr, TOP_M: gl.constexpr, ROW_MASS: gl.constexpr,
         KEY_LOW_BITS: gl.constexpr, TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr,
-        MIN_P_MODE: gl.constexpr, WIDE_MMA: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+        MIN_P_MODE: gl.constexpr, WIDE_MMA: gl.constexpr,
     ):  # fmt: skip
-        """One consumer warpgroup of NUM_CONSUMERS: the program's tiles number parity,
-        parity + NUM_CONSUMERS, ...
+        """One consumer warpgroup: the program's tiles number parity, parity + 2, ...
         With both epilogues (per-row knobs that may be off), each runs only where a row of
         the tile needs it (``truncating_rows``), as in the Triton kernel."""
         BLOCK_B: gl.constexpr = h_bufs.shape[1]
@@ -409,14 +400,11 @@ if AVAILABLE:
         k_steps = gl.cdiv(D, BLOCK_D)
         num_programs = gl.num_programs(0)
         n = 0
-        for tile in range(gl.program_id(0) + parity * num_programs, num_tiles,
-                          NUM_CONSUMERS * num_programs):  # fmt: skip
-            # This is the program's tile number j = NUM_CONSUMERS n + parity. Its main loop
-            # starts when the previous consumer's main loop of tile j - 1 (that consumer's
-            # n-th tile, or for consumer 0 the last one's (n - 1)-th) has issued its last MMA.
-            j = NUM_CONSUMERS * n + parity
-            wraps = (parity + NUM_CONSUMERS - 1) // NUM_CONSUMERS  # 0 for consumer 0, else 1
-            mbarrier.wait(turn.index(parity), (n + 1 - wraps) & 1, pred=j > 0)
+        for tile in range(gl.program_id(0) + parity * num_programs, num_tiles, 2 * num_programs):
+            # This is the program's tile number j = 2n + parity. Its main loop starts when the
+            # other consumer's main loop of tile j - 1 has issued its last MMA.
+            j = 2 * n + parity
+            mbarrier.wait(turn.index(parity), (n + parity + 1) & 1, pred=j > 0)
             it = j * k_steps
             if WIDE_MMA:
                 # One m64n128 MMA a step instead of two m64n64: each reads the hidden tile
@@ -431,7 +419,7 @@ if AVAILABLE:
                     acc = warpgroup_mma_wait(1, deps=(acc,))
                     mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                     it += 1
-                mbarrier.arrive(turn.index((parity + 1) % NUM_CONSUMERS))
+                mbarrier.arrive(turn.index(1 - parity))
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
                 # The halves hold the same registers in the narrow MMA's layout: column c of
@@ -455,7 +443,7 @@ if AVAILABLE:
                     acc_lo, acc_hi = warpgroup_mma_wait(2, deps=(acc_lo, acc_hi))
                     mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                     it += 1
-                mbarrier.arrive(turn.index((parity + 1) % NUM_CONSUMERS))
+                mbarrier.arrive(turn.index(1 - parity))
                 acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
@@ -579,7 +567,6 @@ if AVAILABLE:
         # launches of a split stage 1, as sampling_kernel's); 0: every tile.
         BATCH_TRUNCATES: gl.constexpr = 0,
         WIDE_MMA: gl.constexpr = False,  # one m64n128 MMA a step (_consume_tiles)
-        NUM_CONSUMERS: gl.constexpr = 2,  # consumer warpgroups taking the tiles in turn (2, 3)
     ):  # fmt: skip
         num_tiles = gl.cdiv(B, h_desc.block_type.shape[0]) * gl.cdiv(V, w_desc.block_type.shape[0])
         if BATCH_TRUNCATES > 0:
@@ -597,7 +584,7 @@ if AVAILABLE:
         )
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         # Per consumer, half a tile of logits on its way to the noise side (fp32, no swizzle).
         # Chunks of 4096 logits: eight rows of Philox evaluations per thread.
         CHUNK_V: gl.constexpr = 4096 // h_desc.block_type.shape[0]
@@ -606,281 +593,120 @@ if AVAILABLE:
         staging_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         staging0 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
         staging1 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
-        staging2 = staging1
-        if NUM_CONSUMERS == 3:
-            staging2 = gl.allocate_shared_memory(gl.float32, staging_shape, staging_layout)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(NUM_CONSUMERS):
+        for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         # Tuples cannot be concatenated inside a kernel: each partition's arguments in full.
-        if NUM_CONSUMERS == 3:
-            gl.warp_specialize(
-                [
-                    (
-                        _consume_tiles,
-                        (  # the default partition: the kernel's 4 warps
-                            0,
-                            h_bufs,
-                            w_bufs,
-                            ready,
-                            empty,
-                            turn,
-                            staging0,
-                            bias_ptr,
-                            temperature_ptr,
-                            seed_ptr,
-                            cand_score_ptr,
-                            cand_index_ptr,
-                            top_m_key_ptr,
-                            top_m_index_ptr,
-                            hidden_key_ptr,
-                            mass_ptr,
-                            top_k_ptr,
-                            top_p_ptr,
-                            min_p_ptr,
-                            B,
-                            V,
-                            D,
-                            num_tiles,
-                            scalar_temperature,
-                            seed_lo,
-                            seed_hi,
-                            num_samples,
-                            quad_offset,
-                            HAS_BIAS,
-                            TEMPERATURE_MODE,
-                            SEED_MODE,
-                            LOGITS_DTYPE,
-                            EVEN_V,
-                            STAGES,
-                            PLAIN,
-                            TOP_M,
-                            ROW_MASS,
-                            KEY_LOW_BITS,
-                            TOP_K_MODE,
-                            TOP_P_MODE,
-                            MIN_P_MODE,
-                            WIDE_MMA,
-                            NUM_CONSUMERS,
-                        ),
+        gl.warp_specialize(
+            [
+                (
+                    _consume_tiles,
+                    (  # the default partition: the kernel's 4 warps
+                        0,
+                        h_bufs,
+                        w_bufs,
+                        ready,
+                        empty,
+                        turn,
+                        staging0,
+                        bias_ptr,
+                        temperature_ptr,
+                        seed_ptr,
+                        cand_score_ptr,
+                        cand_index_ptr,
+                        top_m_key_ptr,
+                        top_m_index_ptr,
+                        hidden_key_ptr,
+                        mass_ptr,
+                        top_k_ptr,
+                        top_p_ptr,
+                        min_p_ptr,
+                        B,
+                        V,
+                        D,
+                        num_tiles,
+                        scalar_temperature,
+                        seed_lo,
+                        seed_hi,
+                        num_samples,
+                        quad_offset,
+                        HAS_BIAS,
+                        TEMPERATURE_MODE,
+                        SEED_MODE,
+                        LOGITS_DTYPE,
+                        EVEN_V,
+                        STAGES,
+                        PLAIN,
+                        TOP_M,
+                        ROW_MASS,
+                        KEY_LOW_BITS,
+                        TOP_K_MODE,
+                        TOP_P_MODE,
+                        MIN_P_MODE,
+                        WIDE_MMA,
                     ),
+                ),
+                (
+                    _consume_tiles,
                     (
-                        _consume_tiles,
-                        (
-                            1,
-                            h_bufs,
-                            w_bufs,
-                            ready,
-                            empty,
-                            turn,
-                            staging1,
-                            bias_ptr,
-                            temperature_ptr,
-                            seed_ptr,
-                            cand_score_ptr,
-                            cand_index_ptr,
-                            top_m_key_ptr,
-                            top_m_index_ptr,
-                            hidden_key_ptr,
-                            mass_ptr,
-                            top_k_ptr,
-                            top_p_ptr,
-                            min_p_ptr,
-                            B,
-                            V,
-                            D,
-                            num_tiles,
-                            scalar_temperature,
-                            seed_lo,
-                            seed_hi,
-                            num_samples,
-                            quad_offset,
-                            HAS_BIAS,
-                            TEMPERATURE_MODE,
-                            SEED_MODE,
-                            LOGITS_DTYPE,
-                            EVEN_V,
-                            STAGES,
-                            PLAIN,
-                            TOP_M,
-                            ROW_MASS,
-                            KEY_LOW_BITS,
-                            TOP_K_MODE,
-                            TOP_P_MODE,
-                            MIN_P_MODE,
-                            WIDE_MMA,
-                            NUM_CONSUMERS,
-                        ),
+                        1,
+                        h_bufs,
+                        w_bufs,
+                        ready,
+                        empty,
+                        turn,
+                        staging1,
+                        bias_ptr,
+                        temperature_ptr,
+                        seed_ptr,
+                        cand_score_ptr,
+                        cand_index_ptr,
+                        top_m_key_ptr,
+                        top_m_index_ptr,
+                        hidden_key_ptr,
+                        mass_ptr,
+                        top_k_ptr,
+                        top_p_ptr,
+                        min_p_ptr,
+                        B,
+                        V,
+                        D,
+                        num_tiles,
+                        scalar_temperature,
+                        seed_lo,
+                        seed_hi,
+                        num_samples,
+                        quad_offset,
+                        HAS_BIAS,
+                        TEMPERATURE_MODE,
+                        SEED_MODE,
+                        LOGITS_DTYPE,
+                        EVEN_V,
+                        STAGES,
+                        PLAIN,
+                        TOP_M,
+                        ROW_MASS,
+                        KEY_LOW_BITS,
+                        TOP_K_MODE,
+                        TOP_P_MODE,
+                        MIN_P_MODE,
+                        WIDE_MMA,
                     ),
-                    (
-                        _consume_tiles,
-                        (
-                            2,
-                            h_bufs,
-                            w_bufs,
-                            ready,
-                            empty,
-                            turn,
-                            staging2,
-                            bias_ptr,
-                            temperature_ptr,
-                            seed_ptr,
-                            cand_score_ptr,
-                            cand_index_ptr,
-                            top_m_key_ptr,
-                            top_m_index_ptr,
-                            hidden_key_ptr,
-                            mass_ptr,
-                            top_k_ptr,
-                            top_p_ptr,
-                            min_p_ptr,
-                            B,
-                            V,
-                            D,
-                            num_tiles,
-                            scalar_temperature,
-                            seed_lo,
-                            seed_hi,
-                            num_samples,
-                            quad_offset,
-                            HAS_BIAS,
-                            TEMPERATURE_MODE,
-                            SEED_MODE,
-                            LOGITS_DTYPE,
-                            EVEN_V,
-                            STAGES,
-                            PLAIN,
-                            TOP_M,
-                            ROW_MASS,
-                            KEY_LOW_BITS,
-                            TOP_K_MODE,
-                            TOP_P_MODE,
-                            MIN_P_MODE,
-                            WIDE_MMA,
-                            NUM_CONSUMERS,
-                        ),
-                    ),
-                    (
-                        _load_tiles,
-                        (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, num_tiles, STAGES),
-                    ),
-                ],
-                [4, 4, 1],
-                [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS],
-            )
-        else:
-            gl.warp_specialize(
-                [
-                    (
-                        _consume_tiles,
-                        (  # the default partition: the kernel's 4 warps
-                            0,
-                            h_bufs,
-                            w_bufs,
-                            ready,
-                            empty,
-                            turn,
-                            staging0,
-                            bias_ptr,
-                            temperature_ptr,
-                            seed_ptr,
-                            cand_score_ptr,
-                            cand_index_ptr,
-                            top_m_key_ptr,
-                            top_m_index_ptr,
-                            hidden_key_ptr,
-                            mass_ptr,
-                            top_k_ptr,
-                            top_p_ptr,
-                            min_p_ptr,
-                            B,
-                            V,
-                            D,
-                            num_tiles,
-                            scalar_temperature,
-                            seed_lo,
-                            seed_hi,
-                            num_samples,
-                            quad_offset,
-                            HAS_BIAS,
-                            TEMPERATURE_MODE,
-                            SEED_MODE,
-                            LOGITS_DTYPE,
-                            EVEN_V,
-                            STAGES,
-                            PLAIN,
-                            TOP_M,
-                            ROW_MASS,
-                            KEY_LOW_BITS,
-                            TOP_K_MODE,
-                            TOP_P_MODE,
-                            MIN_P_MODE,
-                            WIDE_MMA,
-                            NUM_CONSUMERS,
-                        ),
-                    ),
-                    (
-                        _consume_tiles,
-                        (
-                            1,
-                            h_bufs,
-                            w_bufs,
-                            ready,
-                            empty,
-                            turn,
-                            staging1,
-                            bias_ptr,
-                            temperature_ptr,
-                            seed_ptr,
-                            cand_score_ptr,
-                            cand_index_ptr,
-                            top_m_key_ptr,
-                            top_m_index_ptr,
-                            hidden_key_ptr,
-                            mass_ptr,
-                            top_k_ptr,
-                            top_p_ptr,
-                            min_p_ptr,
-                            B,
-                            V,
-                            D,
-                            num_tiles,
-                            scalar_temperature,
-                            seed_lo,
-                            seed_hi,
-                            num_samples,
-                            quad_offset,
-                            HAS_BIAS,
-                            TEMPERATURE_MODE,
-                            SEED_MODE,
-                            LOGITS_DTYPE,
-                            EVEN_V,
-                            STAGES,
-                            PLAIN,
-                            TOP_M,
-                            ROW_MASS,
-                            KEY_LOW_BITS,
-                            TOP_K_MODE,
-                            TOP_P_MODE,
-                            MIN_P_MODE,
-                            WIDE_MMA,
-                            NUM_CONSUMERS,
-                        ),
-                    ),
-                    (
-                        _load_tiles,
-                        (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, num_tiles, STAGES),
-                    ),
-                ],
-                [4, 1],
-                [CONSUMER_REGISTERS, LOADER_REGISTERS],
-            )
+                ),
+                (
+                    _load_tiles,
+                    (h_desc, w_desc, h_bufs, w_bufs, ready, empty, B, V, D, num_tiles, STAGES),
+                ),
+            ],
+            [4, 1],
+            [CONSUMER_REGISTERS, LOADER_REGISTERS],
+        )
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
             mbarrier.invalidate(empty.index(i))
-        for i in gl.static_range(NUM_CONSUMERS):
+        for i in gl.static_range(2):
             mbarrier.invalidate(turn.index(i))
 
 
@@ -899,7 +725,7 @@ def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
     temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
-    key_low_bits=0, row_knobs=None, batch_truncates=0, wide_mma=False, consumers=2,
+    key_low_bits=0, row_knobs=None, batch_truncates=0, wide_mma=False,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``dispatch.triton_fused_sample``, which calls this and then stage 2
@@ -918,9 +744,6 @@ def launch_stage1(
     )
     w_desc = TensorDescriptor.from_tensor(weight, [BLOCK_V, BLOCK_D], w_layout)
     num_tiles = triton.cdiv(batch, block_b) * triton.cdiv(vocab_size, BLOCK_V)
-    consumers = consumers if CONSUMERS is None else CONSUMERS
-    if block_b != 64:
-        consumers = 2  # (128-row accumulators do not fit three consumers' registers)
     launch(
         _hopper_stage1, (min(num_tiles, num_sms),),
         h_desc, w_desc, bias, temperature, seed, cand_score, cand_index,
@@ -934,8 +757,8 @@ def launch_stage1(
         # Rounding fp32 logits to fp32 changes nothing.
         LOGITS_DTYPE=_GL_DTYPES.get(logits_dtype),
         EVEN_V=vocab_size % BLOCK_V == 0,
-        STAGES=STAGES[block_b] if consumers == 2 else THREE_CONSUMER_STAGES,
-        CONSUMER_REGISTERS=CONSUMER_REGISTERS if consumers == 2 else THREE_CONSUMER_REGISTERS,
+        STAGES=STAGES[block_b],
+        CONSUMER_REGISTERS=CONSUMER_REGISTERS,
         LOADER_REGISTERS=LOADER_REGISTERS,
         PLAIN=cand_score is not None,
         TOP_M=top_m,
@@ -944,7 +767,6 @@ def launch_stage1(
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
         WIDE_MMA=wide_mma if WIDE_MMA is None else WIDE_MMA,
-        NUM_CONSUMERS=consumers,
         num_warps=4,
     )  # fmt: skip
 

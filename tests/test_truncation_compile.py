@@ -288,7 +288,7 @@ layout_v = hk._shared_layout(hk.BLOCK_V, torch.bfloat16)
 base = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
     STAGES=hk.STAGES[64], CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
-    LOADER_REGISTERS=hk.LOADER_REGISTERS, BATCH_TRUNCATES=0, WIDE_MMA=False, NUM_CONSUMERS=2,
+    LOADER_REGISTERS=hk.LOADER_REGISTERS, BATCH_TRUNCATES=0, WIDE_MMA=False,
 )
 variants = [
     dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, **no_knobs),  # top-k 50
@@ -306,10 +306,6 @@ variants = [
     # one m64n128 MMA a step (WIDE_MMA): plain, and top-k 50
     dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, WIDE_MMA=True, **no_knobs),
     dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, WIDE_MMA=True, **no_knobs),
-    # three consumer warpgroups in turn (CONSUMERS = 3)
-    dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, WIDE_MMA=True, NUM_CONSUMERS=3,
-         STAGES=hk.THREE_CONSUMER_STAGES, CONSUMER_REGISTERS=hk.THREE_CONSUMER_REGISTERS,
-         **no_knobs),
 ]
 for variant in variants:
     constants = {**base, **variant}
