@@ -2,9 +2,9 @@
 # GPU job (one Hopper GPU, run by the lead) for issue 38 item 1 at B <= 128, the truncating
 # forms (top-p alone above all), within BUDGET seconds (first argument, default 150),
 # everything written to $OUT:
-#   0. benchmarks/truncation_ab.py: stage 2's nucleus search narrowed (NUCLEUS_NARROW), stage
-#      1's mass partials' maximum from the largest key (MASS_MAX_FROM_TOP_KEY), top-p / min-p
-#      alone without the tile-level patch, against the default, one process, tokens checked;
+#   0. benchmarks/truncation_ab.py: stage-2 and mass-partial levers against the default, one
+#      process, tokens checked (its VARIANTS; round 2, 12:14 UTC, timed the narrowed nucleus
+#      search and the key's maximum while they were opt-ins: docs/performance.md);
 #   then the GPU pathwise tests of those levers (TESTS=1, the default);
 #   1. (PROFILE=1; round 1's) benchmarks/profile_calls.py: each kernel's device time in the top-p / top-k / min-p
 #      calls beside the whole call (CUDA graph) and cuBLAS, D = 2048 (the shortest matmul,

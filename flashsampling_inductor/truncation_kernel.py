@@ -95,9 +95,15 @@ PATCH_TILES = 16
 PREFETCH_PLAIN = True
 # Top-p's nucleus bound: searched from the weighed candidates' key range, two bits a pass
 # (``_nucleus_bound``'s NARROW), or one bit a pass over all the bits the logits' dtype leaves.
-NUCLEUS_NARROW = False
-# Stage 2's warps on up to 4096 lanes (merged candidates: 1024 or 2048), whose searches
-# are chains of block-wide reductions: fewer warps, fewer partials to combine.
+# Narrowed only after a Python top-k (``_narrow_nucleus``), whose few survivors weigh: H200,
+# D = 2048, whole calls over cuBLAS, top-k 50 + top-p 0.9 B = 1 / 16 / 64 / 96 / 128 1.073 /
+# 1.065 / 1.073 / 1.208 / 1.208 -> 1.061 / 1.055 / 1.064 / 1.196 / 1.203. Not for top-p alone,
+# whose 2048 merged candidates all weigh: 0.5-1.0% slower there at every one of those B
+# (1.124 -> 1.132 at B = 1; truncation_ab_h200_20261128-1214).
+NUCLEUS_NARROW = True
+# Stage 2's warps on up to 4096 lanes (merged candidates: 1024 or 2048). Four instead of eight
+# were 4-6% slower (whole calls: top-p alone, top-k 50 + top-p, min-p at the B above; same
+# run); sixteen were not timed.
 STAGE2_WARPS = 8
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
@@ -1535,9 +1541,15 @@ def _stage2_arguments(
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
         PREFETCH_PLAIN=PREFETCH_PLAIN and stage1.get("plain_score") is not None,
         MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
-        NUCLEUS_NARROW=NUCLEUS_NARROW,
+        NUCLEUS_NARROW=_narrow_nucleus(params, vocab_size),
     )  # fmt: skip
     return runtime, constexprs, 16 if block >= 8192 else STAGE2_WARPS
+
+
+def _narrow_nucleus(params: SamplingParams, vocab_size: int) -> bool:
+    """Whether stage 2 narrows top-p's nucleus search (NUCLEUS_NARROW): where a Python k is
+    on for every row, so that only its survivors weigh and their keys span few bits."""
+    return NUCLEUS_NARROW and params.top_k is None and 0 < params.scalar_top_k < vocab_size
 
 
 def raw_logit_later(params: SamplingParams) -> bool:

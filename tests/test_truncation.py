@@ -182,8 +182,9 @@ def test_narrow_nucleus_search_draws_the_contract_tokens(logits_dtype, monkeypat
     """Stage 2's nucleus bound searched from the candidates' key range, two bits a pass
     (``truncation_kernel.NUCLEUS_NARROW``): the per-row (k, p) grid with greedy rows, and a
     Python p alone (the whole row's mass from stage 1's partials), draw the contract's
-    tokens, as the one-bit search does."""
-    monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", True)
+    tokens, as the one-bit search does (narrowed on every path here: by default only after
+    a Python k, ``_narrow_nucleus``)."""
+    monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab_size: True)
     top_k, top_p, temperature = per_row_grid()
     batch = len(top_k)
     hidden, weight = make_exact_problem(batch, 1000, 64)
@@ -228,6 +229,7 @@ def test_mass_partials_take_the_tile_maximum_from_the_largest_key(logits_dtype, 
     finish = dispatch._finish_truncation
     monkeypatch.setattr(dispatch, "_finish_truncation", keep_mass)
     knobs = dict(temperature=0.7, top_p=0.9, seed=5, num_samples=2, logits_dtype=logits_dtype)
+    monkeypatch.setattr(sampling_kernel, "MASS_MAX_FROM_TOP_KEY", False)
     tokens = fused_sample(hidden, weight, bias=bias, impl="triton", **knobs)
     monkeypatch.setattr(sampling_kernel, "MASS_MAX_FROM_TOP_KEY", True)
     assert torch.equal(fused_sample(hidden, weight, bias=bias, impl="triton", **knobs), tokens)
