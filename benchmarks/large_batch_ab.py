@@ -29,23 +29,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import dataclasses
-import random
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
-from sweep_configs import graph_median_us  # noqa: E402  (this folder)
+from ab_rounds import time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import dispatch, hopper_kernel, hopper_swap_kernel  # noqa: E402
 from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample  # noqa: E402
-from flashsampling_inductor.launch import compile_ahead  # noqa: E402
 from flashsampling_inductor.params import SamplingParams  # noqa: E402
 
 START = time.time()
@@ -170,21 +166,6 @@ def providers(batch, hidden, weight):
     return timed
 
 
-def check_tokens(timed) -> list[str]:
-    """Names whose tokens differ from their mode's first provider's (one call each)."""
-    differ, expected = [], {}
-    for name, fn in timed.items():
-        if name == "matmul":
-            continue
-        mode = name.rsplit("_", 1)[0]
-        tokens = fn()
-        if mode not in expected:
-            expected[mode] = tokens
-        elif not torch.equal(tokens, expected[mode]):
-            differ.append(name)
-    return differ
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget", type=float, default=180.0)
@@ -199,7 +180,6 @@ def main() -> None:
         "dispatch": dispatch_providers,
         "diagnose": diagnose_providers,
     }[args.what]
-    order = random.Random(0)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("large_batch_ab.py needs a Hopper GPU; there is none here: nothing run")
         return
@@ -208,65 +188,12 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     batches = [int(b) for b in args.batches.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    failures = 0
-    with open(out / f"large_batch_{args.what}.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["D", "V", "B", "provider", "round", "us"])
-        for hidden_size, vocab in shapes:
-            if time.time() - START > args.budget - 15:
-                print(f"D={hidden_size}: skipped (budget)", flush=True)
-                continue
-            weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
-            weight = (weight * (5 / hidden_size**0.5)).bfloat16()
-            points = []
-            for batch in batches:
-                hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
-                points.append((batch, make_providers(batch, hidden.bfloat16(), weight)))
-            started = time.time()
-            try:
-                with compile_ahead(threads=16):
-                    for _, timed in points:
-                        for name, fn in timed.items():
-                            if name != "matmul":
-                                fn()
-            except Exception:  # noqa: BLE001 - they then compile at their first launch
-                traceback.print_exc()
-            torch.cuda.synchronize()
-            print(f"D={hidden_size}: compiled ahead in {time.time() - started:.1f} s", flush=True)
-            for batch, timed in points:
-                if time.time() - START > args.budget - 8:
-                    print(f"D={hidden_size} B={batch}: skipped (budget)", flush=True)
-                    continue
-                for name, fn in list(timed.items()):
-                    try:
-                        fn()
-                    except Exception:  # noqa: BLE001 - logged, the others go on
-                        traceback.print_exc()
-                        del timed[name]
-                differ = check_tokens(timed)
-                failures += len(differ)
-                times = {name: [] for name in timed}
-                for round_index in range(args.rounds):
-                    names = list(timed)
-                    order.shuffle(names)  # (clock drift and neighbours hit every provider)
-                    for name in names:
-                        us = graph_median_us(timed[name])
-                        times[name].append(us)
-                        writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
-                f.flush()
-                best = {n: min(t) for n, t in times.items()}
-                mm = best["matmul"]
-                line = f"D={hidden_size} B={batch} matmul {mm:.1f}us | " + " ".join(
-                    f"{n} {u / mm:.3f}" for n, u in best.items() if n != "matmul"
-                )
-                if differ:
-                    line += f" | TOKENS DIFFER: {','.join(differ)}"
-                print(line, flush=True)
-                with open(out / f"large_batch_{args.what}_summary.txt", "a") as summary:
-                    summary.write(line + "\n")
-            del weight, points
-            torch.cuda.empty_cache()
+    failures = time_rounds(
+        shapes, batches, make_providers,
+        lambda name: name.rsplit("_", 1)[0],  # (a mode's providers share its prefix)
+        rounds=args.rounds, out=out, stem=f"large_batch_{args.what}", budget=args.budget,
+        start=START,
+    )  # fmt: skip
     print(
         f"done in {time.time() - START:.0f} s; token mismatches: {failures}; gluon disabled by:"
         f" {hopper_kernel._disabled_by}; swap disabled by: {hopper_swap_kernel._disabled_by}"

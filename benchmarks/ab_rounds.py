@@ -1,0 +1,117 @@
+"""The A/B loop of the stage-choice scripts (large_batch_ab.py, truncation_ab.py), in one
+process: per shape a weight (std-5 logits), per batch size the providers, every one compiled
+ahead, each provider's tokens checked against its mode's first provider's (they must not
+depend on the choice), then CUDA-graph medians round-robin over ``rounds`` in a shuffled
+order (clock drift and neighbours hit every provider). A CSV row per timing
+(``<stem>.csv``), a summary line per point (each provider's fastest round over cuBLAS's
+fastest: ``<stem>_summary.txt``); points are skipped once ``budget`` seconds from ``start``
+are near."""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from sweep_configs import graph_median_us  # (this folder)
+
+from flashsampling_inductor.launch import compile_ahead
+
+Timed = dict[str, Callable[[], torch.Tensor]]
+
+
+def check_tokens(timed: Timed, mode_of: Callable[[str], str]) -> list[str]:
+    """Names whose tokens differ from their mode's first provider's (one call each)."""
+    differ, expected = [], {}
+    for name, fn in timed.items():
+        if name == "matmul":
+            continue
+        mode = mode_of(name)
+        tokens = fn()
+        if mode not in expected:
+            expected[mode] = tokens
+        elif not torch.equal(tokens, expected[mode]):
+            differ.append(name)
+    return differ
+
+
+def time_rounds(
+    shapes: list[tuple[int, int]],
+    batches: list[int],
+    make_timed: Callable[[int, torch.Tensor, torch.Tensor], Timed],
+    mode_of: Callable[[str], str],
+    *,
+    rounds: int,
+    out: Path,
+    stem: str,
+    budget: float,
+    start: float,
+) -> int:
+    """Time ``make_timed(batch, hidden, weight)``'s providers (one named "matmul", the
+    reference of every ratio) at every shape (D, V) and batch size; the number of token
+    mismatches."""
+    order = random.Random(0)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    failures = 0
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["D", "V", "B", "provider", "round", "us"])
+        for hidden_size, vocab in shapes:
+            if time.time() - start > budget - 15:
+                print(f"D={hidden_size}: skipped (budget)", flush=True)
+                continue
+            weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
+            weight = (weight * (5 / hidden_size**0.5)).bfloat16()
+            points = []
+            for batch in batches:
+                hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
+                points.append((batch, make_timed(batch, hidden.bfloat16(), weight)))
+            started = time.time()
+            try:
+                with compile_ahead(threads=16):
+                    for _, timed in points:
+                        for name, fn in timed.items():
+                            if name != "matmul":
+                                fn()
+            except Exception:  # noqa: BLE001 - they then compile at their first launch
+                traceback.print_exc()
+            torch.cuda.synchronize()
+            print(f"D={hidden_size}: compiled ahead in {time.time() - started:.1f} s", flush=True)
+            for batch, timed in points:
+                if time.time() - start > budget - 8:
+                    print(f"D={hidden_size} B={batch}: skipped (budget)", flush=True)
+                    continue
+                for name, fn in list(timed.items()):
+                    try:
+                        fn()
+                    except Exception:  # noqa: BLE001 - logged, the others go on
+                        traceback.print_exc()
+                        del timed[name]
+                differ = check_tokens(timed, mode_of)
+                failures += len(differ)
+                times = {name: [] for name in timed}
+                for round_index in range(rounds):
+                    names = list(timed)
+                    order.shuffle(names)
+                    for name in names:
+                        us = graph_median_us(timed[name])
+                        times[name].append(us)
+                        writer.writerow([hidden_size, vocab, batch, name, round_index, f"{us:.2f}"])
+                f.flush()
+                best = {n: min(t) for n, t in times.items()}
+                mm = best["matmul"]
+                line = f"D={hidden_size} B={batch} matmul {mm:.1f}us | " + " ".join(
+                    f"{n} {u / mm:.3f}" for n, u in best.items() if n != "matmul"
+                )
+                if differ:
+                    line += f" | TOKENS DIFFER: {','.join(differ)}"
+                print(line, flush=True)
+                with open(out / f"{stem}_summary.txt", "a") as summary:
+                    summary.write(line + "\n")
+            del weight, points
+            torch.cuda.empty_cache()
+    return failures
