@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import triton
 from sweep_configs import graph_median_us  # (this folder)
 
 from flashsampling_inductor.launch import compile_ahead
@@ -40,20 +41,25 @@ def check_tokens(timed: Timed, mode_of: Callable[[str], str]) -> list[str]:
 
 
 def time_rounds(
-    shapes: list[tuple[int, int]],
-    batches: list[int],
+    shapes: str,
+    batches: str,
     make_timed: Callable[[int, torch.Tensor, torch.Tensor], Timed],
     mode_of: Callable[[str], str],
     *,
     rounds: int,
-    out: Path,
+    out_dir: str,
     stem: str,
     budget: float,
     start: float,
 ) -> int:
     """Time ``make_timed(batch, hidden, weight)``'s providers (one named "matmul", the
-    reference of every ratio) at every shape (D, V) and batch size; the number of token
-    mismatches."""
+    reference of every ratio) at every shape of ``shapes`` ("DxV,...") and batch size of
+    ``batches`` ("B,..."), files in ``out_dir``; the number of token mismatches."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    batches = [int(b) for b in batches.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in shapes.split(",")]
     order = random.Random(0)
     generator = torch.Generator(device="cuda").manual_seed(0)
     failures = 0

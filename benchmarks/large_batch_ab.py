@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
 from ab_rounds import time_rounds  # noqa: E402  (this folder)
@@ -183,17 +182,17 @@ def main() -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("large_batch_ab.py needs a Hopper GPU; there is none here: nothing run")
         return
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    batches = [int(b) for b in args.batches.split(",")]
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     failures = time_rounds(
-        shapes, batches, make_providers,
+        args.shapes,
+        args.batches,
+        make_providers,
         lambda name: name.rsplit("_", 1)[0],  # (a mode's providers share its prefix)
-        rounds=args.rounds, out=out, stem=f"large_batch_{args.what}", budget=args.budget,
+        rounds=args.rounds,
+        out_dir=args.out_dir,
+        stem=f"large_batch_{args.what}",
+        budget=args.budget,
         start=START,
-    )  # fmt: skip
+    )
     print(
         f"done in {time.time() - START:.0f} s; token mismatches: {failures}; gluon disabled by:"
         f" {hopper_kernel._disabled_by}; swap disabled by: {hopper_swap_kernel._disabled_by}"

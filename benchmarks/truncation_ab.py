@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
 from ab_rounds import time_rounds  # noqa: E402  (this folder)
@@ -106,18 +105,19 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("truncation_ab.py needs a CUDA GPU; there is none here: nothing run")
         return
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    batches = [int(b) for b in args.batches.split(",")]
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     modes = args.modes.split(",")
     seed = torch.tensor(7, device="cuda")
     failures = time_rounds(
-        shapes, batches, lambda batch, hidden, weight: providers(hidden, weight, modes, seed),
+        args.shapes,
+        args.batches,
+        lambda batch, hidden, weight: providers(hidden, weight, modes, seed),
         lambda name: name.split("_", 1)[0],  # (a mode's default, then its variants)
-        rounds=args.rounds, out=out, stem="truncation_ab", budget=args.budget, start=START,
-    )  # fmt: skip
+        rounds=args.rounds,
+        out_dir=args.out_dir,
+        stem="truncation_ab",
+        budget=args.budget,
+        start=START,
+    )
     print(f"done in {time.time() - START:.0f} s; token mismatches: {failures}")
 
 

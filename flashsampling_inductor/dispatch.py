@@ -377,8 +377,7 @@ def _large_batch_gluon_rows(
             return 0
         return 64 if batch <= 192 else 128
     # (128-row tiles with per-row seeds spill: 632 bytes a thread, Triton 3.9, sm_90a)
-    plain_rows = 128 if batch > 192 and 2048 < hidden_size <= 4096 and not per_row_seed else 0
-    return plain_rows
+    return 128 if batch > 192 and 2048 < hidden_size <= 4096 and not per_row_seed else 0
 
 
 def _swap_rows_max(hidden_size: int) -> int:
