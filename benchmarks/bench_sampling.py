@@ -23,8 +23,11 @@ from softmax(hidden @ weight.T / T) with T = 1.0. Providers (``--providers``):
     flashinfer_cake_topk50   matmul + fp32 softmax + flashinfer.cake_top_k_top_p_sampling_
                              from_probs(top_k=50, top_p=1.0) (FlashInfer >= 0.7.2, Hopper+)
     flashinfer_cake_topk50_topp09  the same with top_p=0.9
-    hf_topk50                transformers' TopKLogitsWarper(50) + softmax + multinomial,
-                             stock torch.compile, mode="reduce-overhead" (CUDA graphs)
+    hf_topk50                transformers' TopKLogitsWarper(50) (the installed version's
+                             class; its version in the row's note) on the fp32 logits +
+                             softmax + multinomial, stock torch.compile (Inductor),
+                             mode="reduce-overhead" (CUDA graphs); plain sampling's
+                             transformers peer is inductor_multinomial_cg (no warper at T = 1)
     hf_topk50_topp09         the same with TopPLogitsWarper(0.9) after the top-k warper
     fused_topp09             fused_sample(..., top_p=0.9): nucleus over the whole row
     fused_minp01             fused_sample(..., min_p=0.1)
@@ -152,68 +155,42 @@ TOP_K, TOP_P, MIN_P = 50, 0.9, 0.1
 
 
 class WarpedDecodeStep(DecodeStep):
-    """transformers' warpers as its ``_sample`` runs them (temperature, top-k, top-p), then
-    softmax and multinomial: what a generate() user pays when the step is compiled."""
+    """transformers' own warpers (the installed version's classes, in the order its
+    ``_get_logits_processor`` stacks them) on the fp32 logits, then softmax and multinomial:
+    what a generate() user's sampling step costs when it is compiled. At T = 1.0 transformers
+    adds no TemperatureLogitsWarper."""
 
-    def __init__(self, weight: torch.Tensor, top_p: float | None):
+    def __init__(self, weight: torch.Tensor, **knobs: float):
         super().__init__(weight)
-        self.top_p = top_p
+        from transformers.generation import logits_process as warpers
+
+        self.warpers = []
+        if TEMPERATURE != 1.0:
+            self.warpers.append(warpers.TemperatureLogitsWarper(TEMPERATURE))
+        if "top_k" in knobs:
+            self.warpers.append(warpers.TopKLogitsWarper(knobs["top_k"]))
+        if "top_p" in knobs:
+            self.warpers.append(warpers.TopPLogitsWarper(knobs["top_p"]))
+        if "min_p" in knobs:
+            self.warpers.append(warpers.MinPLogitsWarper(knobs["min_p"]))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        scores = F.linear(hidden, self.weight).float() / TEMPERATURE
-        kth = torch.topk(scores, TOP_K)[0][..., -1, None]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-        if self.top_p is not None:
-            sorted_logits, sorted_indices = torch.sort(scores, descending=False)
-            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            sorted_remove = cumulative <= (1 - self.top_p)
-            sorted_remove[..., -1:] = False
-            remove = sorted_remove.scatter(1, sorted_indices, sorted_remove)
-            scores = scores.masked_fill(remove, float("-inf"))
+        scores = F.linear(hidden, self.weight).float()  # generate() samples fp32 logits
+        for warper in self.warpers:
+            scores = warper(None, scores)  # no warper here reads the input ids
         return torch.multinomial(torch.softmax(scores, dim=-1), 1)
 
 
-def warped_builder(top_p: float | None) -> Callable[..., Step]:
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def warped_builder(**knobs: float) -> Callable[..., Step]:
     def build(weight: torch.Tensor, static_batch: bool) -> Step:
         dynamic = False if static_batch else None
-        step = WarpedDecodeStep(weight, top_p)
-        return torch.compile(step, backend="inductor", mode=CG, dynamic=dynamic)
-
-    return build
-
-
-class FilteredDecodeStep(DecodeStep):
-    """One transformers warper alone (``TopPLogitsWarper`` or ``MinPLogitsWarper``, as its
-    source writes them), then softmax and multinomial."""
-
-    def __init__(self, weight: torch.Tensor, top_p: float = 1.0, min_p: float = 0.0):
-        super().__init__(weight)
-        self.top_p, self.min_p = top_p, min_p
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        scores = F.linear(hidden, self.weight).float() / TEMPERATURE
-        if self.top_p < 1.0:
-            sorted_logits, sorted_indices = torch.sort(scores, descending=False)
-            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            sorted_remove = cumulative <= (1 - self.top_p)
-            sorted_remove[..., -1:] = False
-            remove = sorted_remove.scatter(1, sorted_indices, sorted_remove)
-            scores = scores.masked_fill(remove, float("-inf"))
-        if self.min_p > 0.0:
-            probs = torch.softmax(scores, dim=-1)
-            remove = probs < self.min_p * probs.amax(dim=-1, keepdim=True)
-            sorted_indices = torch.argsort(scores, descending=True, dim=-1)
-            sorted_remove = torch.gather(remove, dim=-1, index=sorted_indices)
-            sorted_remove[..., :1] = False
-            remove = sorted_remove.scatter(1, sorted_indices, sorted_remove)
-            scores = scores.masked_fill(remove, float("-inf"))
-        return torch.multinomial(torch.softmax(scores, dim=-1), 1)
-
-
-def filtered_builder(**knobs: float) -> Callable[..., Step]:
-    def build(weight: torch.Tensor, static_batch: bool) -> Step:
-        dynamic = False if static_batch else None
-        step = FilteredDecodeStep(weight, **knobs)
+        step = WarpedDecodeStep(weight, **knobs)
         return torch.compile(step, backend="inductor", mode=CG, dynamic=dynamic)
 
     return build
@@ -377,14 +354,14 @@ PROVIDERS = {
         ),
         Provider("flashinfer_cake_topk50", flashinfer_cake_builder(), flashinfer=True),
         Provider("flashinfer_cake_topk50_topp09", flashinfer_cake_builder(TOP_P), flashinfer=True),
-        Provider("hf_topk50", warped_builder(None), **COMPILED_CG),
-        Provider("hf_topk50_topp09", warped_builder(TOP_P), **COMPILED_CG),
+        Provider("hf_topk50", warped_builder(top_k=TOP_K), **COMPILED_CG),
+        Provider("hf_topk50_topp09", warped_builder(top_k=TOP_K, top_p=TOP_P), **COMPILED_CG),
         Provider("fused_topp09", fused_truncated_builder(top_p=TOP_P), truncating=True),
         Provider("fused_minp01", fused_truncated_builder(min_p=MIN_P), truncating=True),
         Provider("flashinfer_topp09", flashinfer_probs_builder(top_p=TOP_P), flashinfer=True),
         Provider("flashinfer_minp01", flashinfer_probs_builder(min_p=MIN_P), flashinfer=True),
-        Provider("hf_topp09", filtered_builder(top_p=TOP_P), **COMPILED_CG),
-        Provider("hf_minp01", filtered_builder(min_p=MIN_P), **COMPILED_CG),
+        Provider("hf_topp09", warped_builder(top_p=TOP_P), **COMPILED_CG),
+        Provider("hf_minp01", warped_builder(min_p=MIN_P), **COMPILED_CG),
     )
 }
 ALL_PROVIDERS = (*PROVIDERS, "floor")
@@ -780,6 +757,8 @@ def run_shape(
                     note = "; ".join(filter(None, ("seed tensor", note)))
                 if provider.flashinfer:
                     note = "; ".join(filter(None, (f"flashinfer {args.flashinfer}", note)))
+                if name.startswith("hf_"):
+                    note = "; ".join(filter(None, (f"transformers {transformers_version()}", note)))
                 results.add(Row(dim, vocab, batch, name, timing, value, note))
             print(f"  ({name}: {time.perf_counter() - start:.1f} s)", flush=True)
     return True
