@@ -3,7 +3,7 @@ top-k / top-p / min-p at <= 1.05x of cuBLAS), old against new in one process, wi
 variant's tokens checked against its mode's default (they must not depend on the choice).
 
     python benchmarks/truncation_ab.py [--budget 60] [--rounds 3] [--out-dir DIR]
-        [--batches 1,64,128] [--shapes 2048x151936] [--modes p09,k50p09]
+        [--batches 1,64,128] [--shapes 2048x151936] [--modes p09,k50p09] [--variants wide,...]
 
 Per shape and batch size, cuBLAS ``hidden @ W.T`` and, per mode (``p09`` top-p 0.9 alone,
 ``k50p09`` top-k 50 + top-p 0.9, ``k50`` top-k 50, ``minp`` min-p 0.1, ``plain``; Python
@@ -32,6 +32,7 @@ from ab_rounds import time_rounds  # noqa: E402  (this folder)
 from flashsampling_inductor import (  # noqa: E402
     dispatch,
     fused_sample,
+    hopper_kernel,
     sampling_kernel,
     truncation_kernel,
 )
@@ -46,11 +47,22 @@ MODES = {
 }
 # name -> (the modes it applies to, [(module, attribute, value)])
 # (each variant sets a module flag against today's default; before 2026-11-28 12:30 the
-# narrowed search and the key's maximum were the opt-ins, timed as "narrow" and "massmax")
+# narrowed search and the key's maximum were the opt-ins, timed as "narrow" and "massmax";
+# round 2 then timed onebit / massreduced / nopatch / warps4, the variants below them)
 ONE_BIT = (truncation_kernel, "NUCLEUS_NARROW", False)
 MASS_REDUCED = (sampling_kernel, "MASS_MAX_FROM_TOP_KEY", False)
 NO_PATCH = (dispatch, "patching_pays", lambda params: False)
 VARIANTS = {
+    # top-p / min-p on the heaviest (kept) merged candidates when that few hold them
+    "compact256": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)]),
+    "compact512": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 512)]),
+    "warps16": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 16)]),
+    # the Gluon stage 1 (33-128 rows) with one m64n128 MMA a k step
+    "wide": (tuple(MODES), [(hopper_kernel, "WIDE_MMA", True)]),
+}
+# Variants that change nothing below this many rows (the Triton stage 1 runs there).
+FIRST_BATCH = {"wide": 33}
+ROUND_2_VARIANTS = {
     "onebit": (("k50p09",), [ONE_BIT]),  # stage 2's nucleus search one bit a pass
     "massreduced": (("p09",), [MASS_REDUCED]),  # the mass partials' own max (B <= 32)
     "nopatch": (("p09", "minp"), [NO_PATCH]),  # no tile-level fallback: one launch less
@@ -70,7 +82,7 @@ def flags(settings):
             setattr(module, name, value)
 
 
-def providers(hidden, weight, modes, seed):
+def providers(batch, hidden, weight, modes, seed, variants):
     timed = {"matmul": lambda: hidden @ weight.T}
     for mode in modes:
         knobs = MODES[mode]
@@ -85,8 +97,8 @@ def providers(hidden, weight, modes, seed):
             return run
 
         timed[f"{mode}_default"] = call()
-        for name, (applies, settings) in VARIANTS.items():
-            if mode in applies:
+        for name, (applies, settings) in variants.items():
+            if mode in applies and batch >= FIRST_BATCH.get(name, 0):
                 timed[f"{mode}_{name}"] = call(settings)
     return timed
 
@@ -101,16 +113,21 @@ def main() -> None:
     parser.add_argument("--batches", default="1,64,128")
     parser.add_argument("--shapes", default="2048x151936")
     parser.add_argument("--modes", default="p09,k50p09")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="names of VARIANTS or ROUND_2_VARIANTS"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("truncation_ab.py needs a CUDA GPU; there is none here: nothing run")
         return
     modes = args.modes.split(",")
+    known = VARIANTS | ROUND_2_VARIANTS
+    variants = {name: known[name] for name in args.variants.split(",") if name}
     seed = torch.tensor(7, device="cuda")
     failures = time_rounds(
         args.shapes,
         args.batches,
-        lambda batch, hidden, weight: providers(hidden, weight, modes, seed),
+        lambda batch, hidden, weight: providers(batch, hidden, weight, modes, seed, variants),
         lambda name: name.split("_", 1)[0],  # (a mode's default, then its variants)
         rounds=args.rounds,
         out_dir=args.out_dir,

@@ -76,6 +76,10 @@ __all__ = [
 _INT32_MAX = tl.constexpr(2147483647)
 # Top-k survivors (k plus ties) up to this many are packed for top-p and the noise.
 COMPACT_SLOTS = 2048
+# The same where every row draws from the merged candidates (``_merge``: 2048 lanes at
+# V = 151936), whose heaviest candidates, when fewer than this hold p of the mass, top-p
+# searches and draws alone (``_top_p_bound``); at 2048 that pruning never runs there.
+MERGED_COMPACT_SLOTS = 2048
 # The fallback's stage 2 packs the tokens above a flagged row's proven floor (a nucleus of a
 # few thousand tokens) into this many slots, one chunk of registers, when they fit.
 FALLBACK_PACK_SLOTS = 16384
@@ -1470,10 +1474,12 @@ def _stage2_arguments(
         num_plain_tiles = stage1["plain_score"].shape[2]
     tile_hidden = stage1.get("hidden_key")
     merged = {}
+    merged_all = False
     if merge is not None and stage1["top_m_key"].shape[1] > merge[0] * merge[1]:
         merged = _merge(stage1, params, vocab_size, temperature_mode, *merge, route_k_max)
         if route_k_max is None:  # every row from the merged candidates
             stage1, merged = merged, {}
+            merged_all = True
             num_tiles = stage1["hidden_key"].shape[1]
     num_merged = merged["top_m_key"].shape[1] if merged else 0
     merged_block = max(16, triton.next_power_of_2(num_merged)) if merged else 0
@@ -1484,7 +1490,7 @@ def _stage2_arguments(
     patch_width = patch["width"] if patch_tiles else 16
     lanes = num_candidates + (patch_tiles * patch_width if patched else 0)
     block = min(STAGE2_LANES, max(16, triton.next_power_of_2(lanes)))
-    compact_slots = min(COMPACT_SLOTS, block)
+    compact_slots = min(MERGED_COMPACT_SLOTS if merged_all else COMPACT_SLOTS, block)
     pack_slots = min(FALLBACK_PACK_SLOTS, block)
     compact_key = torch.empty((batch, compact_slots), dtype=torch.int32, device=out.device)
     compact_index = torch.empty(

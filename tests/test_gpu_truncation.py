@@ -187,17 +187,23 @@ def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
     "knobs", [dict(top_p=0.9), dict(min_p=0.1), dict(top_k=50, top_p=0.9)],
     ids=["p09", "minp01", "k50-p09"],
 )  # fmt: skip
-@pytest.mark.parametrize("levers", ["default", "one-bit-reduced-max"])
+@pytest.mark.parametrize("levers", ["default", "one-bit-reduced-max", "compact256-wide"])
 def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, monkeypatch):
     """Top-p alone (the whole row's mass from stage 1's partials), min-p and top-k + top-p
     as Python scalars with bf16 logits, at the batch sizes of both stage-1 kernels (Triton
     up to 32 rows, Gluon above), with stage 2's nucleus search narrowed and the partials'
     maximum taken from the largest key (``truncation_kernel.NUCLEUS_NARROW``,
-    ``sampling_kernel.MASS_MAX_FROM_TOP_KEY``: the defaults) or not: the reference's tokens
-    up to documented noise near-ties. Exact logits (multiples of 1/32): ties everywhere."""
-    if levers != "default":
+    ``sampling_kernel.MASS_MAX_FROM_TOP_KEY``: the defaults) or not, or with 256 slots for
+    the heaviest / kept merged candidates and the Gluon kernel's wide MMA
+    (``truncation_kernel.MERGED_COMPACT_SLOTS``, ``hopper_kernel.WIDE_MMA``): the
+    reference's tokens up to documented noise near-ties. Exact logits (multiples of 1/32):
+    ties everywhere."""
+    if levers == "one-bit-reduced-max":
         monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", False)
         monkeypatch.setattr(sampling_kernel, "MASS_MAX_FROM_TOP_KEY", False)
+    if levers == "compact256-wide":
+        monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)
+        monkeypatch.setattr(hopper_kernel, "WIDE_MMA", True)
     hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
     seed = torch.arange(batch, device=CUDA) * 7919 + 13
     arguments = dict(
