@@ -1,12 +1,15 @@
-"""The FlashInfer peer table of docs/performance.md from bench_sampling.py CSVs (issue 38 item 2).
+"""The peer tables of docs/performance.md from bench_sampling.py CSVs (issue 38 item 2).
 
-Each CSV is one process: one FlashInfer version (its ``flashinfer`` column), matmul and the
-fused providers timed beside it, so every ratio is taken in-process: a peer's time over the
-time of the fused provider of the same form (bench_sampling.FUSED_OF). Each form's peer is
-taken at its best: the fastest of that version's calls for the form (plain: FI2
+Each CSV is one process: one peer source, matmul and the fused providers timed beside it, so
+every ratio is taken in-process: a peer's time over the time of the fused provider of the same
+form (bench_sampling.FUSED_OF). A source is a FlashInfer version (the CSV's ``flashinfer``
+column) or, for a CSV of the ``hf_*`` providers, transformers (its warpers compiled by stock
+Inductor; plain sampling's peer there is ``inductor_multinomial_cg``). Each form's peer is
+taken at its best: the fastest of that source's calls for the form (plain: FI2
 ``sampling_from_logits`` or FI1 ``top_k_top_p_sampling_from_logits(V, 1.0)``; top-k: the
 default top-k-first path, the joint order, or cake on the fp32 softmax). A cell reads
-``0.7.2 / 0.6.9``; below 1.00 (bold) the peer is faster than fused.
+``0.7.2 / 0.6.9 / transformers`` (the sources present, in that order); below 1.00 (bold) the
+peer is faster than fused.
 
     python benchmarks/flashinfer_peer_table.py benchmarks/results/bench_sampling_*_flashinfer-*.csv
 """
@@ -14,6 +17,7 @@ default top-k-first path, the joint order, or cake on the fp32 softmax). A cell 
 from __future__ import annotations
 
 import csv
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -23,10 +27,10 @@ from bench_sampling import FUSED_OF  # noqa: E402
 
 # form -> (the fused provider, the peers of that form)
 FORMS = {
-    "plain": ("fused", ("flashinfer_fi2", "flashinfer_fi1")),
+    "plain": ("fused", ("flashinfer_fi2", "flashinfer_fi1", "inductor_multinomial_cg")),
     "top-k 50": (
         "fused_topk50",
-        ("flashinfer_topk50", "flashinfer_topk50_joint", "flashinfer_cake_topk50"),
+        ("flashinfer_topk50", "flashinfer_topk50_joint", "flashinfer_cake_topk50", "hf_topk50"),
     ),
     "k 50 + p 0.9": (
         "fused_topk50_topp09",
@@ -34,10 +38,11 @@ FORMS = {
             "flashinfer_topk50_topp09",
             "flashinfer_topk50_topp09_joint",
             "flashinfer_cake_topk50_topp09",
+            "hf_topk50_topp09",
         ),
     ),
-    "top-p 0.9": ("fused_topp09", ("flashinfer_topp09",)),
-    "min-p 0.1": ("fused_minp01", ("flashinfer_minp01",)),
+    "top-p 0.9": ("fused_topp09", ("flashinfer_topp09", "hf_topp09")),
+    "min-p 0.1": ("fused_minp01", ("flashinfer_minp01", "hf_minp01")),
 }
 SHORT = {
     "flashinfer_fi2": "FI2",
@@ -50,21 +55,44 @@ SHORT = {
     "flashinfer_cake_topk50_topp09": "cake",
     "flashinfer_topp09": "",
     "flashinfer_minp01": "",
+    "inductor_multinomial_cg": "",
+    "hf_topk50": "",
+    "hf_topk50_topp09": "",
+    "hf_topp09": "",
+    "hf_minp01": "",
 }
 
 
+def source_of(rows: list[dict]) -> str:
+    """The peer source of one CSV (one process): transformers where it timed the hf_*
+    providers (the version from their note), else its FlashInfer version."""
+    for row in rows:
+        if row["provider"].startswith("hf_"):
+            version = re.search(r"transformers (\S+?)(;|$)", row["note"])
+            return f"transformers {version[1] if version else '?'}"
+    return (
+        f"FlashInfer {rows[0].get('flashinfer') or '0.6.9'}" if rows else "?"
+    )  # (column came later)
+
+
 def read(paths: list[str], timing: str = "graph") -> dict:
-    """{(version, D, B): {provider: median us}} of the rows timed in ``timing`` mode."""
+    """{(source, D, B): {provider: median us}} of the rows timed in ``timing`` mode."""
     times: dict = defaultdict(dict)
     for path in paths:
-        for row in csv.DictReader(open(path)):
+        rows = list(csv.DictReader(open(path)))
+        source = source_of(rows)
+        for row in rows:
             if row["timing"] != timing or not row["median_us"]:
                 continue
-            version = row.get("flashinfer") or "0.6.9"  # (the column came later)
-            times[(version, int(row["D"]), int(row["B"]))][row["provider"]] = float(
-                row["median_us"]
-            )
+            times[(source, int(row["D"]), int(row["B"]))][row["provider"]] = float(row["median_us"])
     return times
+
+
+def ordered_sources(times: dict) -> tuple[str, ...]:
+    """FlashInfer versions newest first, then transformers."""
+    sources = {s for s, _, _ in times}
+    flashinfer = sorted((s for s in sources if s.startswith("FlashInfer")), reverse=True)
+    return (*flashinfer, *sorted(sources - set(flashinfer)))
 
 
 def best_peer(point: dict, form: str) -> tuple[float, str] | None:
@@ -85,19 +113,19 @@ def cell(ratio: tuple[float, str] | None) -> str:
     return f"**{text}**" if ratio[0] < 1.0 else text
 
 
-def table(times: dict, versions: tuple[str, str]) -> str:
+def table(times: dict, sources: tuple[str, ...]) -> str:
     lines = []
     dims = sorted({d for _, d, _ in times})
     for dim in dims:
         lines += [
-            f"\nD = {dim}: peer / fused, FlashInfer {versions[0]} / {versions[1]} (each its "
-            "fastest call of the form; fused over matmul from the first version's process)\n",
+            f"\nD = {dim}: peer / fused, {' / '.join(sources)} (each its fastest call of the "
+            "form; fused over matmul from the first source's process)\n",
             "| B | matmul us | fused / matmul | " + " | ".join(FORMS) + " |",
             "|---|---|---|" + "---|" * len(FORMS),
         ]
         batches = sorted({b for v, d, b in times if d == dim})
         for batch in batches:
-            points = [times.get((v, dim, batch), {}) for v in versions]
+            points = [times.get((source, dim, batch), {}) for source in sources]
             first = next((p for p in points if "matmul" in p), {})
             matmul, fused = first.get("matmul"), first.get("fused")
             cells = [str(batch), f"{matmul:.0f}" if matmul else "-"]
@@ -109,25 +137,20 @@ def table(times: dict, versions: tuple[str, str]) -> str:
 
 
 def losses(times: dict) -> list[str]:
-    """Every (version, D, B, form) where the fastest peer beats fused, with the peer."""
+    """Every (source, D, B, form) where the fastest peer beats fused, with the peer."""
     out = []
-    for (version, dim, batch), point in sorted(times.items()):
+    for (source, dim, batch), point in sorted(times.items()):
         for form in FORMS:
             ratio = best_peer(point, form)
             if ratio and ratio[0] < 1.0:
                 call = f" ({SHORT[ratio[1]]})" if SHORT[ratio[1]] else ""
-                out.append(
-                    f"FlashInfer {version} {form}{call}, D = {dim}, B = {batch}: {ratio[0]:.2f}"
-                )
+                out.append(f"{source} {form}{call}, D = {dim}, B = {batch}: {ratio[0]:.2f}")
     return out
 
 
 def main(argv: list[str]) -> int:
     times = read(argv)
-    versions = tuple(sorted({v for v, _, _ in times}, reverse=True))[:2]
-    if len(versions) == 1:
-        versions = (versions[0], "-")
-    print(table(times, versions))
+    print(table(times, ordered_sources(times)))
     print("\npeer faster than fused:")
     print("\n".join(losses(times)) or "none")
     return 0
