@@ -56,6 +56,14 @@ VARIANTS = {
     # top-p / min-p on the heaviest (kept) merged candidates when that few hold them
     "compact256": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)]),
     "compact512": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 512)]),
+    # ... with the narrowed nucleus search, where only the heaviest few weigh
+    "compact256narrow": (
+        ("p09",),
+        [
+            (truncation_kernel, "MERGED_COMPACT_SLOTS", 256),
+            (truncation_kernel, "_narrow_nucleus", lambda params, vocab_size: True),
+        ],
+    ),
     "warps16": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 16)]),
     # the Gluon stage 1 (33-128 rows) with one m64n128 MMA a k step
     "wide": (tuple(MODES), [(hopper_kernel, "WIDE_MMA", True)]),
