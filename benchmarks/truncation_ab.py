@@ -65,11 +65,14 @@ VARIANTS = {
         ],
     ),
     "warps16": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 16)]),
+    # 17-32 rows on the 64-row tiles of 33-64 (the Gluon kernel) instead of swap-AB Triton
+    "rows64": (tuple(MODES), [(dispatch, "TRUNCATING_SWAP_ROWS_MAX", 16)]),
     # the Gluon stage 1 (33-128 rows) with one m64n128 MMA a k step
     "wide": (tuple(MODES), [(hopper_kernel, "WIDE_MMA", True)]),
 }
-# Variants that change nothing below this many rows (the Triton stage 1 runs there).
-FIRST_BATCH = {"wide": 33}
+# Variants that change nothing outside these rows.
+FIRST_BATCH = {"wide": 33, "rows64": 17}
+LAST_BATCH = {"rows64": 32}
 ROUND_2_VARIANTS = {
     "onebit": (("k50p09",), [ONE_BIT]),  # stage 2's nucleus search one bit a pass
     "massreduced": (("p09",), [MASS_REDUCED]),  # the mass partials' own max (B <= 32)
@@ -106,7 +109,7 @@ def providers(batch, hidden, weight, modes, seed, variants):
 
         timed[f"{mode}_default"] = call()
         for name, (applies, settings) in variants.items():
-            if mode in applies and batch >= FIRST_BATCH.get(name, 0):
+            if FIRST_BATCH.get(name, 0) <= batch <= LAST_BATCH.get(name, batch) and mode in applies:
                 timed[f"{mode}_{name}"] = call(settings)
     return timed
 

@@ -99,6 +99,11 @@ class SampleConfig:
     wide_mma: bool = False
 
 
+# Truncating calls up to this many rows take default_config's swap-AB Triton tiles; past it
+# and up to 32 rows (A/B runs lower it) the 64-row tiles of 33-64 rows (Gluon on Hopper).
+TRUNCATING_SWAP_ROWS_MAX = 32
+
+
 def default_config(
     batch: int,
     hidden_size: int,
@@ -121,7 +126,7 @@ def default_config(
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
-    if batch <= 32:
+    if batch <= 32 and not (truncates and batch > TRUNCATING_SWAP_ROWS_MAX):
         # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
     # From 33 rows on Hopper: the warp-specialized kernel, whose loader warp keeps

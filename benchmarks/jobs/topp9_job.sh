@@ -23,8 +23,8 @@ nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,temperature.gpu --format=c
 cat COMMIT 2>/dev/null
 say "A/B"
 timeout -k 3 "$(cap "${AB_S:-100}" 75)" python3 benchmarks/truncation_ab.py \
-    --budget "$(cap "${AB_S:-100}" 77)" --batches "${AB_BATCHES:-1,16,48,64,96,128}" \
-    --modes "${AB_MODES:-p09,k50p09,minp,k50}" --variants "${AB_VARIANTS:-compact256,compact512,compact256narrow,warps16,wide}" \
+    --budget "$(cap "${AB_S:-100}" 77)" --batches "${AB_BATCHES:-1,16,32,48,64,96,128}" \
+    --modes "${AB_MODES:-p09,k50p09,minp,k50}" --variants "${AB_VARIANTS:-compact256,compact512,compact256narrow,warps16,rows64,wide}" \
     --rounds 3 --out-dir "$OUT" > "$OUT/truncation_ab.txt" 2>&1
 echo "A/B rc=$?"; grep -v Warning "$OUT/truncation_ab.txt" | tail -20
 say "power"
