@@ -9,8 +9,8 @@
 #
 # Inductor's cold compiles (two per shape and provider: B = 1 and the dynamic B >= 2) would
 # take most of the call one after another, so throw-away processes (one per shape and compiled
-# provider, B = 1 and 2, 1 ms timings) fill one Inductor cache at once, beside
-# compile_fused.py's dry runs of the fused kernels (all shapes and batches: how long the full
+# provider, the first two B of the timed list, 1 ms timings) fill one Inductor cache at once,
+# beside compile_fused.py's dry runs of the fused kernels (all shapes and batches: how long the full
 # sweep's compiles take with the kernels of the moment, timed). Then one timed process per
 # shape reads both caches: every B at D = 4096, eight at D = 2048 and 8192.
 # Needs .fi072/triton_peers.tar.xz (optional, a Triton cache). Writes to $OUT: hf.tar
@@ -46,6 +46,8 @@ if [ -f .fi072/triton_peers.tar.xz ]; then
 fi
 
 SHAPES=(2048x151936 4096x151936 8192x128256)
+declare -A BATCHES_OF=([4096x151936]=1,2,4,8,16,32,48,64,96,128,144,160,192,224,256
+    [2048x151936]=1,8,32,64,128,144,192,256 [8192x128256]=1,8,32,64,128,144,192,256)
 COMPILED=(inductor_multinomial_cg hf_topk50 hf_topk50_topp09 hf_topp09 hf_minp01)
 FUSED=fused,fused_topk50,fused_topk50_topp09,fused_topp09,fused_minp01
 pids=()
@@ -58,7 +60,8 @@ say "compile_fused: 8 processes, every shape and B"
 for shape in "${SHAPES[@]}"; do
     for provider in "${COMPILED[@]}"; do
         PYTHONPATH=$PWD timeout "$(cap 110 90)" python3 \
-            benchmarks/bench_sampling.py --shapes "$shape" --batches 1,2 --timing graph \
+            benchmarks/bench_sampling.py --shapes "$shape" --timing graph \
+            --batches "$(echo "${BATCHES_OF[$shape]}" | cut -d, -f1-2)" \
             --providers "$provider" --warmup-ms 1 --rep-ms 1 --logit-std 5 \
             --out-dir "/tmp/hf_warm/${shape}_$provider" > "/tmp/hf_warm/${shape}_$provider.log" 2>&1 &
         pids+=($!)
@@ -84,9 +87,9 @@ bench() { # name, seconds, shape, batches
         --providers "$providers" --budget-s $((seconds - 12)) --out-dir "$out/$name" |
         grep -v "^  D=\|^  (" | tail -n 25
 }
-bench hf_d4096 "$(cap 60 50)" 4096x151936 1,2,4,8,16,32,48,64,96,128,144,160,192,224,256
-bench hf_d2048 "$(cap 35 22)" 2048x151936 1,8,32,64,128,144,192,256
-bench hf_d8192 "$(cap 35 5)" 8192x128256 1,8,32,64,128,144,192,256
+bench hf_d4096 "$(cap 60 50)" 4096x151936 "${BATCHES_OF[4096x151936]}"
+bench hf_d2048 "$(cap 35 22)" 2048x151936 "${BATCHES_OF[2048x151936]}"
+bench hf_d8192 "$(cap 35 5)" 8192x128256 "${BATCHES_OF[8192x128256]}"
 {
     echo "done $(date -u +%H:%M:%S) UTC after $(elapsed) s"
     ls "$out"/*/*.csv 2>/dev/null
