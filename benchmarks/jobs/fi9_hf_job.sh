@@ -12,9 +12,9 @@
 # provider, the first two B of the timed list, 1 ms timings) fill one Inductor cache at once,
 # beside compile_fused.py's dry runs of the fused kernels (all shapes and batches: how long the full
 # sweep's compiles take with the kernels of the moment, timed). Then one timed process per
-# shape reads both caches: every B at D = 4096, eight at D = 2048 and 8192.
+# shape reads both caches: eight B at D = 2048 and 8192, then every B at D = 4096.
 # Needs .fi072/triton_peers.tar.xz (optional, a Triton cache). Writes to $OUT: hf.tar
-# (CSVs, PNGs, run.log, summary.txt), hf_summary.txt, triton_fi9.tar.xz.
+# (CSVs, PNGs, each process's log, run.log, summary.txt), hf_summary.txt, triton_fi9.tar.xz.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 budget=205 batches=unused
@@ -52,14 +52,14 @@ COMPILED=(inductor_multinomial_cg hf_topk50 hf_topk50_topp09 hf_topp09 hf_minp01
 FUSED=fused,fused_topk50,fused_topk50_topp09,fused_topp09,fused_minp01
 pids=()
 for index in $(seq 0 7); do
-    PYTHONPATH=$PWD timeout "$(cap 110 90)" python3 benchmarks/compile_fused.py \
+    PYTHONPATH=$PWD timeout "$(cap 100 85)" python3 benchmarks/compile_fused.py \
         --index "$index" --count 8 --threads 2 > "/tmp/compile_fused_$index.log" 2>&1 &
     pids+=($!)
 done
 say "compile_fused: 8 processes, every shape and B"
 for shape in "${SHAPES[@]}"; do
     for provider in "${COMPILED[@]}"; do
-        PYTHONPATH=$PWD timeout "$(cap 110 90)" python3 \
+        PYTHONPATH=$PWD timeout "$(cap 100 85)" python3 \
             benchmarks/bench_sampling.py --shapes "$shape" --timing graph \
             --batches "$(echo "${BATCHES_OF[$shape]}" | cut -d, -f1-2)" \
             --providers "$provider" --warmup-ms 1 --rep-ms 1 --logit-std 5 \
@@ -84,12 +84,12 @@ bench() { # name, seconds, shape, batches
     say "$name: $shape, B $batches (budget $seconds s)"
     PYTHONPATH=$PWD timeout "$seconds" python3 benchmarks/bench_sampling.py --shapes "$shape" \
         --batches "$batches" --timing graph --logit-std 5 --warmup-ms 10 --rep-ms 30 \
-        --providers "$providers" --budget-s $((seconds - 12)) --out-dir "$out/$name" |
-        grep -v "^  D=\|^  (" | tail -n 25
+        --providers "$providers" --budget-s $((seconds - 12)) --out-dir "$out/$name" 2>&1 |
+        tee "$out/$name.log" | grep -v "^  D=\|^  (" | tail -n 25
 }
-bench hf_d4096 "$(cap 60 50)" 4096x151936 "${BATCHES_OF[4096x151936]}"
-bench hf_d2048 "$(cap 35 22)" 2048x151936 "${BATCHES_OF[2048x151936]}"
-bench hf_d8192 "$(cap 35 5)" 8192x128256 "${BATCHES_OF[8192x128256]}"
+bench hf_d2048 "$(cap 35 50)" 2048x151936 "${BATCHES_OF[2048x151936]}"
+bench hf_d8192 "$(cap 35 15)" 8192x128256 "${BATCHES_OF[8192x128256]}"
+bench hf_d4096 "$(cap 50 0)" 4096x151936 "${BATCHES_OF[4096x151936]}"
 {
     echo "done $(date -u +%H:%M:%S) UTC after $(elapsed) s"
     ls "$out"/*/*.csv 2>/dev/null
