@@ -49,7 +49,7 @@ FUSED=fused,fused_topk50,fused_topk50_topp09,fused_topp09,fused_minp01
 pids=()
 t=$(date +%s)
 for index in $(seq 0 11); do
-    PYTHONPATH=$PWD timeout "$(cap 150 120)" python3 benchmarks/compile_fused.py \
+    PYTHONPATH=$PWD timeout "$(cap 150 30)" python3 benchmarks/compile_fused.py \
         --shapes "$shapes" --index "$index" --count 12 --threads 2 \
         > "/tmp/compile_fused_$index.log" 2>&1 &
     pids+=($!)
