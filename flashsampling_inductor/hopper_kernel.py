@@ -53,6 +53,7 @@ from .sampling_device import (
     any_row_truncates,
     bits_to_log2_gumbel,
     is_hopper,
+    key_value,
     ordered_key,
     philox4x32,
     restore_low_bits,
@@ -95,6 +96,10 @@ LOADER_REGISTERS = 40
 # One m64n128 MMA a k step into one accumulator instead of two m64n64 (WIDE_MMA): None
 # chooses per call (``launch_stage1``'s ``wide_mma``), a bool forces it (A/B runs).
 WIDE_MMA: bool | None = None
+# Top-p's mass partials with each tile's maximum from the top-m search's largest key instead
+# of a reduction of its own (``_keep_top_m``'s ROW_MASS 2; the same bits), as
+# sampling_kernel.MASS_MAX_FROM_TOP_KEY does at up to 32 rows. Off: A/B runs.
+MASS_MAX_FROM_TOP_KEY = False
 
 
 _disabled_by: str | None = None  # why this process stopped using the kernel
@@ -289,6 +294,43 @@ if AVAILABLE:
         return scores, keys
 
     @gluon.jit
+    def _mass_values(lo, hi, v_start, columns, V, EVEN_V: gl.constexpr):
+        """A tile's scores as top-p's mass weighs them: NaN and the columns past V -inf."""
+        HALF_V: gl.constexpr = lo.shape[1]
+        mass_lo = gl.where(lo == lo, lo, float("-inf"))
+        mass_hi = gl.where(hi == hi, hi, float("-inf"))
+        if not EVEN_V:
+            mass_lo = gl.where(v_start + columns < V, mass_lo, float("-inf"))
+            mass_hi = gl.where(v_start + HALF_V + columns < V, mass_hi, float("-inf"))
+        return mass_lo, mass_hi
+
+    @gluon.jit
+    def _store_tile_mass(mass_lo, mass_hi, tile_max, noise_scale, mass_ptr, tile_slot,
+                         row_mask):  # fmt: skip
+        """The tile's mass partials (its maximum, the sum of exp2 below it at the row's
+        temperature), as ``sampling_device.tile_mass``."""
+        inv_temperature = gl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)[:, None]
+        w_lo = gl.exp2((mass_lo - tile_max[:, None]) * inv_temperature)
+        w_lo = gl.where(mass_lo == tile_max[:, None], 1.0, w_lo)
+        w_lo = gl.where(mass_lo > float("-inf"), w_lo, 0.0)
+        w_hi = gl.exp2((mass_hi - tile_max[:, None]) * inv_temperature)
+        w_hi = gl.where(mass_hi == tile_max[:, None], 1.0, w_hi)
+        w_hi = gl.where(mass_hi > float("-inf"), w_hi, 0.0)
+        gl.store(mass_ptr + tile_slot * 2, tile_max, mask=row_mask)
+        tile_sum = gl.sum(w_lo, axis=1) + gl.sum(w_hi, axis=1)
+        gl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=row_mask)
+
+    @gluon.jit
+    def _mass_from_top_key(lo, hi, top_key, v_start, columns, V, noise_scale, mass_ptr,
+                           tile_slot, row_mask, EVEN_V: gl.constexpr):  # fmt: skip
+        """The mass partials (ROW_MASS 2) with the tile's maximum from its largest key, which
+        the top-m search finds anyway (NaN and the columns past V are -inf in both; -0.0
+        weighs as +0.0): one row reduction fewer a tile, as the Triton kernel's ROW_MASS 2."""
+        mass_lo, mass_hi = _mass_values(lo, hi, v_start, columns, V, EVEN_V)
+        tile_max = gl.where(top_key == KEY_PAD, float("-inf"), key_value(top_key))
+        _store_tile_mass(mass_lo, mass_hi, tile_max, noise_scale, mass_ptr, tile_slot, row_mask)
+
+    @gluon.jit
     def _keep_top_m(acc_lo, acc_hi, rows, row_mask, v_start, tile_slot, V, bias_ptr,
                     noise_scale, top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr,
                     mass_wanted,
@@ -308,25 +350,13 @@ if AVAILABLE:
                                  LOGITS_DTYPE, EVEN_V)  # fmt: skip
         hi, keys_hi = _tile_keys(acc_hi, v_start + HALF_V + columns, V, bias_ptr, HAS_BIAS,
                                  LOGITS_DTYPE, EVEN_V)  # fmt: skip
-        if ROW_MASS:
+        if ROW_MASS == 1:
             # (before the key loop below, so its scores are dead when the keys are searched)
             if mass_wanted:
-                mass_lo = gl.where(lo == lo, lo, float("-inf"))
-                mass_hi = gl.where(hi == hi, hi, float("-inf"))
-                if not EVEN_V:
-                    mass_lo = gl.where(v_start + columns < V, mass_lo, float("-inf"))
-                    mass_hi = gl.where(v_start + HALF_V + columns < V, mass_hi, float("-inf"))
+                mass_lo, mass_hi = _mass_values(lo, hi, v_start, columns, V, EVEN_V)
                 tile_max = gl.maximum(gl.max(mass_lo, axis=1), gl.max(mass_hi, axis=1))
-                inv_temperature = gl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)[:, None]
-                w_lo = gl.exp2((mass_lo - tile_max[:, None]) * inv_temperature)
-                w_lo = gl.where(mass_lo == tile_max[:, None], 1.0, w_lo)
-                w_lo = gl.where(mass_lo > float("-inf"), w_lo, 0.0)
-                w_hi = gl.exp2((mass_hi - tile_max[:, None]) * inv_temperature)
-                w_hi = gl.where(mass_hi == tile_max[:, None], 1.0, w_hi)
-                w_hi = gl.where(mass_hi > float("-inf"), w_hi, 0.0)
-                gl.store(mass_ptr + tile_slot * 2, tile_max, mask=row_mask)
-                tile_sum = gl.sum(w_lo, axis=1) + gl.sum(w_hi, axis=1)
-                gl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=row_mask)
+                _store_tile_mass(mass_lo, mass_hi, tile_max, noise_scale, mass_ptr, tile_slot,
+                                 row_mask)  # fmt: skip
         # (the slots in a loop, not unrolled: each depends on the one before anyway. The
         # kernel with both epilogues that per-row knobs take has 7240 SASS instructions
         # instead of 12352 (plain: 3952; sm_90a, Triton 3.9), and on an H200 (D = 2048, B =
@@ -334,7 +364,8 @@ if AVAILABLE:
         # every row at top-k 50, top-p 0.9); off-valued knobs even (171 against 170 us).
         # The Triton kernel's epilogue (B <= 32) stays unrolled: rolled, its off-valued
         # knobs were 3-5 us slower at B = 16, truncated rows even
-        # (bench_off_knobs_nvidia-h200_{main,rolled}_20261127-200*.csv).
+        # (bench_off_knobs_nvidia-h200_{main,rolled}_20261127-200*.csv). Each pass finds the
+        # next slot's largest key, the last one the largest left out.)
         if KEY_LOW_BITS > 0:
             # The packed form of the Triton kernel: the bits the rounding fixed carry the
             # reversed column, so one int32 max per round finds the key and its lowest column.
@@ -342,18 +373,28 @@ if AVAILABLE:
             high: gl.constexpr = -(1 << KEY_LOW_BITS)
             keys_lo = (keys_lo & high) | (BLOCK_V - 1 - columns)
             keys_hi = (keys_hi & high) | (HALF_V - 1 - columns)
+            top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+            if ROW_MASS == 2:
+                if mass_wanted:
+                    _mass_from_top_key(lo, hi, restore_low_bits(top & high, KEY_LOW_BITS),
+                                       v_start, columns, V, noise_scale, mass_ptr, tile_slot,
+                                       row_mask, EVEN_V)  # fmt: skip
             for slot in range(TOP_M):
-                top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
                 key = restore_low_bits(top & high, KEY_LOW_BITS)
                 gl.store(top_m_key_ptr + tile_slot * TOP_M + slot, key, mask=row_mask)
                 gl.store(top_m_index_ptr + tile_slot * TOP_M + slot,
                          v_start + BLOCK_V - 1 - (top & low), mask=row_mask)  # fmt: skip
                 keys_lo = gl.where(keys_lo == top[:, None], KEY_PAD, keys_lo)
                 keys_hi = gl.where(keys_hi == top[:, None], KEY_PAD, keys_hi)
-            left_out = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1)) & high
-        else:
-            for slot in range(TOP_M):
                 top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+            left_out = top & high
+        else:
+            top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+            if ROW_MASS == 2:
+                if mass_wanted:
+                    _mass_from_top_key(lo, hi, top, v_start, columns, V, noise_scale, mass_ptr,
+                                       tile_slot, row_mask, EVEN_V)  # fmt: skip
+            for slot in range(TOP_M):
                 arg = gl.minimum(
                     gl.min(gl.where(keys_lo == top[:, None], columns, BLOCK_V), axis=1),
                     gl.min(gl.where(keys_hi == top[:, None], HALF_V + columns, BLOCK_V), axis=1),
@@ -363,7 +404,8 @@ if AVAILABLE:
                          mask=row_mask)  # fmt: skip
                 keys_lo = gl.where(columns == arg[:, None], KEY_PAD, keys_lo)
                 keys_hi = gl.where(HALF_V + columns == arg[:, None], KEY_PAD, keys_hi)
-            left_out = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+                top = gl.maximum(gl.max(keys_lo, axis=1), gl.max(keys_hi, axis=1))
+            left_out = top
         gl.store(hidden_key_ptr + tile_slot, restore_low_bits(left_out, KEY_LOW_BITS),
                  mask=row_mask)  # fmt: skip
 
@@ -762,7 +804,7 @@ def launch_stage1(
         LOADER_REGISTERS=LOADER_REGISTERS,
         PLAIN=cand_score is not None,
         TOP_M=top_m,
-        ROW_MASS=row_mass,
+        ROW_MASS=(2 if MASS_MAX_FROM_TOP_KEY else 1) if row_mass else 0,
         KEY_LOW_BITS=key_low_bits,
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,

@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 
 from flashsampling_inductor import (
+    dispatch,
     fused_sample,
     hopper_kernel,
     sample_logits,
@@ -268,6 +269,43 @@ def test_gpu_hopper_kernel_truncating_epilogue(
         tokens, expected, hidden, weight, bias=bias, temperature=temperature, seed=seed,
         logits_dtype=logits_dtype,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-logits"])
+def test_gpu_hopper_mass_partials_take_the_tile_maximum_from_the_largest_key(
+    logits_dtype, monkeypatch
+):
+    """The Gluon kernel's top-p mass partials (48 rows) with each tile's maximum taken from
+    the top-m search's largest key (``hopper_kernel.MASS_MAX_FROM_TOP_KEY``) are the same
+    bits as with a reduction of their own, and so are the tokens: a bias with -inf and NaN
+    tokens, +-0 logits, a vocabulary that the 128-wide tiles do not divide, a tile at -inf."""
+    probe = torch.empty(128, 64, device=CUDA, dtype=torch.bfloat16)
+    if not hopper_kernel.supported(probe, probe):
+        pytest.skip("not a Hopper GPU with Gluon")
+    vocab_size = 50_001
+    hidden, weight = make_exact_problem(48, vocab_size, 2048, device=CUDA)
+    weight[5:9] = 0.0  # (+0 logits, and -0 through the bias below)
+    bias = torch.zeros(vocab_size, device=CUDA)
+    bias[7::11] = float("-inf")
+    bias[3::17] = float("nan")
+    bias[5] = -0.0
+    bias[256:384] = float("-inf")  # (one whole 128-wide tile)
+    masses = []
+
+    def keep_mass(hidden, weight, bias, params, stage1, *args, **kwargs):
+        masses.append(stage1["mass"].clone())
+        return finish(hidden, weight, bias, params, stage1, *args, **kwargs)
+
+    finish = dispatch._finish_truncation
+    monkeypatch.setattr(dispatch, "_finish_truncation", keep_mass)
+    knobs = dict(temperature=0.7, top_p=0.9, seed=5, num_samples=2, logits_dtype=logits_dtype)
+    monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", False)
+    tokens = fused_sample(hidden, weight, bias=bias, impl="triton", **knobs)
+    monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", True)
+    again = fused_sample(hidden, weight, bias=bias, impl="triton", **knobs)
+    assert torch.equal(again, tokens)
+    assert len(masses) == 2 and torch.equal(masses[0], masses[1])
+    assert masses[0][:, :, 0].isneginf().any()  # (the -inf tile)
 
 
 def test_gpu_all_survivors_in_one_tile_take_the_exact_fallback():

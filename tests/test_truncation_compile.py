@@ -306,6 +306,11 @@ variants = [
     # one m64n128 MMA a step (WIDE_MMA): plain, and top-k 50
     dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, WIDE_MMA=True, **no_knobs),
     dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, WIDE_MMA=True, **no_knobs),
+    # top-p alone: the mass partials with their own maximum (1) or the largest key's (2:
+    # MASS_MAX_FROM_TOP_KEY), packed bf16 and fp32 keys
+    dict(PLAIN=False, TOP_M=4, ROW_MASS=1, KEY_LOW_BITS=16, **no_knobs),
+    dict(PLAIN=False, TOP_M=4, ROW_MASS=2, KEY_LOW_BITS=16, **no_knobs),
+    dict(PLAIN=False, TOP_M=4, ROW_MASS=2, KEY_LOW_BITS=0, LOGITS_DTYPE=None, **no_knobs),
 ]
 for variant in variants:
     constants = {**base, **variant}
