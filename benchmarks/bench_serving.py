@@ -49,7 +49,7 @@ manager's own timestamps; ``tpot_ms`` is the median over the requests of the tim
 (--budget-s, one per shape, from the start) stop starting new cells, so what ran is written
 (a started cell still runs to its end: up to a minute at B = 256). Both shapes'
 grid does not fit one 600 s call (each configuration's first call, its compile, took 71-77 s
-on an H200): run a shape per call (--shapes, --budget-s; benchmarks/serve6_job.sh, one
+on an H200): run a shape per call (--shapes, --budget-s; benchmarks/jobs/serve6_job.sh, one
 shape's grid with three repeats in 334 s for Qwen3-1.7B and 430 s for Llama-3.1-8B). Where
 a cell misses the issue's goal (fused TPOT <= 0.95x stock, tokens/s >= 1.05x) and the shape's
 deadline has not passed, each

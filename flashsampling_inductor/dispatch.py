@@ -193,7 +193,7 @@ def default_config(
     # above, T = 1 / per-row temperatures and seeds / greedy: D = 8192 B = 144 898 -> 700 /
     # 984 -> 709 / 822 -> 689 us, B = 192 879 -> 794 / 919 -> 812 / 882 -> 768; D = 4096 B =
     # 144 579 -> 421; D = 2048 B = 144 294 -> 242, B = 160 294 -> 254
-    # (swap_stage1_h200_20261127-2027_*, benchmarks/swap_stage1.py). With its swizzled staging
+    # (swap_stage1_h200_20261127-2027_*, benchmarks/probes/swap_stage1.py). With swizzled staging
     # (hopper_swap_kernel.swizzled) also up to 256 rows at D <= 4096: per-row temperatures and
     # seeds 8-9% faster at B = 224 / 256 (D = 2048 395 -> 363 / 396 -> 362 us, D = 4096 636 ->
     # 581 / 636 -> 582), T = 1 3-5% faster at D = 2048 and even to 3% slower at D = 4096 (the
@@ -261,7 +261,7 @@ def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
     stage 1 less and overflow less. Otherwise for top-k on every row (k > 1024, m = 16
     candidates per tile: half as many on 128-wide tiles), not for top-p without top-k, whose
     nucleus may hold hundreds of tokens (433 in the zipf-4 rows of
-    benchmarks/fast_path_rate.py): spread at random, such a row overflows to the exact path
+    benchmarks/probes/fast_path_rate.py): spread at random, such a row overflows to the exact path
     in ~4.5% of rows over 1187 tiles against ~0.3% over 2374 (Poisson estimate of a tile
     holding more than 4)."""
     if not params.truncates or merge_keep(params, vocab_size):
@@ -367,7 +367,7 @@ def _large_batch_gluon_rows(
     the narrow MMA), B = 256 1.19 -> 1.12. Plain sampling, D = 4096, the swapped kernel ->
     128-row tiles: B = 224 1.48 -> 1.28, B = 256 1.34 -> 1.29; at D = 2048 and 8192 and below
     193 rows the swapped kernel (or, at D = 8192 above 192 rows, the Triton kernel) stays
-    ahead or even (large_batch_ab_h200_20261128-1050: benchmarks/large_batch_ab.py)."""
+    ahead or even (large_batch_ab_h200_20261128-1050: benchmarks/probes/large_batch_ab.py)."""
     if not LARGE_BATCH_GLUON or not 128 < batch <= 256:
         return 0
     if truncates:  # (the top-m epilogue draws no noise: per-row seeds do not matter)

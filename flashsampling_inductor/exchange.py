@@ -487,7 +487,7 @@ def exchange_launches_pdl(device: torch.device, persistent_stage1: Callable[[], 
     (CUDA graphs, 08:50), PDL after every stage 1 against none: D = 4096 B = 256 (persistent)
     159.3 against 162.3 us, B = 64 (full grid) 99.4 against 96.2; D = 8192 B = 256
     (persistent) 228.1 against 226.9. ``auto`` stays opt-in until a GPU A/B shows it at
-    least even in every cell it changes (benchmarks/tp7_job.sh: bench_tp's ``fused_tp_auto``
+    least even in every cell it changes (benchmarks/jobs/tp7_job.sh: bench_tp's ``fused_tp_auto``
     / ``fused_tp_pdl`` time ``auto`` / ``1`` beside ``fused_tp``)."""
     mode = os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", PDL_DEFAULT)
     if mode == "auto":

@@ -44,7 +44,7 @@ NOISE_ROWS = 64  # rows whose noise one pass over the staging draws (8 Philox a 
 SHARED_BYTES = 227 * 1024 - 1024  # an H100's / H200's shared memory a block, less barriers
 MAX_STAGES = 8
 # The staging's layout (see _swapped_stage1): None chooses per shape (``swizzled``), a bool
-# forces it (benchmarks/swap_stage1.py compares the two).
+# forces it (benchmarks/probes/swap_stage1.py compares the two).
 SWIZZLE_STAGING: bool | None = None
 
 

@@ -85,7 +85,7 @@ def mul_wide(a, MULTIPLIER: tl.constexpr, FAST: tl.constexpr):
         # One wide multiply (IMAD.WIDE.U32) instead of separate high and low ones. The noise
         # is bound by instruction issue (alone it runs at ~80% of an H200 SM's issue rate),
         # and Philox is mostly these multiplies: with the division below, 28% fewer noise
-        # instructions (benchmarks/kernel_sass.py). The constant is an immediate operand, so
+        # instructions (benchmarks/probes/kernel_sass.py). The constant is an immediate operand, so
         # no tensor is built here and the Gluon kernel (hopper_kernel.py) can call this too.
         if MULTIPLIER == PHILOX_ROUND_A:
             return tl.inline_asm_elementwise(
@@ -536,7 +536,7 @@ def _pdl_supported(device: torch.device) -> bool:
 
 @functools.cache
 def is_hopper(device: torch.device) -> bool:
-    # (a CUDA device without CUDA: offline tools such as benchmarks/kernel_sass.py)
+    # (a CUDA device without CUDA: offline tools such as benchmarks/probes/kernel_sass.py)
     return (
         device.type == "cuda"
         and torch.cuda.is_available()

@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 # A Qwen3-1.7B-shaped model cut to two layers (random bf16 weights), B = 8, generate's
-# top-k 50: where runs once drew different tokens in rows 1-7 (benchmarks/token_repro.py).
+# top-k 50: where runs once drew different tokens in rows 1-7 (benchmarks/probes/token_repro.py).
 _CHILD = r"""
 import torch, transformers
 from flashsampling_inductor import hf

@@ -1,4 +1,4 @@
-"""benchmarks/kernel_sass.py compiles stage 1 for Hopper without a GPU: the noise's SASS cost
+"""benchmarks/probes/kernel_sass.py compiles stage 1 for Hopper without a GPU: the noise's SASS cost
 stays where docs/performance.md says (it is what bounds large batches)."""
 
 import os
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "kernel_sass.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "probes" / "kernel_sass.py"
 
 
 def test_noise_costs_under_40_sass_instructions_per_score_on_hopper():

@@ -4,7 +4,7 @@ The interpreter runs these kernels as Python, so it accepts code the compiler re
 constexpr reassigned inside a ``static_range`` passed the CPU tests once and failed
 ``triton.compile``); this compiles stage 1 with the soft-cap and top-m candidates, their merge
 per group of tiles, both stage-2 variants of rows without top-k (top-p's pruned wide search,
-min-p) and the fallback, with Triton's own ptxas, as ``benchmarks/kernel_sass.py`` does for
+min-p) and the fallback, with Triton's own ptxas, as ``benchmarks/probes/kernel_sass.py`` does for
 plain stage 1.
 """
 

@@ -18,7 +18,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 budget=205 batches=unused
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 parse_budget_batches "$@"
 results=${OUT:-$PWD/benchmarks/results}
 out=/tmp/hf

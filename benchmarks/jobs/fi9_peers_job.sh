@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine call (one H200, about 220 s) filling issue 38 item 2's peer cells that the
-# 2026-11-28 12:14 call (benchmarks/flashinfer_peers_job.sh) left: FlashInfer 0.6.9 at D = 2048
+# 2026-11-28 12:14 call (benchmarks/jobs/flashinfer_peers_job.sh) left: FlashInfer 0.6.9 at D = 2048
 # and 8192 (every B), 0.7.2.post1 at D = 8192 B = 2/4/16/48/96/160-256 and D = 2048
 # B = 2/4/16/48/96. Same set-up and timing as that script (prebuilt FlashInfer modules, a warmed
 # Triton cache topped up by compile_fused.py's dry runs, CUDA-graph medians, logit std 5,
@@ -15,7 +15,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 budget=205 batches=unused
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 parse_budget_batches "$@"
 results=${OUT:-$PWD/benchmarks/results}
 out=/tmp/peers

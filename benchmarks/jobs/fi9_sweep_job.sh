@@ -17,7 +17,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 budget=400 shapes=2048x151936,4096x151936,8192x128256
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 while [ $# -gt 0 ]; do
     case "$1" in
         --budget) budget=$2; shift ;;

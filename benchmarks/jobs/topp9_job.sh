@@ -22,7 +22,7 @@ fi
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 cat COMMIT 2>/dev/null
 say "A/B"
-timeout -k 3 "$(cap "${AB_S:-100}" 75)" python3 benchmarks/truncation_ab.py \
+timeout -k 3 "$(cap "${AB_S:-100}" 75)" python3 benchmarks/probes/truncation_ab.py \
     --budget "$(cap "${AB_S:-100}" 77)" --batches "${AB_BATCHES:-1,16,32,48,64,96,128}" \
     --modes "${AB_MODES:-p09,k50p09,minp,k50}" --variants "${AB_VARIANTS:-compact256,compact512,compact256narrow,warps16,rows64,gluonmassmax,wide}" \
     --rounds 3 --out-dir "$OUT" > "$OUT/truncation_ab.txt" 2>&1

@@ -2,7 +2,7 @@
 tokens of every choice checked against the first of its mode (they must not depend on the
 tiling).
 
-    python benchmarks/large_batch_ab.py [--what variants|dispatch|diagnose] [--budget 180]
+    python benchmarks/probes/large_batch_ab.py [--what variants|dispatch|diagnose] [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from ab_rounds import time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import dispatch, hopper_kernel, hopper_swap_kernel  # noqa: E402

@@ -11,10 +11,10 @@
 # whether it meets the goal or not, instead of the smallest B that misses. Everything under
 # $OUT; the CSV printed at the end.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 shape=${1:-${SHAPE:-qwen3-1.7b}}
 budget=${TOTAL_S:-540}
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/out}
 mkdir -p "$O"

@@ -10,9 +10,9 @@
 #      seeded apart failing the call (default, PDL), a missing rank's timeout
 #   C: the 10,000 skewed steps with the PDL exchange, if time is left
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 budget=${TOTAL_S:-196}
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 tp_job_start tp6/r1 2
 
 # A

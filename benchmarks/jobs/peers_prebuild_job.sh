@@ -12,7 +12,7 @@
 #    dry runs on fake tensors, a few processes splitting the compiles) into
 #    TRITON_CACHE_DIR=/tmp/triton_peers, the path the timed call must use too.
 #
-#   bash benchmarks/peers_prebuild_job.sh [--budget S]
+#   bash benchmarks/jobs/peers_prebuild_job.sh [--budget S]
 #
 # Needs (git-ignored, carried): .fi072/site.tar.xz (benchmarks/fetch_flashinfer.sh) and
 # 0.6.9's wheels in .whl/ (../shared/gpu/fetch-wheels.sh). Writes to $OUT, flat (a few files):
@@ -22,9 +22,9 @@
 # built in time as its ninja build folder (flashinfer_partial.tar.xz, same /tmp paths, for a
 # next call to resume from); a file over 15 MiB comes back in parts (cat FILE.part* > FILE).
 set -u -o pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 budget=440
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 while [ $# -gt 0 ]; do
     case "$1" in
         --budget) budget=$2; shift ;;

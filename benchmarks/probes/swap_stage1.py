@@ -1,8 +1,8 @@
 """The swapped warp-specialized stage 1 (``hopper_swap_kernel``, 129-256 rows) against the
 current default and cuBLAS, and its exactness.
 
-    python benchmarks/swap_stage1.py exact [--modes main|all] [--out-dir DIR]
-    python benchmarks/swap_stage1.py time [--rounds 3] [--out-dir DIR]
+    python benchmarks/probes/swap_stage1.py exact [--modes main|all] [--out-dir DIR]
+    python benchmarks/probes/swap_stage1.py time [--rounds 3] [--out-dir DIR]
 
 ``exact``: for B in 129-256 and the three benchmark shapes (D = 2048 / 4096, V = 151936; D =
 8192, V = 128256), logits of std 5, the swapped kernel's tokens against the Triton stage 1's
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from sweep_configs import graph_median_us  # noqa: E402  (this folder)
 
 from flashsampling_inductor import hopper_kernel, hopper_swap_kernel  # noqa: E402

@@ -1,9 +1,9 @@
 """Truncation knobs at 129-256 rows: each stage 1 that can take them (``--routes``), timed
 against cuBLAS, their tokens against the Triton kernel's, and where the time goes.
 
-    python benchmarks/swap_knobs.py exact [--batches 144,256] [--routes default,swap,gluon]
-    python benchmarks/swap_knobs.py time [--batches 144,192,256] [--rounds 3] [--out-dir DIR]
-    python benchmarks/swap_knobs.py profile [--batches 256] [--routes default,persistent]
+    python benchmarks/probes/swap_knobs.py exact [--batches 144,256] [--routes default,swap,gluon]
+    python benchmarks/probes/swap_knobs.py time [--batches 144,192,256] [--rounds 3] [--out-dir DIR]
+    python benchmarks/probes/swap_knobs.py profile [--batches 256] [--routes default,persistent]
 
 The knobs as ``generate`` after ``hf.enable`` passes them (0-d tensors, each knob at its off
 value when off): ``off`` (every knob off), ``k50`` (top-k 50, generate's default), ``qwen3``
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from swap_stage1 import matmul, problem, time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import dispatch, hopper_kernel, hopper_swap_kernel  # noqa: E402

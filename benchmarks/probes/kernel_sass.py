@@ -1,6 +1,6 @@
 """Compile stage 1 for Hopper (sm_90a) on any machine and show what ptxas made of it.
 
-    python benchmarks/kernel_sass.py [--batch 256] [--hidden-size 2048] [--top 12]
+    python benchmarks/probes/kernel_sass.py [--batch 256] [--hidden-size 2048] [--top 12]
 
 No GPU needed: Triton ships ptxas, nvdisasm and cuobjdump. For ``default_config(batch)`` on
 an H100/H200 it prints, sampling at T = 1 and greedy (the same kernel with the noise off),
@@ -34,7 +34,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from flashsampling_inductor import dispatch, sampling_kernel  # noqa: E402
 
 NVIDIA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"

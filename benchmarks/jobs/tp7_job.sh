@@ -11,9 +11,9 @@
 #   C: the 10,000 skewed steps with both opt-ins at a shape whose exchange is PDL by the rule
 #      (B = 256, D = 8192, int seeds)
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 budget=${TOTAL_S:-196}
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 tp_job_start tp7/r1 2
 
 # A

@@ -2,7 +2,7 @@
 # call's budget, and the TP jobs' set-up. A call is cut at its limit, so every step asks
 # how many seconds are left before it starts, and gives up cleanly when too few are.
 #
-#   budget=200; source benchmarks/device_job_lib.sh
+#   budget=200; source benchmarks/jobs/device_job_lib.sh
 #   timeout "$(cap 60 40)" python3 ...   # at most 60 s, keeping 40 s for what follows
 
 job_t0=$(date +%s)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # knobs8's device job (issue 35 item 2; one GPU, TOTAL_S seconds, default 145): where the
 # time of off-valued knobs goes, and the A/B of the change under test, CUDA graphs. Round 1:
-# no kernel change yet, the parts of the tail after stage 1 (benchmarks/off_knobs_parts.py):
+# no kernel change yet, the parts of the tail after stage 1 (benchmarks/probes/off_knobs_parts.py):
 #   nofb  the fallback's two launches left out (their cost)
 #   floor stage 1 as it is, then the plain stage 2 (what any tail after that stage 1 costs)
 #   old   no merge for a per-row k tensor (dispatch.MERGE_PER_ROW_K=False)
@@ -12,9 +12,9 @@
 # persistent split stage 1, branch knobs8-merge-in-stage2 at 4324128, not landed: docs/performance.md.)
 # Everything under $OUT/knobs8/, summary.txt first.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 budget=${TOTAL_S:-145}
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 O=${OUT:-/tmp/out}/knobs8; mkdir -p "$O"
 S=$O/summary.txt
@@ -33,7 +33,7 @@ bench() {  # bench LABEL LIMIT ARGS...: off_knobs_parts.py into $O/LABEL.log
     shift 2
     if [ "$limit" -lt 5 ]; then echo "$label: no time left" >> "$S"; return; fi
     t=$(date +%s)
-    timeout -k 5 "$limit" python3 benchmarks/off_knobs_parts.py --out "$O" "$@" > "$O/$label.log" 2>&1
+    timeout -k 5 "$limit" python3 benchmarks/probes/off_knobs_parts.py --out "$O" "$@" > "$O/$label.log" 2>&1
     echo "$label: rc=$? wall $(($(date +%s) - t)) s (limit $limit, at $(elapsed) s)" >> "$S"
 }
 

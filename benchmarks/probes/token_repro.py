@@ -18,8 +18,8 @@ then reads them all and prints where processes and repeated calls disagree:
             eagerly and through the reference.
   compare   the first row / step where processes (or the repeats of one) differ.
 
-    python benchmarks/token_repro.py op --tag a --out /tmp/r
-    python benchmarks/token_repro.py compare --out /tmp/r
+    python benchmarks/probes/token_repro.py op --tag a --out /tmp/r
+    python benchmarks/probes/token_repro.py compare --out /tmp/r
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def run_op(args) -> None:
 
 
 def run_generate(args) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
     import bench_generate as bg
     from torch._subclasses.fake_tensor import FakeTensor
     from transformers import CompileConfig

@@ -1,7 +1,7 @@
 """Stage 1 of the TP step on one vocabulary shard, per candidate tile configuration (issue 39).
 
-    python benchmarks/short_shard_stage1.py [--shapes 4096x37984,8192x32064] [--batches 64,256]
-                                            [--rounds 3] [--out-dir DIR]
+    python benchmarks/probes/short_shard_stage1.py [--shapes 4096x37984,8192x32064]
+                                                   [--batches 64,256] [--rounds 3] [--out-dir DIR]
 
 A TP = 4 step with symmetric memory runs stage 1 on its shard (``tile_candidates``: per-tile
 candidates, no stage 2) and then the exchange's kernel. This times that stage 1 alone, each
@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
-from bench_sampling import capture_graph  # noqa: E402  (this folder)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from bench_sampling import capture_graph  # noqa: E402  (benchmarks/)
 
 from flashsampling_inductor.dispatch import (  # noqa: E402
     SampleConfig,
@@ -179,7 +180,7 @@ def main() -> None:
         "compiled are still timed",
     )  # fmt: skip
     parser.add_argument(
-        "--out-dir", type=Path, default=Path(__file__).parent / "results", help="JSON's folder"
+        "--out-dir", type=Path, default=Path(__file__).parents[1] / "results", help="JSON's folder"
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -24,7 +24,7 @@ Runs on a CUDA GPU (seconds) or on the CPU (the Triton interpreter, set by the s
 about 2 minutes per family at B = 32). Prints a markdown table (rows per family and filter:
 fast path, patched, whole row recomputed); ``--out`` also writes it to a file.
 
-    python benchmarks/fast_path_rate.py [--batch 32] [--rows-per-family 32] [--out FILE]
+    python benchmarks/probes/fast_path_rate.py [--batch 32] [--rows-per-family 32] [--out FILE]
                                         [--families zipf-4,flat]
 """
 

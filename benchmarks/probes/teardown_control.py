@@ -1,6 +1,6 @@
 """Control for the TP teardown hang (issue 39; two CUDA GPUs):
 
-    python benchmarks/teardown_control.py [--release] [--exit-s 25]
+    python benchmarks/probes/teardown_control.py [--release] [--exit-s 25]
 
 A step with a captured NCCL all-reduce compiled with mode="reduce-overhead" and NO
 flashsampling call. Expected (pytorch#115388, NCCL's commDestroySync waits for graphs
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from tests.tp_ranks import last_exit_s, run_ranks  # noqa: E402
 
 

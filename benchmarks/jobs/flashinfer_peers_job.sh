@@ -6,10 +6,10 @@
 # D = 4096, the "joint" order; 0.7.2's cake_top_k_top_p_sampling_from_probs on the fp32
 # softmax, counted), top-p 0.9 and min-p 0.1 (softmax + *_sampling_from_probs). No build runs
 # here: FlashInfer's modules come prebuilt and the fused kernels from a warmed Triton cache
-# (benchmarks/peers_prebuild_job.sh); a kernel the cache lacks (the source changed since) is
+# (benchmarks/jobs/peers_prebuild_job.sh); a kernel the cache lacks (the source changed since) is
 # compiled first by compile_fused.py's dry runs, before anything is timed.
 #
-#   bash benchmarks/flashinfer_peers_job.sh [--budget S] [--batches LIST]
+#   bash benchmarks/jobs/flashinfer_peers_job.sh [--budget S] [--batches LIST]
 #
 # Each version times in processes of its own (its own PYTHONPATH and JIT workspace), matmul and
 # the fused providers in each, so every ratio is taken in-process. Order, so that a short call
@@ -21,10 +21,10 @@
 # (summary.txt, run.log, one CSV and PNG per process: one file, as a call brings back few and
 # none deeper than two folders) and $OUT/peers_summary.txt.
 set -u -o pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 budget=195 batches=1,2,4,8,16,32,48,64,96,128,144,160,192,224,256
 rest_batches=1,8,32,64,128,144,160,192,224,256 # D = 2048 and 8192: ten B, the cliff's all
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 parse_budget_batches "$@"
 results=${OUT:-$PWD/benchmarks/results}
 out=/tmp/peers

@@ -1,7 +1,7 @@
 #!/bin/bash
 # GPU job (one Hopper GPU, run by the lead) for the stage 1 of 129-256 rows, within BUDGET
 # seconds (first argument, default 200), everything written to $OUT, in this order (each
-# step with a slice of the budget; benchmarks/large_batch_ab.py skips points near its end):
+# step with a slice of the budget; benchmarks/probes/large_batch_ab.py skips points near its end):
 #   1. --what dispatch: the default before and after dispatch._large_batch_gluon_rows, with
 #      token checks (DISPATCH_S);
 #   2. --what diagnose: T = 1 against greedy, the noise's share (DIAGNOSE_S);
@@ -21,7 +21,7 @@ step() {  # seconds, then large_batch_ab.py's arguments
     local seconds=$1; shift
     [ "$(left)" -lt 25 ] && { echo "skipped $* (budget)"; return; }
     [ "$seconds" -gt "$(( $(left) - 5 ))" ] && seconds=$(( $(left) - 5 ))
-    timeout -k 3 "$seconds" python3 benchmarks/large_batch_ab.py --budget $((seconds - 2)) \
+    timeout -k 3 "$seconds" python3 benchmarks/probes/large_batch_ab.py --budget $((seconds - 2)) \
         --out-dir "$OUT" "$@"
     echo "-- at $(( $(date +%s) - START )) s"
 }

@@ -8,7 +8,7 @@ variants that leave parts of a truncating call's tail out, for timing only (issu
   stage 2 over its plain candidates (the floor of any tail after that stage 1; off rows'
   tokens stay, truncated rows' do not).
 
-    python benchmarks/off_knobs_parts.py --zero-d --knobs plain,off --variants \\
+    python benchmarks/probes/off_knobs_parts.py --zero-d --knobs plain,off --variants \\
         nofb:truncation_kernel.launch_fallback=@no_fallback,floor:_finish_truncation=@plain_stage2
 """
 
@@ -18,7 +18,7 @@ import contextlib
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 import bench_off_knobs  # noqa: E402
 
 

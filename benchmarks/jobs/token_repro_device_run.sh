@@ -4,7 +4,7 @@
 # inverted, and the default (mode off) as the control; tests/test_gpu_determinism.py),
 # then its cost: B = 8 and 64, mode on / off, timed in turns one process at a time.
 # Writes $OUT/determ/ (default ./determ). Not run yet (written 2026-11-28, no device time left).
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 O="${OUT:-.}/determ"; mkdir -p "$O"
 export PYTHONPATH=$PWD
 export TORCHINDUCTOR_COMPILE_THREADS=4
@@ -16,7 +16,7 @@ run() {  # tag, "VAR=value ..." (or -), part, extra args...
   [ "$envs" = - ] && envs=""
   local c=$(mktemp -d)
   env $envs TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor \
-    timeout 135 python3 benchmarks/token_repro.py $part --tag $tag --out "$O" "$@" > "$O/${part}_${tag}.log" 2>&1
+    timeout 135 python3 benchmarks/probes/token_repro.py $part --tag $tag --out "$O" "$@" > "$O/${part}_${tag}.log" 2>&1
   echo "$part $tag [$envs] rc=$? at $((SECONDS-start)) s" >> "$O/summary.txt"
   (cd $c && find . -name '*.best_config' | tar -czf "$O/best_configs_$tag.tar.gz" -T - 2>/dev/null)
   rm -rf "$c"
@@ -48,6 +48,6 @@ for turn in 0 1; do
   done
 done
 wait
-timeout 10 python3 benchmarks/token_repro.py compare --out "$O" > "$O/compare.txt" 2>&1
+timeout 10 python3 benchmarks/probes/token_repro.py compare --out "$O" > "$O/compare.txt" 2>&1
 grep -h "turn\|call [01] (" "$O"/generate_t*.log > "$O/timing.txt"
 cat "$O/summary.txt" "$O/timing.txt" "$O/compare.txt" | head -80

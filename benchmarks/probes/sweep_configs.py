@@ -1,6 +1,6 @@
 """Time candidate stage-1 configurations against cuBLAS, to choose ``default_config``.
 
-    python benchmarks/sweep_configs.py [--batches 64,128,256] [--rounds 3] [--out-dir DIR]
+    python benchmarks/probes/sweep_configs.py [--batches 64,128,256] [--rounds 3] [--out-dir DIR]
                                        [--shapes 2048x151936,64x151936] [--top-k 50]
 
 For each shape and batch size: cuBLAS ``hidden @ W.T`` and every candidate (the current
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from flashsampling_inductor.dispatch import (  # noqa: E402
     SampleConfig,
     default_config,
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds (default 3)")
     parser.add_argument("--top-k", type=int, default=0, help="time truncating calls (top-k K)")
     parser.add_argument(
-        "--out-dir", type=Path, default=Path(__file__).parent / "results", help="JSON's folder"
+        "--out-dir", type=Path, default=Path(__file__).parents[1] / "results", help="JSON's folder"
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -2,16 +2,16 @@
 # Issue 36 item 7 device job (one GPU): first calls of stock compiled and fused generate,
 # each pair STARTED TOGETHER on the one GPU (the same host load for both), each run a fresh
 # process with fresh Inductor and Triton caches; then tests/test_gpu_compile_ahead.py.
-#   OUT=/tmp/out bash benchmarks/first_call_job.sh --budget 500 [--batches "1,16,64 8"]
+#   OUT=/tmp/out bash benchmarks/jobs/first_call_job.sh --budget 500 [--batches "1,16,64 8"]
 # Writes $OUT/first_call/{summary.txt,<run>.log,<run>.json.gz,gpu_tests.log}. TESTS=0: no
 # tests (the pairs then keep no time for them). FLASHSAMPLING_* variables pass through to
 # both runs of a pair (stock ignores them) and are written to env.txt; the hand-off A/B
 # (docs/hf.md; the default, late, against now), B = 1 pairs:
 #   FLASHSAMPLING_COMPILE_AHEAD_HANDOFF=now TESTS=0 OUT=/tmp/out \
-#       bash benchmarks/first_call_job.sh --budget 270 --batches "1 1 1"
+#       bash benchmarks/jobs/first_call_job.sh --budget 270 --batches "1 1 1"
 budget=500
 batches="1,16,64 8"
-source benchmarks/device_job_lib.sh
+source benchmarks/jobs/device_job_lib.sh
 parse_budget_batches "$@"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/out}/first_call; mkdir -p "$O"; S=$O/summary.txt

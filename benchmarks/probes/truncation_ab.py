@@ -2,7 +2,7 @@
 top-k / top-p / min-p at <= 1.05x of cuBLAS), old against new in one process, with each
 variant's tokens checked against its mode's default (they must not depend on the choice).
 
-    python benchmarks/truncation_ab.py [--budget 60] [--rounds 3] [--out-dir DIR]
+    python benchmarks/probes/truncation_ab.py [--budget 60] [--rounds 3] [--out-dir DIR]
         [--batches 1,64,128] [--shapes 2048x151936] [--modes p09,k50p09] [--variants wide,...]
 
 Per shape and batch size, cuBLAS ``hidden @ W.T`` and, per mode (``p09`` top-p 0.9 alone,
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a plain checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from ab_rounds import time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import (  # noqa: E402
