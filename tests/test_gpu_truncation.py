@@ -271,19 +271,25 @@ def test_gpu_hopper_kernel_truncating_epilogue(
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "batch, lever",
+    [(48, (hopper_kernel, "MASS_MAX_FROM_TOP_KEY")),
+     (16, (sampling_kernel, "MASS_SUM_WITH_LEFT_OUT"))],
+    ids=["gluon-max-from-key", "triton-sum-with-left-out"],
+)  # fmt: skip
 @pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-logits"])
-def test_gpu_hopper_mass_partials_take_the_tile_maximum_from_the_largest_key(
-    logits_dtype, monkeypatch
-):
-    """The Gluon kernel's top-p mass partials (48 rows) with each tile's maximum taken from
-    the top-m search's largest key (``hopper_kernel.MASS_MAX_FROM_TOP_KEY``) are the same
-    bits as with a reduction of their own, and so are the tokens: a bias with -inf and NaN
-    tokens, +-0 logits, a vocabulary that the 128-wide tiles do not divide, a tile at -inf."""
+def test_gpu_mass_partials_levers_give_the_same_bits(batch, lever, logits_dtype, monkeypatch):
+    """Top-p's mass partials with the Gluon kernel's (48 rows) tile maximum taken from the
+    top-m search's largest key (``hopper_kernel.MASS_MAX_FROM_TOP_KEY``), or the Triton
+    kernel's (16 rows) sum reduced with the largest key left out
+    (``sampling_kernel.MASS_SUM_WITH_LEFT_OUT``), are the same bits as without, and so are
+    the tokens: a bias with -inf and NaN tokens, +-0 logits, a vocabulary that the tiles do
+    not divide, a tile at -inf."""
     probe = torch.empty(128, 64, device=CUDA, dtype=torch.bfloat16)
-    if not hopper_kernel.supported(probe, probe):
+    if lever[0] is hopper_kernel and not hopper_kernel.supported(probe, probe):
         pytest.skip("not a Hopper GPU with Gluon")
     vocab_size = 50_001
-    hidden, weight = make_exact_problem(48, vocab_size, 2048, device=CUDA)
+    hidden, weight = make_exact_problem(batch, vocab_size, 2048, device=CUDA)
     weight[5:9] = 0.0  # (+0 logits, and -0 through the bias below)
     bias = torch.zeros(vocab_size, device=CUDA)
     bias[7::11] = float("-inf")
@@ -299,9 +305,9 @@ def test_gpu_hopper_mass_partials_take_the_tile_maximum_from_the_largest_key(
     finish = dispatch._finish_truncation
     monkeypatch.setattr(dispatch, "_finish_truncation", keep_mass)
     knobs = dict(temperature=0.7, top_p=0.9, seed=5, num_samples=2, logits_dtype=logits_dtype)
-    monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", False)
+    monkeypatch.setattr(*lever, False)
     tokens = fused_sample(hidden, weight, bias=bias, impl="triton", **knobs)
-    monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", True)
+    monkeypatch.setattr(*lever, True)
     again = fused_sample(hidden, weight, bias=bias, impl="triton", **knobs)
     assert torch.equal(again, tokens)
     assert len(masses) == 2 and torch.equal(masses[0], masses[1])

@@ -67,6 +67,8 @@ VARIANTS = {
     "warps16": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 16)]),
     # 17-32 rows on the 64-row tiles of 33-64 (the Gluon kernel) instead of swap-AB Triton
     "rows64": (tuple(MODES), [(dispatch, "TRUNCATING_SWAP_ROWS_MAX", 16)]),
+    # the Triton stage 1's (<= 32 rows) mass sum reduced with the largest key left out
+    "masssum": (("p09",), [(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)]),
     # the Gluon stage 1's mass partials with the tile maximum from the largest key
     "gluonmassmax": (("p09",), [(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", True)]),
     # the Gluon stage 1 (33-128 rows) with one m64n128 MMA a k step
@@ -74,7 +76,7 @@ VARIANTS = {
 }
 # Variants that change nothing outside these rows.
 FIRST_BATCH = {"wide": 33, "rows64": 17, "gluonmassmax": 33}
-LAST_BATCH = {"rows64": 32}
+LAST_BATCH = {"rows64": 32, "masssum": 32}
 ROUND_2_VARIANTS = {
     "onebit": (("k50p09",), [ONE_BIT]),  # stage 2's nucleus search one bit a pass
     "massreduced": (("p09",), [MASS_REDUCED]),  # the mass partials' own max (B <= 32)
