@@ -6,12 +6,12 @@ each for top-p / min-p: minutes of a short lease (sweep_device_run.sh's parallel
 took 80-90 s of GPU time). Here each provider's own step (bench_sampling's builder, so the
 same knobs, dtypes and seed) runs as ahead.py's dry run: fake tensors, every launch only
 compiles (launch.compile_ahead), no kernel of any kind, so it can run on a GPU machine
-beside another job's timings. (Each process still held a CUDA context, 520 MiB of the GPU, in
-its first call on an H200 on 2026-11-28, ahead.py's two patches below notwithstanding: the
-cause is not found.) Several processes
-split the compiles (--index / --count, compile_ahead's ``share``). Triton's cache keys are
-settled first (ahead._settle_cache_keys), as bench_sampling.py does before it times, so the
-keys match whatever ran before. Cached under TRITON_CACHE_DIR: use the same absolute path
+beside another job's timings, without a CUDA context. (Each process held one, 520 MiB of an
+H200, on 2026-11-28: bench_sampling's ``torch.tensor`` seed, which FakeTensorMode makes on
+the GPU for real where CUDA is available; see main.) Several processes split the compiles
+(--index / --count, compile_ahead's ``share``). Triton's cache keys are settled first
+(ahead._settle_cache_keys), as bench_sampling.py does before it times, so the keys match
+whatever ran before. Cached under TRITON_CACHE_DIR: use the same absolute path
 when the cache is brought back (its group files hold absolute paths).
 
     TRITON_CACHE_DIR=/tmp/triton_peers python benchmarks/compile_fused.py --index 0 --count 4
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._subclasses import fake_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sampling as bench  # noqa: E402 (its providers, shapes and batches)
@@ -43,10 +44,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class DryRunFakeMode(fake_tensor.FakeTensorMode):
+    """FakeTensorMode as on a machine without CUDA. Where CUDA is available the mode makes
+    ``torch.tensor(data, device="cuda")`` (bench_sampling's 0-d seed) on the GPU for real (its
+    constant propagation of the move) before it makes it fake: that one allocation gave each
+    process its CUDA context (520 MiB of an H200). Without CUDA the constant stays on the CPU
+    and its move to the GPU stays fake, which is all a dry run needs."""
+
+    @property
+    def avoid_device_init(self) -> bool:
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from torch._subclasses import fake_tensor
-
     from flashsampling_inductor import ahead, op
     from flashsampling_inductor import launch as launch_module
 
@@ -60,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     op._plain_eager_call = lambda *tensors: True
     start, failures = time.perf_counter(), 0
     with (
-        fake_tensor.FakeTensorMode(),
+        DryRunFakeMode(),
         launch_module.compile_ahead(threads=args.threads, share=(args.index, args.count)),
     ):
         for dim, vocab in args.shapes:
