@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine call that only compiles what a timed peer sweep (issue 38 item 2) needs, with
-# no kernel launched (the Triton processes do hold a CUDA context each, 520 MiB: see
-# compile_fused.py), so it can share a machine with another job's timings:
+# no kernel launched and no CUDA context (the Triton processes held one each, 520 MiB, until
+# compile_fused.py's DryRunFakeMode; the log's "on the GPU" lines show any), so it can share a
+# machine with another job's timings:
 #  - FlashInfer's JIT modules, built by the machine's nvcc for sm_90a with the GPU hidden
 #    (CUDA_VISIBLE_DEVICES empty, FLASHINFER_CUDA_ARCH_LIST=9.0a), four builds at once:
 #    0.7.2.post1's `sampling`, `topk` (the radix top-k of top_k_top_p_sampling_from_logits'
