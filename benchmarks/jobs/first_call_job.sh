@@ -11,6 +11,7 @@
 #       bash benchmarks/jobs/first_call_job.sh --budget 270 --batches "1 1 1"
 budget=500
 batches="1,16,64 8"
+cd "$(dirname "$0")/../.."  # (the repository root, from anywhere)
 source benchmarks/jobs/device_job_lib.sh
 parse_budget_batches "$@"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

@@ -7,6 +7,7 @@
 #   2. --what diagnose: T = 1 against greedy, the noise's share (DIAGNOSE_S);
 #   3. the GPU pathwise tests of the Gluon stage 1 with the wide MMA, with the time left.
 # (Three consumer warpgroups, once step 2 here, were slower than two and are gone.)
+cd "$(dirname "$0")/../.."  # (the repository root, from anywhere)
 BUDGET=${1:-200}
 START=$(date +%s)
 export PYTHONPATH=$PWD
