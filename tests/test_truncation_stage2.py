@@ -160,6 +160,27 @@ def test_merged_groups_match_the_contract_for_top_p_and_min_p(
     assert not bool(flags.all()), flags
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["one-bit", "narrow"])
+def test_merged_top_p_alone_on_the_heaviest_candidates(narrow, merged, overflowed, monkeypatch):
+    """A Python p alone on peaked rows (T = 0.25) from 32 merged candidates with 16 slots
+    (``MERGED_COMPACT_SLOTS``): where the heaviest 16 hold p of the mass, stage 2 searches
+    the nucleus and draws on them alone (``_top_p_bound``'s pruning), with the narrowed
+    search or one bit a pass; every row draws the contract's tokens."""
+    monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 16)
+    monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: narrow)
+    batch = 6
+    hidden, weight, bias, seed = masked_problem(batch)
+    params = SamplingParams(None, 0.25, seed, 0, 2, None, None, 0, None, 0.9)
+    tokens = triton_fused_sample(hidden, weight, bias, params, SampleConfig(32, 16, 64))
+    logits = exact_logits(hidden, weight, bias)
+    temperature = torch.full((batch,), 0.25, device=DEVICE)
+    expected = contract_sample(
+        logits, temperature, torch.zeros(batch), torch.full((batch,), 0.9), seed, 2
+    )
+    assert torch.equal(tokens, expected)
+    assert merged == [(batch, 63)]
+
+
 @pytest.mark.parametrize("route_k_max", [0, 20, 1000], ids=["k-off", "k20", "every-k"])
 def test_per_row_k_rows_take_the_merged_or_the_per_tile_candidates_exactly(
     route_k_max, merged, overflowed, monkeypatch
