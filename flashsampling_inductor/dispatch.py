@@ -102,6 +102,9 @@ class SampleConfig:
 # Truncating calls up to this many rows take default_config's swap-AB Triton tiles; past it
 # and up to 32 rows (A/B runs lower it) the 64-row tiles of 33-64 rows (Gluon on Hopper).
 TRUNCATING_SWAP_ROWS_MAX = 32
+# The Gluon kernel's rows a tile for calls whose Python knobs truncate every row at 65-128
+# rows: 64 (two tiles read each W tile, the second from L2) or 128 (one; A/B runs).
+TRUNCATING_TILE_ROWS_65_128 = 64
 
 
 def default_config(
@@ -230,6 +233,8 @@ def default_config(
         # 8-38% faster at B = 144 but up to 18% slower at B = 256 with truncated rows, H200.)
         hopper_rows = 64 if _WARP_SPECIALIZED and is_hopper(device) else 0
         swap = swap and _swap_takes_knobs(batch, hidden_size)
+    if truncates and hopper_rows and not knobs_per_row and batch <= 128:
+        hopper_rows = TRUNCATING_TILE_ROWS_65_128
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
     return dataclasses.replace(
         triton_config,

@@ -188,23 +188,28 @@ def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
     "knobs", [dict(top_p=0.9), dict(min_p=0.1), dict(top_k=50, top_p=0.9)],
     ids=["p09", "minp01", "k50-p09"],
 )  # fmt: skip
-@pytest.mark.parametrize("levers", ["default", "one-bit-reduced-max", "compact256-wide"])
+@pytest.mark.parametrize("levers", ["default", "one-bit-reduced-max", "topp9-levers"])
 def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, monkeypatch):
     """Top-p alone (the whole row's mass from stage 1's partials), min-p and top-k + top-p
     as Python scalars with bf16 logits, at the batch sizes of both stage-1 kernels (Triton
     up to 32 rows, Gluon above), with stage 2's nucleus search narrowed and the partials'
     maximum taken from the largest key (``truncation_kernel.NUCLEUS_NARROW``,
-    ``sampling_kernel.MASS_MAX_FROM_TOP_KEY``: the defaults) or not, or with 256 slots for
-    the heaviest / kept merged candidates and the Gluon kernel's wide MMA
-    (``truncation_kernel.MERGED_COMPACT_SLOTS``, ``hopper_kernel.WIDE_MMA``): the
-    reference's tokens up to documented noise near-ties. Exact logits (multiples of 1/32):
+    ``sampling_kernel.MASS_MAX_FROM_TOP_KEY``: the defaults) or not, or with topp9's levers
+    (256 slots for the heaviest / kept merged candidates and the narrowed search on them,
+    the Gluon kernel's wide MMA, 128-row tiles at 65-128 rows and tile maximum from the
+    largest key, the Triton kernel's mass sum with the left-out key): the reference's
+    tokens up to documented noise near-ties. Exact logits (multiples of 1/32):
     ties everywhere."""
     if levers == "one-bit-reduced-max":
         monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", False)
         monkeypatch.setattr(sampling_kernel, "MASS_MAX_FROM_TOP_KEY", False)
-    if levers == "compact256-wide":
+    if levers == "topp9-levers":
         monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)
+        monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: True)
         monkeypatch.setattr(hopper_kernel, "WIDE_MMA", True)
+        monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", True)
+        monkeypatch.setattr(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)
+        monkeypatch.setattr(dispatch, "TRUNCATING_TILE_ROWS_65_128", 128)
     hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
     seed = torch.arange(batch, device=CUDA) * 7919 + 13
     arguments = dict(

@@ -22,13 +22,13 @@ fi
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 cat COMMIT 2>/dev/null
 say "A/B"
-timeout -k 3 "$(cap "${AB_S:-100}" 75)" python3 benchmarks/probes/truncation_ab.py \
-    --budget "$(cap "${AB_S:-100}" 77)" --batches "${AB_BATCHES:-1,16,32,48,64,96,128}" \
-    --modes "${AB_MODES:-p09,k50p09,minp,k50}" --variants "${AB_VARIANTS:-compact256,compact512,compact256narrow,warps16,rows64,masssum,gluonmassmax,wide}" \
+timeout -k 3 "$(cap "${AB_S:-110}" 70)" python3 benchmarks/probes/truncation_ab.py \
+    --budget "$(cap "${AB_S:-110}" 72)" --batches "${AB_BATCHES:-1,32,64,128,96,16,48}" \
+    --modes "${AB_MODES:-p09,k50p09,minp,k50}" --variants "${AB_VARIANTS:-compact256,compact512,compact256narrow,warps16,rows64,masssum,gluonmassmax,rows128,wide}" \
     --rounds 3 --out-dir "$OUT" > "$OUT/truncation_ab.txt" 2>&1
 echo "A/B rc=$?"; grep -v Warning "$OUT/truncation_ab.txt" | tail -20
 say "power"
-timeout -k 3 "$(cap "${POWER_S:-70}" 8)" python3 benchmarks/power_draw.py --seconds 2 --logit-std 5 \
+timeout -k 3 "$(cap "${POWER_S:-65}" 4)" python3 benchmarks/power_draw.py --seconds 2 --logit-std 5 \
     --shapes "${POWER_SHAPES:-2048x151936}" --batches "${POWER_BATCHES:-128,96}" \
     --providers "${POWER_PROVIDERS:-matmul,fused_greedy,fused,fused_topk50,fused_topk50_topp09,fused_topp09,fused_minp01}" \
     --out-dir "$OUT" > "$OUT/power_draw.txt" 2>&1
@@ -36,7 +36,7 @@ echo "power rc=$?"; cat "$OUT/power_draw.txt"
 if [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 15 ]; then
     say "GPU tests"
     timeout -k 3 "$(cap 60 3)" python3 -m pytest -q -p no:xdist -p no:cacheprovider -rA \
-        tests/test_gpu_truncation.py -k "${TESTS_K:-mass_partials_levers or (scalar_top_p_min_p and compact256 and not k50)}" \
+        tests/test_gpu_truncation.py -k "${TESTS_K:-mass_partials_levers or (scalar_top_p_min_p and topp9 and not k50)}" \
         > "$OUT/gpu_tests.log" 2>&1
     echo "GPU tests rc=$?"; grep -E "PASSED|FAILED|passed|failed|error" "$OUT/gpu_tests.log" | tail -12
 fi

@@ -71,11 +71,16 @@ VARIANTS = {
     "masssum": (("p09",), [(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)]),
     # the Gluon stage 1's mass partials with the tile maximum from the largest key
     "gluonmassmax": (("p09",), [(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", True)]),
+    # 65-128 rows on the Gluon kernel's 128-row tiles (with the wide MMA, as big8's above 192)
+    "rows128": (
+        tuple(MODES),
+        [(dispatch, "TRUNCATING_TILE_ROWS_65_128", 128), (hopper_kernel, "WIDE_MMA", True)],
+    ),
     # the Gluon stage 1 (33-128 rows) with one m64n128 MMA a k step
     "wide": (tuple(MODES), [(hopper_kernel, "WIDE_MMA", True)]),
 }
 # Variants that change nothing outside these rows.
-FIRST_BATCH = {"wide": 33, "rows64": 17, "gluonmassmax": 33}
+FIRST_BATCH = {"wide": 33, "rows64": 17, "gluonmassmax": 33, "rows128": 65}
 LAST_BATCH = {"rows64": 32, "masssum": 32}
 ROUND_2_VARIANTS = {
     "onebit": (("k50p09",), [ONE_BIT]),  # stage 2's nucleus search one bit a pass
