@@ -187,9 +187,43 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
+def backport_split_scan_fix() -> bool:
+    """pytorch#180221: Inductor's Triton codegen of a split scan (a cumsum over more than 128
+    elements a row, as TopPLogitsWarper's) crashes with "TypeError: list indices must be
+    integers or slices, not NoneType" when a broadcast value indexes the rows, which a batch
+    of more than one row makes it do (torch 2.11: hf_topp09 / hf_topk50_topp09 compiled only
+    at B = 1). The fix (pytorch#180369: a range tree without a tensor dimension counts as a
+    scalar in TritonSymbols.get_block_shape), applied here where the installed torch lacks it,
+    by handing the unpatched method the expression with those range symbols set to 0 (a
+    scalar's shape). True when the patch went in."""
+    import inspect
+
+    from torch._inductor.codegen import triton as triton_codegen
+    from torch._inductor.virtualized import V
+
+    symbols = getattr(triton_codegen, "TritonSymbols", None)
+    original = getattr(symbols, "get_block_shape", None)
+    if original is None or "tensor_dim is None" in inspect.getsource(original):
+        return False
+
+    def get_block_shape(cls, expr):
+        nodes = V.kernel.range_tree_nodes
+        scalar = {
+            var: 0
+            for var in expr.free_symbols
+            if var in nodes and nodes[var].root.tensor_dim is None
+        }
+        return original.__func__(cls, expr.subs(scalar) if scalar else expr)
+
+    symbols.get_block_shape = classmethod(get_block_shape)
+    return True
+
+
 def warped_builder(**knobs: float) -> Callable[..., Step]:
     def build(weight: torch.Tensor, static_batch: bool) -> Step:
         dynamic = False if static_batch else None
+        if "top_p" in knobs:
+            backport_split_scan_fix()
         step = WarpedDecodeStep(weight, **knobs)
         return torch.compile(step, backend="inductor", mode=CG, dynamic=dynamic)
 
