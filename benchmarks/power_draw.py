@@ -9,11 +9,13 @@ Philox evaluation per four tokens and a logarithm per token) against the matmul'
 is what the noise costs, in time and in millijoules.
 
 For each shape, batch size and provider: the do_bench median (as bench_sampling.py), then
-``--seconds`` of back-to-back calls while ``nvidia-smi`` samples power and SM clock every
-100 ms; energy per call = mean power x wall time per call of that loop. nvidia-smi's power
-reading trails the load by about a second (a 1 s loop read 500-560 W where 2 s loops read
-690-697 W on the same H200), so keep ``--seconds`` at 2 or more. Prints a table and writes
-``power_draw_<gpu>_<date>.csv`` into ``--out-dir``.
+``--seconds`` of back-to-back calls (``--graph-calls N``: CUDA-graph replays of N calls, whose
+loop the host cannot slow down: eager truncating calls are host-bound there) while
+``nvidia-smi`` samples power and SM clock every 100 ms; energy per call = mean power x wall
+time per call of that loop. nvidia-smi's power reading trails the load by about a second (a
+1 s loop read 500-560 W where 2 s loops read 690-697 W on the same H200), so keep
+``--seconds`` at 2 or more. Prints a table and writes ``power_draw_<gpu>_<date>.csv`` into
+``--out-dir``.
 
     python benchmarks/power_draw.py              # D = 2048 and 4096, B = 64, 128, 256: ~2 min
     python benchmarks/power_draw.py --shapes 8192x128256 --batches 128
@@ -58,14 +60,34 @@ COLUMNS = (
 SMI_FIELDS = "power.draw,clocks.sm,clocks_event_reasons.active"
 
 
-def step(provider: str, weight: torch.Tensor):
+def step(provider: str, weight: torch.Tensor, graph_calls: int = 0):
+    """One call of ``provider`` on a hidden batch; with ``graph_calls`` a seed tensor and bf16
+    logits (as bench_sampling's graph timing: capturable)."""
     from flashsampling_inductor import fused_sample
 
     if provider == "matmul":
         return lambda hidden: hidden @ weight.T
     temperature = 0.0 if provider == "fused_greedy" else 1.0
-    knobs = TRUNCATING.get(provider, {})
+    knobs = dict(TRUNCATING.get(provider, {}))
+    if graph_calls:
+        knobs.update(seed=torch.tensor(7, device="cuda"), logits_dtype=torch.bfloat16)
     return lambda hidden: fused_sample(hidden, weight, temperature=temperature, **knobs)
+
+
+def replayed(call, graph_calls: int):
+    """``graph_calls`` calls of ``call`` captured in one CUDA graph (after warm-up): its
+    replay, which the host launches in one go, so the loop measures the GPU, not Python."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(graph_calls):
+            call()
+    return graph.replay
 
 
 @functools.cache
@@ -96,9 +118,10 @@ def smi(query: str) -> list[str]:
     return [field.strip() for field in line.strip().split(",")]
 
 
-def sustained(fn, seconds: float) -> tuple[float, list[list[str]]]:
-    """Wall time per call over ``seconds`` of back-to-back calls, and nvidia-smi's samples
-    from that loop (the first half second left out: the clock settles)."""
+def sustained(fn, seconds: float, calls_each: int = 1) -> tuple[float, list[list[str]]]:
+    """Wall time per call over ``seconds`` of back-to-back calls (``calls_each`` calls a
+    ``fn``), and nvidia-smi's samples from that loop (the first half second left out: the
+    clock settles)."""
     sampler = subprocess.Popen(
         ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
          "-i", smi_gpu(), "-lms", "100"],
@@ -112,6 +135,7 @@ def sustained(fn, seconds: float) -> tuple[float, list[list[str]]]:
         torch.cuda.synchronize()
         calls += 20
     elapsed = time.monotonic() - start
+    calls *= calls_each
     sampler.terminate()
     lines = sampler.communicate()[0].strip().splitlines()
     samples = [[f.strip() for f in line.split(",")] for line in lines]
@@ -166,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, default=2.5, help="sustained-load loop per point (default 2.5)"
     )
     parser.add_argument(
+        "--graph-calls", type=int, default=0,
+        help="> 0: time and load with CUDA-graph replays of this many calls each (a seed tensor,"
+        " bf16 logits), not eager calls, whose host time bounds the truncating calls' loops",
+    )  # fmt: skip
+    parser.add_argument(
         "--out-dir", type=Path, default=REPO / "benchmarks" / "results", help="folder of the CSV"
     )
     args = parser.parse_args(argv)
@@ -196,10 +225,13 @@ def main(argv: list[str] | None = None) -> int:
                 hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
                 base = None
                 for provider in args.providers:
-                    call = functools.partial(step(provider, weight), hidden)
+                    call = functools.partial(step(provider, weight, args.graph_calls), hidden)
                     call()  # compile
-                    median = triton.testing.do_bench(call, return_mode="median")
-                    loop_us, samples = sustained(call, args.seconds)
+                    calls_each = max(1, args.graph_calls)
+                    if args.graph_calls:
+                        call = replayed(call, args.graph_calls)
+                    median = triton.testing.do_bench(call, return_mode="median") / calls_each
+                    loop_us, samples = sustained(call, args.seconds, calls_each)
                     power, clock, reasons = summarize(samples)
                     energy = power * loop_us * 1e-3  # W x us = uJ; in mJ
                     base = base or (median * 1e3, energy)

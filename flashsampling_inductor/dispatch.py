@@ -99,12 +99,21 @@ class SampleConfig:
     wide_mma: bool = False
 
 
-# Truncating calls up to this many rows take default_config's swap-AB Triton tiles; past it
-# and up to 32 rows (A/B runs lower it) the 64-row tiles of 33-64 rows (Gluon on Hopper).
-TRUNCATING_SWAP_ROWS_MAX = 32
-# The Gluon kernel's rows a tile for calls whose Python knobs truncate every row at 65-128
-# rows: 64 (two tiles read each W tile, the second from L2) or 128 (one; A/B runs).
+# On Hopper, calls whose knobs truncate every row take default_config's swap-AB Triton tiles
+# up to this many rows; past it and up to 32 rows the Gluon kernel's 64-row tiles, as at
+# 33-64 rows. H200, D = 2048, B = 32, whole calls over cuBLAS, swap-AB -> Gluon: top-k 50
+# 1.053 -> 1.042, top-k 50 + top-p 0.9 1.063 -> 1.052, top-p 0.9 1.145 -> 1.117, min-p 0.1
+# 1.078 -> 1.043, tokens equal (truncation_ab_h200_20261128-1351; was 32; B = 17-31 not
+# timed then).
+TRUNCATING_SWAP_ROWS_MAX = 16
+# The Gluon kernel's rows a tile for calls whose knobs truncate every row at 65-128
+# rows: 64 (two tiles read each W tile, the second from L2) or 128 (one; A/B runs); and its
+# wide MMA there (one m64n128 a k step): H200, D = 2048, B = 96 / 128, top-k 50 1.166 /
+# 1.177 -> 1.161 / 1.175, top-k 50 + top-p 0.9 1.182 / 1.185 -> 1.170 / 1.177, min-p 1.167 /
+# 1.176 -> 1.154 / 1.168, top-p alone 1.316 / 1.333 -> 1.311 / 1.320; even at 48 / 64 rows
+# (truncation_ab_h200_20261128-1351).
 TRUNCATING_TILE_ROWS_65_128 = 64
+TRUNCATING_WIDE_MMA_65_128 = True
 
 
 def default_config(
@@ -129,7 +138,12 @@ def default_config(
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
-    if batch <= 32 and not (truncates and batch > TRUNCATING_SWAP_ROWS_MAX):
+    truncates_every_row = truncates and not knobs_per_row
+    gluon_from_17 = (
+        truncates_every_row and batch > TRUNCATING_SWAP_ROWS_MAX and _WARP_SPECIALIZED
+        and is_hopper(device)
+    )  # fmt: skip
+    if batch <= 32 and not gluon_from_17:
         # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
         return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
     # From 33 rows on Hopper: the warp-specialized kernel, whose loader warp keeps
@@ -233,11 +247,13 @@ def default_config(
         # 8-38% faster at B = 144 but up to 18% slower at B = 256 with truncated rows, H200.)
         hopper_rows = 64 if _WARP_SPECIALIZED and is_hopper(device) else 0
         swap = swap and _swap_takes_knobs(batch, hidden_size)
-    if truncates and hopper_rows and not knobs_per_row and batch <= 128:
+    truncates_65_128 = truncates_every_row and hopper_rows and batch <= 128 and whole_vocab
+    if truncates_65_128:
         hopper_rows = TRUNCATING_TILE_ROWS_65_128
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
     return dataclasses.replace(
         triton_config,
+        wide_mma=bool(truncates_65_128 and TRUNCATING_WIDE_MMA_65_128),
         warp_specialized_rows=hopper_rows,
         warp_specialized_swap="ping-pong" if swap else "",
     )

@@ -107,8 +107,13 @@ PREFETCH_PLAIN = True
 NUCLEUS_NARROW = True
 # Stage 2's warps on up to 4096 lanes (merged candidates: 1024 or 2048). Four instead of eight
 # were 4-6% slower (whole calls: top-p alone, top-k 50 + top-p, min-p at the B above; same
-# run); sixteen were not timed.
+# run). Sixteen where Python knobs truncate without top-k (top-p / min-p alone, whose 2048
+# merged candidates all weigh): H200, D = 2048, B = 1 / 16 / 32 / 48 / 64, top-p 0.9 1.091 /
+# 1.083 / 1.145 / 1.126 / 1.112 -> 1.083 / 1.075 / 1.135 / 1.119 / 1.104, min-p 0.1 1.041 /
+# 1.036 / 1.078 / 1.053 / 1.037 -> 1.036 / 1.033 / 1.074 / 1.048 / 1.033, even at 96 / 128
+# rows; 0.5-1% slower after top-k 50 (truncation_ab_h200_20261128-1351).
 STAGE2_WARPS = 8
+STAGE2_WARPS_WITHOUT_TOP_K = 16
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
 
@@ -1549,7 +1554,15 @@ def _stage2_arguments(
         MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
         NUCLEUS_NARROW=_narrow_nucleus(params, vocab_size),
     )  # fmt: skip
-    return runtime, constexprs, 16 if block >= 8192 else STAGE2_WARPS
+    return runtime, constexprs, 16 if block >= 8192 else _stage2_warps(params, vocab_size)
+
+
+def _stage2_warps(params: SamplingParams, vocab_size: int) -> int:
+    """Stage 2's warps on up to 4096 lanes: STAGE2_WARPS_WITHOUT_TOP_K where Python knobs
+    truncate without top-k (top-p / min-p alone), STAGE2_WARPS otherwise."""
+    python_knobs = params.top_k is None and params.top_p is None and params.min_p is None
+    top_k_off = not 0 < params.scalar_top_k < vocab_size
+    return STAGE2_WARPS_WITHOUT_TOP_K if python_knobs and top_k_off else STAGE2_WARPS
 
 
 def _narrow_nucleus(params: SamplingParams, vocab_size: int) -> bool:

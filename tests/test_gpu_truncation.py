@@ -183,33 +183,38 @@ def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("batch", [1, 16, 64, 128])
+@pytest.mark.parametrize("batch", [1, 16, 24, 64, 128])
 @pytest.mark.parametrize(
     "knobs", [dict(top_p=0.9), dict(min_p=0.1), dict(top_k=50, top_p=0.9)],
     ids=["p09", "minp01", "k50-p09"],
 )  # fmt: skip
-@pytest.mark.parametrize("levers", ["default", "one-bit-reduced-max", "topp9-levers"])
+@pytest.mark.parametrize(
+    "levers", ["default", "one-bit-reduced-max", "topp9-before", "topp9-opt-ins"]
+)
 def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, monkeypatch):
     """Top-p alone (the whole row's mass from stage 1's partials), min-p and top-k + top-p
     as Python scalars with bf16 logits, at the batch sizes of both stage-1 kernels (Triton
-    up to 32 rows, Gluon above), with stage 2's nucleus search narrowed and the partials'
-    maximum taken from the largest key (``truncation_kernel.NUCLEUS_NARROW``,
-    ``sampling_kernel.MASS_MAX_FROM_TOP_KEY``: the defaults) or not, or with topp9's levers
-    (256 slots for the heaviest / kept merged candidates and the narrowed search on them,
-    the Gluon kernel's wide MMA, 128-row tiles at 65-128 rows and tile maximum from the
-    largest key, the Triton kernel's mass sum with the left-out key): the reference's
-    tokens up to documented noise near-ties. Exact logits (multiples of 1/32):
-    ties everywhere."""
+    up to 16 rows, Gluon above; at 24 most of a Gluon tile lies past the batch): the
+    reference's tokens up to documented noise near-ties, with the defaults and with the
+    choices they replaced or that remain opt-ins: topp8's (the nucleus search one bit a
+    pass, the Triton partials' own maximum), topp9's replaced (swap-AB tiles to 32 rows, the
+    Gluon partials' own maximum, narrow MMAs at 65-128 rows, eight stage-2 warps) and its
+    opt-ins (256 slots for the heaviest merged candidates with the narrowed search, 128-row
+    tiles at 65-128 rows, the Triton mass sum with the left-out key). Exact logits
+    (multiples of 1/32): ties everywhere."""
     if levers == "one-bit-reduced-max":
         monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", False)
         monkeypatch.setattr(sampling_kernel, "MASS_MAX_FROM_TOP_KEY", False)
-    if levers == "topp9-levers":
+    if levers == "topp9-before":
+        monkeypatch.setattr(dispatch, "TRUNCATING_SWAP_ROWS_MAX", 32)
+        monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", False)
+        monkeypatch.setattr(dispatch, "TRUNCATING_WIDE_MMA_65_128", False)
+        monkeypatch.setattr(truncation_kernel, "STAGE2_WARPS_WITHOUT_TOP_K", 8)
+    if levers == "topp9-opt-ins":
         monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)
         monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: True)
-        monkeypatch.setattr(hopper_kernel, "WIDE_MMA", True)
-        monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", True)
-        monkeypatch.setattr(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)
         monkeypatch.setattr(dispatch, "TRUNCATING_TILE_ROWS_65_128", 128)
+        monkeypatch.setattr(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)
     hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
     seed = torch.arange(batch, device=CUDA) * 7919 + 13
     arguments = dict(

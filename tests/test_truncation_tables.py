@@ -216,6 +216,36 @@ def test_knobs_that_may_be_off_take_a_gluon_stage1_on_hopper(batch, hidden_size,
 
 
 @pytest.mark.parametrize("hidden_size", [2048, 4096, 8192])
+@pytest.mark.parametrize("batch", [1, 16, 17, 32, 33, 64, 65, 96, 128])
+def test_truncating_calls_up_to_128_rows_on_hopper(batch, hidden_size, monkeypatch):
+    """On Hopper (elsewhere as before), calls whose knobs truncate every row take the swap-AB
+    Triton tiles up to 16 rows (TRUNCATING_SWAP_ROWS_MAX), the Gluon kernel's 64-row tiles
+    from 17 rows, with its wide MMA at 65-128 rows over a whole vocabulary
+    (TRUNCATING_WIDE_MMA_65_128); knob tensors that may be off, and plain calls, keep swap-AB
+    up to 32 rows and narrow MMAs."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    truncating = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
+    assert truncating.swap_ab == (batch <= 16)
+    assert truncating.warp_specialized_rows == (0 if batch <= 16 else 64)
+    assert truncating.wide_mma == (batch > 64)
+    shard = dispatch.default_config(batch, hidden_size, cuda, True, 37984)
+    assert not shard.wide_mma
+    knobs = dispatch.default_config(batch, hidden_size, cuda, True, 151936, True)
+    assert knobs.swap_ab == (batch <= 32) and not knobs.wide_mma
+    plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
+    assert plain.swap_ab == (batch <= 32) and not plain.wide_mma
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
+    elsewhere = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
+    monkeypatch.setattr(dispatch, "TRUNCATING_SWAP_ROWS_MAX", 32)
+    assert elsewhere == dispatch.default_config(batch, hidden_size, cuda, True, 151936)
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    monkeypatch.setattr(dispatch, "TRUNCATING_WIDE_MMA_65_128", False)
+    before = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
+    assert before.swap_ab == (batch <= 32) and not before.wide_mma
+
+
+@pytest.mark.parametrize("hidden_size", [2048, 4096, 8192])
 @pytest.mark.parametrize("batch", [128, 129, 144, 192, 193, 224, 256, 257])
 def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, monkeypatch):
     """On Hopper, at 129-256 rows, calls that truncate every row (scalar knobs) take the Gluon
@@ -228,7 +258,7 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
     in_range = 128 < batch <= 256
     truncating = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
-    assert truncating.wide_mma == in_range
+    assert truncating.wide_mma == (in_range or batch == 128)  # (65-128 rows: the test below)
     if in_range:
         assert truncating.warp_specialized_rows == (64 if batch <= 192 else 128)
         assert truncating.warp_specialized_swap == ""
@@ -242,9 +272,12 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
         assert not dispatch.default_config(batch, hidden_size, cuda, True, vocab_size).wide_mma
     assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936, True).wide_mma
     rounded = dispatch.default_config(batch, hidden_size, cuda, True, 151936, rounded_logits=True)
-    assert rounded.wide_mma == (192 < batch <= 256)  # (bf16 logits: 64-row wide tiles slower)
+    # (bf16 logits: 64-row wide tiles slower at 129-192 rows)
+    assert rounded.wide_mma == (192 < batch <= 256 or batch == 128)
     monkeypatch.setattr(dispatch, "LARGE_BATCH_GLUON", False)
-    assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma
+    assert dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma == (
+        batch == 128
+    )
     monkeypatch.setattr(dispatch, "LARGE_BATCH_GLUON", True)
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
     assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma

@@ -48,11 +48,28 @@ MODES = {
 # name -> (the modes it applies to, [(module, attribute, value)])
 # (each variant sets a module flag against today's default; before 2026-11-28 12:30 the
 # narrowed search and the key's maximum were the opt-ins, timed as "narrow" and "massmax";
-# round 2 then timed onebit / massreduced / nopatch / warps4, the variants below them)
+# topp8's round 2 then timed onebit / massreduced / nopatch / warps4, topp9's round 1 (13:51
+# UTC) the levers of ROUND_1_VARIANTS, four of which are defaults since: VARIANTS undo them)
 ONE_BIT = (truncation_kernel, "NUCLEUS_NARROW", False)
 MASS_REDUCED = (sampling_kernel, "MASS_MAX_FROM_TOP_KEY", False)
 NO_PATCH = (dispatch, "patching_pays", lambda params: False)
+SWAP_32 = (dispatch, "TRUNCATING_SWAP_ROWS_MAX", 32)
+GLUON_MASS_OWN_MAX = (hopper_kernel, "MASS_MAX_FROM_TOP_KEY", False)
+NARROW_MMA = (dispatch, "TRUNCATING_WIDE_MMA_65_128", False)
+WARPS_8 = (truncation_kernel, "STAGE2_WARPS_WITHOUT_TOP_K", 8)
+ALL = tuple(MODES)
 VARIANTS = {
+    "swap32": (ALL, [SWAP_32]),  # 17-32 rows on swap-AB Triton tiles, as before
+    "gluonmass1": (("p09",), [GLUON_MASS_OWN_MAX]),  # the Gluon partials' own maximum
+    "narrowmma": (ALL, [NARROW_MMA]),  # 65-128 rows: two m64n64 MMAs a step, as before
+    "warps8": (("p09", "minp"), [WARPS_8]),  # eight stage-2 warps without top-k, as before
+    "before": (ALL, [SWAP_32, GLUON_MASS_OWN_MAX, NARROW_MMA, WARPS_8]),  # all four
+    # 65-128 rows on the Gluon kernel's 128-row tiles (W read once a tile, not twice)
+    "rows128": (ALL, [(dispatch, "TRUNCATING_TILE_ROWS_65_128", 128)]),
+    # the Triton stage 1's (<= 16 rows) mass sum reduced with the largest key left out
+    "masssum": (("p09",), [(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)]),
+}
+ROUND_1_VARIANTS = {
     # top-p / min-p on the heaviest (kept) merged candidates when that few hold them
     "compact256": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)]),
     "compact512": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 512)]),
@@ -64,27 +81,18 @@ VARIANTS = {
             (truncation_kernel, "_narrow_nucleus", lambda params, vocab_size: True),
         ],
     ),
-    "warps16": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 16)]),
-    # 17-32 rows on the 64-row tiles of 33-64 (the Gluon kernel) instead of swap-AB Triton
-    "rows64": (tuple(MODES), [(dispatch, "TRUNCATING_SWAP_ROWS_MAX", 16)]),
-    # the Triton stage 1's (<= 32 rows) mass sum reduced with the largest key left out
-    "masssum": (("p09",), [(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)]),
-    # the Gluon stage 1's mass partials with the tile maximum from the largest key
-    "gluonmassmax": (("p09",), [(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", True)]),
-    # 65-128 rows on the Gluon kernel's 128-row tiles (with the wide MMA, as big8's above 192)
-    "rows128": (
-        tuple(MODES),
-        [(dispatch, "TRUNCATING_TILE_ROWS_65_128", 128), (hopper_kernel, "WIDE_MMA", True)],
-    ),
-    # the Gluon stage 1 (33-128 rows) with one m64n128 MMA a k step
-    "wide": (tuple(MODES), [(hopper_kernel, "WIDE_MMA", True)]),
+    "warps16": (("k50p09",), [(truncation_kernel, "STAGE2_WARPS", 16)]),
+    # the Gluon stage 1 (33-64 rows) with one m64n128 MMA a k step
+    "wide": (ALL, [(hopper_kernel, "WIDE_MMA", True)]),
 }
-# Variants that change nothing outside these rows.
-FIRST_BATCH = {"wide": 33, "rows64": 17, "gluonmassmax": 33, "rows128": 65}
-LAST_BATCH = {"rows64": 32, "masssum": 32}
-ROUND_2_VARIANTS = {
+# Variants that change nothing outside these rows (first, last).
+ROWS = {
+    "swap32": (17, 32), "gluonmass1": (17, 128), "narrowmma": (65, 128), "wide": (17, 64),
+    "rows128": (65, 128), "masssum": (1, 16),
+}  # fmt: skip
+TOPP8_VARIANTS = {
     "onebit": (("k50p09",), [ONE_BIT]),  # stage 2's nucleus search one bit a pass
-    "massreduced": (("p09",), [MASS_REDUCED]),  # the mass partials' own max (B <= 32)
+    "massreduced": (("p09",), [MASS_REDUCED]),  # the mass partials' own max (B <= 16)
     "nopatch": (("p09", "minp"), [NO_PATCH]),  # no tile-level fallback: one launch less
     "warps4": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 4)]),
 }
@@ -118,7 +126,8 @@ def providers(batch, hidden, weight, modes, seed, variants):
 
         timed[f"{mode}_default"] = call()
         for name, (applies, settings) in variants.items():
-            if FIRST_BATCH.get(name, 0) <= batch <= LAST_BATCH.get(name, batch) and mode in applies:
+            first, last = ROWS.get(name, (1, batch))
+            if first <= batch <= last and mode in applies:
                 timed[f"{mode}_{name}"] = call(settings)
     return timed
 
@@ -134,14 +143,15 @@ def main() -> None:
     parser.add_argument("--shapes", default="2048x151936")
     parser.add_argument("--modes", default="p09,k50p09")
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help="names of VARIANTS or ROUND_2_VARIANTS"
-    )
+        "--variants", default=",".join(VARIANTS),
+        help="names of VARIANTS, ROUND_1_VARIANTS or TOPP8_VARIANTS",
+    )  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("truncation_ab.py needs a CUDA GPU; there is none here: nothing run")
         return
     modes = args.modes.split(",")
-    known = VARIANTS | ROUND_2_VARIANTS
+    known = VARIANTS | ROUND_1_VARIANTS | TOPP8_VARIANTS
     variants = {name: known[name] for name in args.variants.split(",") if name}
     seed = torch.tensor(7, device="cuda")
     failures = time_rounds(
