@@ -106,13 +106,18 @@ class SampleConfig:
 # 1.078 -> 1.043, tokens equal (truncation_ab_h200_20261128-1351; was 32; B = 17-31 not
 # timed then).
 TRUNCATING_SWAP_ROWS_MAX = 16
-# The Gluon kernel's rows a tile for calls whose knobs truncate every row at 65-128
-# rows: 64 (two tiles read each W tile, the second from L2) or 128 (one; A/B runs); and its
-# wide MMA there (one m64n128 a k step): H200, D = 2048, B = 96 / 128, top-k 50 1.166 /
-# 1.177 -> 1.161 / 1.175, top-k 50 + top-p 0.9 1.182 / 1.185 -> 1.170 / 1.177, min-p 1.167 /
-# 1.176 -> 1.154 / 1.168, top-p alone 1.316 / 1.333 -> 1.311 / 1.320; even at 48 / 64 rows
-# (truncation_ab_h200_20261128-1351).
-TRUNCATING_TILE_ROWS_65_128 = 64
+# The Gluon kernel's rows a tile for calls whose knobs truncate every row at 65-128 rows,
+# with its wide MMA (one m64n128 a k step). 128-row tiles read each W tile once (64-row ones
+# twice, the second time from L2) where the H200 runs at its power cap: H200, D = 2048, B =
+# 96 / 128, whole calls over cuBLAS, 64 -> 128 rows: top-k 50 1.167 / 1.166 -> 1.124 / 1.109,
+# top-k 50 + top-p 0.9 1.174 / 1.180 -> 1.133 / 1.130, min-p 0.1 1.154 / 1.171 -> 1.115 /
+# 1.115, tokens equal (truncation_ab_h200_20261128-1416). Not for top-p without top-k,
+# whose mass partials (``writes_mass_partials``) made it 1.147 / 1.165 -> 1.474 / 1.457: 64.
+# The wide MMA there, 64-row tiles: top-k 50 1.166 / 1.177 -> 1.161 / 1.175, top-k 50 +
+# top-p 0.9 1.182 / 1.185 -> 1.170 / 1.177, min-p 1.167 / 1.176 -> 1.154 / 1.168, top-p alone
+# 1.316 / 1.333 -> 1.311 / 1.320; even at 48 / 64 rows (truncation_ab_h200_20261128-1351).
+TRUNCATING_TILE_ROWS_65_128 = 128
+MASS_TILE_ROWS_65_128 = 64
 TRUNCATING_WIDE_MMA_65_128 = True
 
 
@@ -125,6 +130,7 @@ def default_config(
     knobs_per_row: bool = False,
     per_row_seed: bool = False,
     rounded_logits: bool = False,
+    mass_partials: bool = False,
 ) -> SampleConfig:
     """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
     from sweeps on an H200 and an H100 (benchmarks/results/kernel_sweep_*.json); ``truncates``
@@ -134,7 +140,8 @@ def default_config(
     that may leave rows untruncated (tensors, as ``generate`` and continuous batching pass
     them: ``knobs_may_be_off``), whose stage 1 carries both epilogues; ``per_row_seed`` for
     a [B] seed tensor, ``rounded_logits`` for logits rounded to a dtype first
-    (``logits_dtype``) (both: ``_large_batch_gluon_rows``)."""
+    (``logits_dtype``) (both: ``_large_batch_gluon_rows``), ``mass_partials`` for a stage 1
+    that writes top-p's mass partials (``writes_mass_partials``)."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
@@ -249,7 +256,7 @@ def default_config(
         swap = swap and _swap_takes_knobs(batch, hidden_size)
     truncates_65_128 = truncates_every_row and hopper_rows and batch <= 128 and whole_vocab
     if truncates_65_128:
-        hopper_rows = TRUNCATING_TILE_ROWS_65_128
+        hopper_rows = MASS_TILE_ROWS_65_128 if mass_partials else TRUNCATING_TILE_ROWS_65_128
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
     return dataclasses.replace(
         triton_config,
@@ -427,6 +434,15 @@ def _swap_takes_knobs(batch: int, hidden_size: int) -> bool:
     return hidden_size <= 4096 and batch <= 160
 
 
+def writes_mass_partials(params: SamplingParams, vocab_size: int) -> bool:
+    """Whether a truncating call's stage 1 writes top-p's mass partials (each tile's max and
+    sum of exp2): top-p may be on where top-k may be off, so a row's nucleus is over the
+    whole row, whose mass the candidates lack."""
+    return _k_may_be_off(params, vocab_size) and not (
+        params.top_p is None and params.scalar_top_p >= 1.0
+    )
+
+
 def knobs_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
     """Whether a truncating call's knobs may leave some row untruncated (tensors, or
     scalars at their off values): its stage 1 then carries both epilogues."""
@@ -577,7 +593,7 @@ def triton_fused_sample(
         config = default_config(
             batch, hidden_size, hidden.device, params.truncates, vocab_size,
             knobs_may_be_off(params, vocab_size), params.per_row_seed,
-            params.logits_dtype is not None,
+            params.logits_dtype is not None, writes_mass_partials(params, vocab_size),
         )  # fmt: skip
         if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
             # Truncating calls that stage 2 does not merge keep m candidates per tile for
@@ -711,7 +727,7 @@ def _truncation_buffers(
         low_bits = 0
     k_may_be_off = _k_may_be_off(params, vocab_size)
     plain = k_may_be_off and _p_may_be_off(params) and _min_p_may_be_off(params)
-    row_mass = k_may_be_off and not (params.top_p is None and params.scalar_top_p >= 1.0)
+    row_mass = writes_mass_partials(params, vocab_size)
     keys = torch.empty((batch, num_v_tiles * top_m), dtype=torch.int32, device=device)
     stage1 = {
         "top_m_key": keys,

@@ -198,9 +198,9 @@ def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, m
     reference's tokens up to documented noise near-ties, with the defaults and with the
     choices they replaced or that remain opt-ins: topp8's (the nucleus search one bit a
     pass, the Triton partials' own maximum), topp9's replaced (swap-AB tiles to 32 rows, the
-    Gluon partials' own maximum, narrow MMAs at 65-128 rows, eight stage-2 warps) and its
-    opt-ins (256 slots for the heaviest merged candidates with the narrowed search, 128-row
-    tiles at 65-128 rows, the Triton mass sum with the left-out key). Exact logits
+    Gluon partials' own maximum, narrow MMAs and 64-row tiles at 65-128 rows, eight stage-2
+    warps) and its opt-ins (256 slots for the heaviest merged candidates with the narrowed
+    search, 128-row tiles for top-p alone, the Triton mass sum with the left-out key). Exact logits
     (multiples of 1/32): ties everywhere."""
     if levers == "one-bit-reduced-max":
         monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", False)
@@ -210,10 +210,11 @@ def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, m
         monkeypatch.setattr(hopper_kernel, "MASS_MAX_FROM_TOP_KEY", False)
         monkeypatch.setattr(dispatch, "TRUNCATING_WIDE_MMA_65_128", False)
         monkeypatch.setattr(truncation_kernel, "STAGE2_WARPS_WITHOUT_TOP_K", 8)
+        monkeypatch.setattr(dispatch, "TRUNCATING_TILE_ROWS_65_128", 64)
     if levers == "topp9-opt-ins":
         monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)
         monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: True)
-        monkeypatch.setattr(dispatch, "TRUNCATING_TILE_ROWS_65_128", 128)
+        monkeypatch.setattr(dispatch, "MASS_TILE_ROWS_65_128", 128)
         monkeypatch.setattr(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)
     hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
     seed = torch.arange(batch, device=CUDA) * 7919 + 13

@@ -221,14 +221,18 @@ def test_truncating_calls_up_to_128_rows_on_hopper(batch, hidden_size, monkeypat
     """On Hopper (elsewhere as before), calls whose knobs truncate every row take the swap-AB
     Triton tiles up to 16 rows (TRUNCATING_SWAP_ROWS_MAX), the Gluon kernel's 64-row tiles
     from 17 rows, with its wide MMA at 65-128 rows over a whole vocabulary
-    (TRUNCATING_WIDE_MMA_65_128); knob tensors that may be off, and plain calls, keep swap-AB
-    up to 32 rows and narrow MMAs."""
+    (TRUNCATING_WIDE_MMA_65_128) on 128-row tiles there, 64-row ones where stage 1 writes
+    top-p's mass partials (MASS_TILE_ROWS_65_128); knob tensors that may be off, and plain
+    calls, keep swap-AB up to 32 rows and narrow MMAs."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
     truncating = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
     assert truncating.swap_ab == (batch <= 16)
-    assert truncating.warp_specialized_rows == (0 if batch <= 16 else 64)
+    assert truncating.warp_specialized_rows == (0 if batch <= 16 else 64 if batch <= 64 else 128)
     assert truncating.wide_mma == (batch > 64)
+    top_p = dispatch.default_config(batch, hidden_size, cuda, True, 151936, mass_partials=True)
+    assert top_p.warp_specialized_rows == (0 if batch <= 16 else 64)
+    assert top_p.wide_mma == (batch > 64)
     shard = dispatch.default_config(batch, hidden_size, cuda, True, 37984)
     assert not shard.wide_mma
     knobs = dispatch.default_config(batch, hidden_size, cuda, True, 151936, True)
@@ -281,3 +285,18 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
     monkeypatch.setattr(dispatch, "LARGE_BATCH_GLUON", True)
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
     assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma
+
+
+@pytest.mark.parametrize(
+    "knobs, expected",
+    [(dict(top_p=0.9), True), (dict(top_k=50, top_p=0.9), False), (dict(min_p=0.1), False),
+     (dict(top_k=50), False), (dict(top_k=151936, top_p=0.9), True)],
+)  # fmt: skip
+def test_mass_partials_only_for_top_p_over_the_whole_row(knobs, expected):
+    """Stage 1 writes top-p's mass partials where top-p is on and top-k may be off (k >= V is
+    off): the calls that keep the Gluon kernel's 64-row tiles at 65-128 rows."""
+    params = SamplingParams(
+        None, 1.0, None, 1, 1, top_k=None, scalar_top_k=knobs.get("top_k", 0),
+        scalar_top_p=knobs.get("top_p", 1.0), scalar_min_p=knobs.get("min_p", 0.0),
+    )  # fmt: skip
+    assert dispatch.writes_mass_partials(params, 151936) == expected

@@ -49,7 +49,8 @@ MODES = {
 # (each variant sets a module flag against today's default; before 2026-11-28 12:30 the
 # narrowed search and the key's maximum were the opt-ins, timed as "narrow" and "massmax";
 # topp8's round 2 then timed onebit / massreduced / nopatch / warps4, topp9's round 1 (13:51
-# UTC) the levers of ROUND_1_VARIANTS, four of which are defaults since: VARIANTS undo them)
+# UTC) and round 2 (14:16) the levers of ROUND_1_VARIANTS and VARIANTS, five of which are
+# defaults since: VARIANTS undo them)
 ONE_BIT = (truncation_kernel, "NUCLEUS_NARROW", False)
 MASS_REDUCED = (sampling_kernel, "MASS_MAX_FROM_TOP_KEY", False)
 NO_PATCH = (dispatch, "patching_pays", lambda params: False)
@@ -57,19 +58,23 @@ SWAP_32 = (dispatch, "TRUNCATING_SWAP_ROWS_MAX", 32)
 GLUON_MASS_OWN_MAX = (hopper_kernel, "MASS_MAX_FROM_TOP_KEY", False)
 NARROW_MMA = (dispatch, "TRUNCATING_WIDE_MMA_65_128", False)
 WARPS_8 = (truncation_kernel, "STAGE2_WARPS_WITHOUT_TOP_K", 8)
+ROWS_64 = (dispatch, "TRUNCATING_TILE_ROWS_65_128", 64)
 ALL = tuple(MODES)
 VARIANTS = {
     "swap32": (ALL, [SWAP_32]),  # 17-32 rows on swap-AB Triton tiles, as before
     "gluonmass1": (("p09",), [GLUON_MASS_OWN_MAX]),  # the Gluon partials' own maximum
     "narrowmma": (ALL, [NARROW_MMA]),  # 65-128 rows: two m64n64 MMAs a step, as before
     "warps8": (("p09", "minp"), [WARPS_8]),  # eight stage-2 warps without top-k, as before
-    "before": (ALL, [SWAP_32, GLUON_MASS_OWN_MAX, NARROW_MMA, WARPS_8]),  # all four
-    # 65-128 rows on the Gluon kernel's 128-row tiles (W read once a tile, not twice)
-    "rows128": (ALL, [(dispatch, "TRUNCATING_TILE_ROWS_65_128", 128)]),
-    # the Triton stage 1's (<= 16 rows) mass sum reduced with the largest key left out
-    "masssum": (("p09",), [(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)]),
+    # 65-128 rows on 64-row tiles, as before (top-p alone keeps them: MASS_TILE_ROWS_65_128)
+    "rows64": (("k50p09", "minp", "k50", "plain"), [ROWS_64]),
+    "before": (ALL, [SWAP_32, GLUON_MASS_OWN_MAX, NARROW_MMA, WARPS_8, ROWS_64]),  # all five
+    # 65-128 rows: top-p alone on 128-row tiles too (round 2: 1.46-1.47x against 1.15-1.17x)
+    "masstiles128": (("p09",), [(dispatch, "MASS_TILE_ROWS_65_128", 128)]),
 }
 ROUND_1_VARIANTS = {
+    # (round 2, 14:16 UTC: even at B = 1 / 16, not taken) the Triton stage 1's (<= 16 rows)
+    # mass sum reduced with the largest key left out
+    "masssum": (("p09",), [(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)]),
     # top-p / min-p on the heaviest (kept) merged candidates when that few hold them
     "compact256": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)]),
     "compact512": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 512)]),
@@ -88,7 +93,7 @@ ROUND_1_VARIANTS = {
 # Variants that change nothing outside these rows (first, last).
 ROWS = {
     "swap32": (17, 32), "gluonmass1": (17, 128), "narrowmma": (65, 128), "wide": (17, 64),
-    "rows128": (65, 128), "masssum": (1, 16),
+    "rows64": (65, 128), "masstiles128": (65, 128), "masssum": (1, 16),
 }  # fmt: skip
 TOPP8_VARIANTS = {
     "onebit": (("k50p09",), [ONE_BIT]),  # stage 2's nucleus search one bit a pass
