@@ -121,6 +121,11 @@ MASS_TILE_ROWS_65_128 = 64
 TRUNCATING_WIDE_MMA_65_128 = True
 
 
+def _swap_ab_config(batch: int) -> SampleConfig:
+    """Up to 32 rows: the vocabulary as the MMA's M (swap-AB), W streamed at the memory floor."""
+    return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
+
+
 def default_config(
     batch: int,
     hidden_size: int,
@@ -151,8 +156,7 @@ def default_config(
         and is_hopper(device)
     )  # fmt: skip
     if batch <= 32 and not gluon_from_17:
-        # Vocabulary as the MMA's M (swap-AB), W streamed at the memory floor.
-        return SampleConfig(max(16, triton.next_power_of_2(batch)), 64, 128, num_stages=4)
+        return _swap_ab_config(batch)
     # From 33 rows on Hopper: the warp-specialized kernel, whose loader warp keeps
     # the copies going while a consumer warpgroup draws noise; 1-10% under the Triton
     # kernel's time on an H200 (benchmarks/results/warp_specialized_h200_20261121.txt).
@@ -280,6 +284,16 @@ def persistent_triton_stage1(
     )
     gluon = (config.warp_specialized_rows or config.warp_specialized_swap) and not params.softcap
     return config.programs_per_sm > 0 and not gluon
+
+
+def _widen_truncation_tiles(config, params, vocab_size, hidden) -> SampleConfig:
+    """``config`` with 128-wide tiles where ``_wide_truncation_tiles`` asks for them: truncating
+    calls that stage 2 does not merge keep m candidates per tile for stage 2, one program per
+    row, and 128-wide tiles halve them. H100, D = 2048, B = 1 (before the merge): stage 2 40
+    -> 27 us (top-k 50); stage 1 7-9 us slower."""
+    if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
+        return dataclasses.replace(config, block_v=128)
+    return config
 
 
 def _wide_truncation_tiles(params: SamplingParams, vocab_size: int) -> bool:
@@ -589,17 +603,14 @@ def triton_fused_sample(
         logprobs = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
     if batch == 0:
         return out if logprobs is None else (out, logprobs)
-    if config is None:
+    chosen = config is None
+    if chosen:
         config = default_config(
             batch, hidden_size, hidden.device, params.truncates, vocab_size,
             knobs_may_be_off(params, vocab_size), params.per_row_seed,
             params.logits_dtype is not None, writes_mass_partials(params, vocab_size),
         )  # fmt: skip
-        if _wide_truncation_tiles(params, vocab_size) and hidden.is_cuda and config.block_v < 128:
-            # Truncating calls that stage 2 does not merge keep m candidates per tile for
-            # stage 2, one program per row: 128-wide tiles halve them. H100, D = 2048, B = 1
-            # (before the merge): stage 2 40 -> 27 us (top-k 50); stage 1 7-9 us slower.
-            config = dataclasses.replace(config, block_v=128)
+        config = _widen_truncation_tiles(config, params, vocab_size, hidden)
     if config.block_v % 4 or config.block_v < 16:
         raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")
     if config.epilogue_chunks not in (1, 2, 4) or config.block_v // config.epilogue_chunks < 16:
@@ -644,6 +655,9 @@ def triton_fused_sample(
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_kernel.disable(error)
+    if chosen and batch <= 32 and not config.swap_ab:
+        # (17-32 rows take the Gluon kernel's tiles only where it runs: TRUNCATING_SWAP_ROWS_MAX)
+        config = _widen_truncation_tiles(_swap_ab_config(batch), params, vocab_size, hidden)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
     stage1, plain, top_m, row_mass, key_low_bits = _truncation_buffers(
         params, batch, vocab_size, num_v_tiles, config.block_v, hidden.device
