@@ -2,7 +2,8 @@
 tokens of every choice checked against the first of its mode (they must not depend on the
 tiling).
 
-    python benchmarks/probes/large_batch_ab.py [--what variants|dispatch|diagnose] [--budget 180]
+    python benchmarks/probes/large_batch_ab.py [--what variants|dispatch|diagnose|rounding]
+        [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
 
@@ -17,7 +18,11 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   (``LARGE_BATCH_GLUON``) where they differ, for plain sampling (T = 1, per-row
   temperatures, greedy), top-k 50, top-p 0.9, both, and min-p 0.1;
 * ``diagnose``: the swapped kernel and the wide Gluon tiles at T = 1 and greedy (the same
-  kernels without the noise: the noise's share).
+  kernels without the noise: the noise's share);
+* ``rounding``: top-k 50 on logits rounded to bf16 first (``logits_dtype``, as a bf16
+  model's step asks) and on fp32 ones, with the old choice (``LARGE_BATCH_GLUON`` off), the
+  wide Gluon tiles, and the wide 64-row tiles with the top-m search on whole keys
+  (``unpacked``: stage 1 told nothing of the rounding; the same keys, so the same tokens).
 
 CUDA-graph medians, round-robin over ``--rounds`` in a shuffled order; a CSV row per timing
 (``large_batch_<what>.csv``) and a summary line per point (each provider's fastest round over
@@ -145,6 +150,42 @@ def diagnose_providers(batch, hidden, weight):
     return timed
 
 
+@contextlib.contextmanager
+def unpacked_top_m():
+    """Stage 1's top-m search on whole keys even where the logits are rounded (KEY_LOW_BITS
+    0): the keys it writes are the same (their low bits are the sign's either way)."""
+    launch_stage1 = hopper_kernel.launch_stage1
+
+    def launch_unpacked(*args, **kwargs):
+        return launch_stage1(*args, **{**kwargs, "key_low_bits": 0})
+
+    with patched(hopper_kernel, "launch_stage1", launch_unpacked):
+        yield
+
+
+def rounding_providers(batch, hidden, weight):
+    """Top-k 50 on bf16-rounded and on fp32 logits: the old choice, the wide Gluon tiles of
+    64 (and 128) rows, and the 64-row ones searching whole keys."""
+    seed = torch.tensor(7, device=hidden.device)
+    timed = {"matmul": lambda: hidden @ weight.T}
+    for dtype_name, dtype in (("bf16", torch.bfloat16), ("fp32", None)):
+        params = SamplingParams(None, 1.0, seed, 0, 1, dtype, scalar_top_k=50)
+        mode = f"k50{dtype_name}"
+        timed[f"{mode}_old"] = with_dispatch(call(hidden, weight, params), False)
+        timed[f"{mode}_g64w"] = call(hidden, weight, params, gluon(64), wide=True)
+        if batch > 192:
+            timed[f"{mode}_g128w"] = call(hidden, weight, params, gluon(128), wide=True)
+        if dtype is not None:
+            packed = call(hidden, weight, params, gluon(64), wide=True)
+
+            def unpacked(packed=packed):
+                with unpacked_top_m():
+                    return packed()
+
+            timed[f"{mode}_g64wunpacked"] = unpacked
+    return timed
+
+
 def providers(batch, hidden, weight):
     seed = torch.tensor(7, device=hidden.device)
     plain = SamplingParams(None, 1.0, seed, 0, 1)
@@ -172,12 +213,15 @@ def main() -> None:
     parser.add_argument("--out-dir", default=".")
     parser.add_argument("--batches", default="128,144,160,192,224,256")
     parser.add_argument("--shapes", default="2048x151936,8192x128256,4096x151936")
-    parser.add_argument("--what", choices=["variants", "dispatch", "diagnose"], default="variants")
+    parser.add_argument(
+        "--what", choices=["variants", "dispatch", "diagnose", "rounding"], default="variants"
+    )
     args = parser.parse_args()
     make_providers = {
         "variants": providers,
         "dispatch": dispatch_providers,
         "diagnose": diagnose_providers,
+        "rounding": rounding_providers,
     }[args.what]
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("large_batch_ab.py needs a Hopper GPU; there is none here: nothing run")
