@@ -5,10 +5,11 @@
 #      stage-1 choice against the wide Gluon tiles (and their top-m search on whole keys);
 #   2. large_batch_profile.py: the same calls kernel by kernel, with the rows sent to the
 #      fallback (where the rounded logits' extra time goes);
-#   3. large_batch_ab.py --what diagnose at 129-192 rows: T = 1 against greedy on the
-#      swapped kernel and the wide Gluon tiles (the noise's share there).
+#   3. large_batch_ab.py --what noise: plain sampling and greedy with this tree's kernels
+#      against the baseline's (BASELINE, default _baseline/flashsampling_baseline: a copy of
+#      main's package put beside the job), default choice and wide Gluon tiles.
 budget=${1:-200}
-for lib in benchmarks/device_job_lib.sh benchmarks/jobs/device_job_lib.sh; do
+for lib in benchmarks/jobs/device_job_lib.sh benchmarks/device_job_lib.sh; do
     [ -f "$lib" ] && source "$lib" && break
 done
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -26,13 +27,16 @@ ab() {  # seconds, reserve, then large_batch_ab.py's arguments
         --out-dir "$OUT" "$@" 2>&1 | grep -v Warning
 }
 say "rounding A/B"
-ab "${ROUNDING_S:-100}" 60 --what rounding --rounds 3 --batches "${ROUNDING_BATCHES:-144,160}" \
+ab "${ROUNDING_S:-75}" 120 --what rounding --rounds 3 --batches "${ROUNDING_BATCHES:-144,160}" \
     --shapes "${ROUNDING_SHAPES:-4096x151936}"
 say "profile"
-timeout -k 3 "$(cap "${PROFILE_S:-40}" 30)" python3 benchmarks/probes/large_batch_profile.py --what rounding \
+timeout -k 3 "$(cap "${PROFILE_S:-25}" 100)" python3 benchmarks/probes/large_batch_profile.py --what rounding \
     --shape 4096x151936 --batch 144 --out-dir "$OUT" > "$OUT/profile.txt" 2>&1
 echo "profile rc=$?"; grep -v Warning "$OUT/profile.txt" | grep -v "^ *$" | head -60
-say "diagnose"
-ab "${DIAGNOSE_S:-80}" 3 --what diagnose --rounds 2 --batches "${DIAGNOSE_BATCHES:-144,192}" \
-    --shapes "${DIAGNOSE_SHAPES:-2048x151936,4096x151936}"
+BASELINE=${BASELINE:-_baseline/flashsampling_baseline}
+if [ -d "$BASELINE" ]; then
+    say "noise: this tree against $BASELINE"
+    ab "${NOISE_S:-120}" 3 --what noise --baseline "$BASELINE" --rounds 2 \
+        --batches "${NOISE_BATCHES:-144,256}" --shapes "${NOISE_SHAPES:-2048x151936,4096x151936}"
+fi
 say "done"

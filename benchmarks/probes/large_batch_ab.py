@@ -19,6 +19,10 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   temperatures, greedy), top-k 50, top-p 0.9, both, and min-p 0.1;
 * ``diagnose``: the swapped kernel and the wide Gluon tiles at T = 1 and greedy (the same
   kernels without the noise: the noise's share);
+* ``noise``: plain sampling (T = 1) and greedy, the default choice and the wide Gluon tiles
+  (64 rows up to 192, else 128), each with this tree's kernels (``*_new``) and with those of
+  ``--baseline`` (``*_base``: a copy of another tree's package, e.g. main's, loaded under
+  another name), so that a change to the kernels is timed against what it changes;
 * ``rounding``: top-k 50 on logits rounded to bf16 first (``logits_dtype``, as a bf16
   model's step asks) and on fp32 ones, with the old choice (``LARGE_BATCH_GLUON`` off), the
   wide Gluon tiles, and the wide 64-row tiles with the top-m search on whole keys
@@ -35,8 +39,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -186,6 +192,62 @@ def rounding_providers(batch, hidden, weight):
     return timed
 
 
+BASELINE = None  # (--baseline) another tree's package, loaded by load_baseline
+
+
+def load_baseline(folder: str):
+    """The package in ``folder`` (a copy of flashsampling_inductor) as its own package named
+    after the folder, without its ``__init__`` (which would register the operator a second
+    time): its dispatch and kernels beside this tree's."""
+    path = Path(folder).resolve()
+    package = types.ModuleType(path.name)
+    package.__path__ = [str(path)]
+    sys.modules[path.name] = package
+    return types.SimpleNamespace(
+        dispatch=importlib.import_module(f"{path.name}.dispatch"),
+        hopper_kernel=importlib.import_module(f"{path.name}.hopper_kernel"),
+    )
+
+
+def call_with(package, hidden, weight, params, config=None):
+    """One fused call through ``package``'s dispatch (``config``'s wide_mma set as the
+    package's flag around the call)."""
+    wide = None if config is None else config.wide_mma or None
+
+    def run():
+        with patched(package.hopper_kernel, "WIDE_MMA", wide):
+            return package.dispatch.triton_fused_sample(hidden, weight, None, params, config)
+
+    return run
+
+
+def noise_providers(batch, hidden, weight):
+    """Plain sampling and greedy: the default choice and the wide Gluon tiles (64 rows up to
+    192, else 128), this tree's kernels against the baseline's."""
+    seed = torch.tensor(7, device=hidden.device)
+    modes = {
+        "plain": SamplingParams(None, 1.0, seed, 0, 1),
+        "greedy": SamplingParams(None, 0.0, None, 0, 1),
+    }
+    timed = {"matmul": lambda: hidden @ weight.T}
+    this = types.SimpleNamespace(dispatch=dispatch, hopper_kernel=hopper_kernel)
+    packages = {"new": this, **({"base": BASELINE} if BASELINE is not None else {})}
+    for mode, params in modes.items():
+        rows = 64 if batch <= 192 else 128  # (the wide tiles that could serve this batch)
+        for tiles, config in (
+            ("default", None),
+            (f"g{rows}w", dataclasses.replace(gluon(rows), wide_mma=True)),
+        ):
+            for name, package in packages.items():
+                own = (
+                    None
+                    if config is None
+                    else package.dispatch.SampleConfig(**dataclasses.asdict(config))
+                )
+                timed[f"{mode}_{tiles}{name}"] = call_with(package, hidden, weight, params, own)
+    return timed
+
+
 def providers(batch, hidden, weight):
     seed = torch.tensor(7, device=hidden.device)
     plain = SamplingParams(None, 1.0, seed, 0, 1)
@@ -214,15 +276,22 @@ def main() -> None:
     parser.add_argument("--batches", default="128,144,160,192,224,256")
     parser.add_argument("--shapes", default="2048x151936,8192x128256,4096x151936")
     parser.add_argument(
-        "--what", choices=["variants", "dispatch", "diagnose", "rounding"], default="variants"
+        "--what",
+        choices=["variants", "dispatch", "diagnose", "rounding", "noise"],
+        default="variants",
     )
+    parser.add_argument("--baseline", help="a copy of another tree's package (--what noise)")
     args = parser.parse_args()
     make_providers = {
         "variants": providers,
         "dispatch": dispatch_providers,
         "diagnose": diagnose_providers,
         "rounding": rounding_providers,
+        "noise": noise_providers,
     }[args.what]
+    if args.baseline:
+        global BASELINE
+        BASELINE = load_baseline(args.baseline)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("large_batch_ab.py needs a Hopper GPU; there is none here: nothing run")
         return
