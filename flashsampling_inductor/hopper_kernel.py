@@ -209,9 +209,12 @@ if AVAILABLE:
         share a row (each with every fourth quad of it), so a row's best is found mostly
         within a thread: two shuffle rounds where sixteen lanes a row took four, 8% fewer
         instructions in the 64-row tile's noise loop (sm_90a, Triton 3.9), for a two-way
-        bank conflict on these loads."""
+        bank conflict on these loads. Blocks of fewer than 32 rows (the swapped kernel's
+        second accumulator) spread a row over more lanes, so that no thread repeats
+        another's rows."""
+        QUAD_LANES: gl.constexpr = 4 if BLOCK_B >= 32 else 128 // BLOCK_B
         layout: gl.constexpr = gl.BlockedLayout(
-            [1, 1, 2, 2], [8, 4, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0]
+            [1, 1, 2, 2], [32 // QUAD_LANES, QUAD_LANES, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0]
         )
         quads = staging.index(chunk).reshape([BLOCK_B, CHUNK_Q, 2, 2]).load(layout)
         even, odd = gl.split(quads)
