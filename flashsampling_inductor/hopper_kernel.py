@@ -96,6 +96,14 @@ LOADER_REGISTERS = 40
 # One m64n128 MMA a k step into one accumulator instead of two m64n64 (WIDE_MMA): None
 # chooses per call (``launch_stage1``'s ``wide_mma``), a bool forces it (A/B runs).
 WIDE_MMA: bool | None = None
+# The packed top-m search on rounded logits (KEY_LOW_BITS: one int32 max a slot finds the key
+# and its column) only from this many slots; below it the search on whole keys, which writes
+# the same keys and columns. With 4 slots the compiler unrolled the packed slot loop in full (the
+# 64-row kernel 3864 SASS instructions against 2912 on whole keys, sm_90a, Triton 3.9; 6 and
+# 8 slots stay a loop), and on an H200 that stage 1 was the slower by a fifth: D = 4096,
+# top-k 50 on bf16 logits, B = 144, wide 64-row tiles, 510 against 420 us (fp32 logits 443;
+# large_batch_profile.py, benchmarks/results/large_batch_rounding_h200_20261128-1350/).
+PACKED_TOP_M_MIN = 5
 # Top-p's mass partials with each tile's maximum from the top-m search's largest key instead
 # of a reduction of its own (``_keep_top_m``'s ROW_MASS 2; the same bits), as
 # sampling_kernel.MASS_MAX_FROM_TOP_KEY does at up to 32 rows. H200, D = 2048, top-p 0.9
@@ -815,7 +823,7 @@ def launch_stage1(
         PLAIN=cand_score is not None,
         TOP_M=top_m,
         ROW_MASS=(2 if MASS_MAX_FROM_TOP_KEY else 1) if row_mass else 0,
-        KEY_LOW_BITS=key_low_bits,
+        KEY_LOW_BITS=key_low_bits if top_m >= PACKED_TOP_M_MIN else 0,
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
         WIDE_MMA=wide_mma if WIDE_MMA is None else WIDE_MMA,

@@ -1,14 +1,15 @@
 #!/bin/bash
 # GPU job (one Hopper GPU, run by the lead) for issue 38 item 1 at 129-256 rows, within BUDGET
-# seconds (first argument, default 200), everything written to $OUT:
-#   1. large_batch_ab.py --what rounding: top-k 50 on bf16-rounded and fp32 logits, the old
-#      stage-1 choice against the wide Gluon tiles (and their top-m search on whole keys);
-#   2. large_batch_profile.py: the same calls kernel by kernel, with the rows sent to the
-#      fallback (where the rounded logits' extra time goes);
-#   3. large_batch_ab.py --what noise: plain sampling and greedy with this tree's kernels
+# seconds (first argument, default 170), everything written to $OUT:
+#   1. large_batch_ab.py --what noise: plain sampling and greedy with this tree's kernels
 #      against the baseline's (BASELINE, default _baseline/flashsampling_baseline: a copy of
-#      main's package put beside the job), default choice and wide Gluon tiles.
-budget=${1:-200}
+#      main's package put beside the job), default choice and wide Gluon tiles;
+#   2. large_batch_ab.py --what rounding: top-k 50 / top-p 0.9 on bf16 logits, the top-m
+#      search on whole keys (the default now at 4 candidates a tile) against the packed one,
+#      and above 128 rows the old choice against the wide 64-row Gluon tiles;
+#   3. the GPU tests of the kernels changed (the swapped kernel's tokens, the Gluon stage 1's
+#      pathwise match), with what time is left.
+budget=${1:-170}
 for lib in benchmarks/jobs/device_job_lib.sh benchmarks/device_job_lib.sh; do
     [ -f "$lib" ] && source "$lib" && break
 done
@@ -26,17 +27,21 @@ ab() {  # seconds, reserve, then large_batch_ab.py's arguments
     timeout -k 3 "$seconds" python3 benchmarks/probes/large_batch_ab.py --budget $((seconds - 2)) \
         --out-dir "$OUT" "$@" 2>&1 | grep -v Warning
 }
-say "rounding A/B"
-ab "${ROUNDING_S:-75}" 120 --what rounding --rounds 3 --batches "${ROUNDING_BATCHES:-144,160}" \
-    --shapes "${ROUNDING_SHAPES:-4096x151936}"
-say "profile"
-timeout -k 3 "$(cap "${PROFILE_S:-25}" 100)" python3 benchmarks/probes/large_batch_profile.py --what rounding \
-    --shape 4096x151936 --batch 144 --out-dir "$OUT" > "$OUT/profile.txt" 2>&1
-echo "profile rc=$?"; grep -v Warning "$OUT/profile.txt" | grep -v "^ *$" | head -60
 BASELINE=${BASELINE:-_baseline/flashsampling_baseline}
 if [ -d "$BASELINE" ]; then
     say "noise: this tree against $BASELINE"
-    ab "${NOISE_S:-120}" 3 --what noise --baseline "$BASELINE" --rounds 2 \
+    ab "${NOISE_S:-70}" 95 --what noise --baseline "$BASELINE" --rounds 2 \
         --batches "${NOISE_BATCHES:-144,256}" --shapes "${NOISE_SHAPES:-2048x151936,4096x151936}"
+fi
+say "rounding A/B"
+ab "${ROUNDING_S:-55}" 38 --what rounding --rounds 2 --batches "${ROUNDING_BATCHES:-96,144}" \
+    --shapes "${ROUNDING_SHAPES:-4096x151936,2048x151936}"
+if [ "${TESTS:-1}" = 1 ] && [ "$(left)" -gt 15 ]; then
+    say "GPU tests"
+    timeout -k 3 "$(cap 60 3)" python3 -m pytest -q -p no:xdist -p no:cacheprovider -rA \
+        tests/test_gpu_op.py -k "${TESTS_K:-swapped_kernel_draws or (warp_specialized_kernel_matches and wide and 64)}" \
+        > "$OUT/gpu_tests.log" 2>&1
+    echo "GPU tests rc=$? (124: cut by the budget)"
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests.log" | tail -15
 fi
 say "done"

@@ -2,7 +2,7 @@
 tokens of every choice checked against the first of its mode (they must not depend on the
 tiling).
 
-    python benchmarks/probes/large_batch_ab.py [--what variants|dispatch|diagnose|rounding]
+    python benchmarks/probes/large_batch_ab.py [--what variants|dispatch|diagnose|rounding|noise]
         [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
@@ -23,10 +23,10 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   (64 rows up to 192, else 128), each with this tree's kernels (``*_new``) and with those of
   ``--baseline`` (``*_base``: a copy of another tree's package, e.g. main's, loaded under
   another name), so that a change to the kernels is timed against what it changes;
-* ``rounding``: top-k 50 on logits rounded to bf16 first (``logits_dtype``, as a bf16
-  model's step asks) and on fp32 ones, with the old choice (``LARGE_BATCH_GLUON`` off), the
-  wide Gluon tiles, and the wide 64-row tiles with the top-m search on whole keys
-  (``unpacked``: stage 1 told nothing of the rounding; the same keys, so the same tokens).
+* ``rounding``: top-k 50 and top-p 0.9 on logits rounded to bf16 first (``logits_dtype``, as
+  a bf16 model's step asks): the default and the same with the packed top-m search forced
+  on (``hopper_kernel.PACKED_TOP_M_MIN``: the same keys, so the same tokens), and above 128
+  rows the old choice (``LARGE_BATCH_GLUON`` off) against the wide 64-row Gluon tiles.
 
 CUDA-graph medians, round-robin over ``--rounds`` in a shuffled order; a CSV row per timing
 (``large_batch_<what>.csv``) and a summary line per point (each provider's fastest round over
@@ -156,39 +156,27 @@ def diagnose_providers(batch, hidden, weight):
     return timed
 
 
-@contextlib.contextmanager
-def unpacked_top_m():
-    """Stage 1's top-m search on whole keys even where the logits are rounded (KEY_LOW_BITS
-    0): the keys it writes are the same (their low bits are the sign's either way)."""
-    launch_stage1 = hopper_kernel.launch_stage1
-
-    def launch_unpacked(*args, **kwargs):
-        return launch_stage1(*args, **{**kwargs, "key_low_bits": 0})
-
-    with patched(hopper_kernel, "launch_stage1", launch_unpacked):
-        yield
-
-
 def rounding_providers(batch, hidden, weight):
-    """Top-k 50 on bf16-rounded and on fp32 logits: the old choice, the wide Gluon tiles of
-    64 (and 128) rows, and the 64-row ones searching whole keys."""
+    """Truncating calls with 4 candidates a tile on bf16-rounded logits (top-k 50, top-p
+    0.9): the default, the same with the packed top-m search forced on (``*packed``:
+    hopper_kernel.PACKED_TOP_M_MIN 0) and, above 128 rows, the old choice
+    (``LARGE_BATCH_GLUON`` off) against the wide 64-row Gluon tiles."""
     seed = torch.tensor(7, device=hidden.device)
     timed = {"matmul": lambda: hidden @ weight.T}
-    for dtype_name, dtype in (("bf16", torch.bfloat16), ("fp32", None)):
-        params = SamplingParams(None, 1.0, seed, 0, 1, dtype, scalar_top_k=50)
-        mode = f"k50{dtype_name}"
-        timed[f"{mode}_old"] = with_dispatch(call(hidden, weight, params), False)
-        timed[f"{mode}_g64w"] = call(hidden, weight, params, gluon(64), wide=True)
-        if batch > 192:
-            timed[f"{mode}_g128w"] = call(hidden, weight, params, gluon(128), wide=True)
-        if dtype is not None:
-            packed = call(hidden, weight, params, gluon(64), wide=True)
+    for mode, knobs in (("k50bf16", dict(scalar_top_k=50)), ("p09bf16", dict(scalar_top_p=0.9))):
+        params = SamplingParams(None, 1.0, seed, 0, 1, torch.bfloat16, **knobs)
+        if batch > 128:
+            timed[f"{mode}_old"] = with_dispatch(call(hidden, weight, params), False)
+            tiles, run = "g64w", call(hidden, weight, params, gluon(64), wide=True)
+        else:
+            tiles, run = "default", call(hidden, weight, params)
+        timed[f"{mode}_{tiles}"] = run
 
-            def unpacked(packed=packed):
-                with unpacked_top_m():
-                    return packed()
+        def packed(run=run):
+            with patched(hopper_kernel, "PACKED_TOP_M_MIN", 0):
+                return run()
 
-            timed[f"{mode}_g64wunpacked"] = unpacked
+        timed[f"{mode}_{tiles}packed"] = packed
     return timed
 
 
