@@ -102,7 +102,7 @@ WIDE_MMA: bool | None = None
 # 64-row kernel 3864 SASS instructions against 2912 on whole keys, sm_90a, Triton 3.9; 6 and
 # 8 slots stay a loop), and on an H200 that stage 1 was the slower by a fifth: D = 4096,
 # top-k 50 on bf16 logits, B = 144, wide 64-row tiles, 510 against 420 us (fp32 logits 443;
-# large_batch_profile.py, benchmarks/results/large_batch_rounding_h200_20261128-1350/).
+# large_batch_profile.py, benchmarks/results/large_batch_rounding_h200_20261128-1346/).
 PACKED_TOP_M_MIN = 5
 # Top-p's mass partials with each tile's maximum from the top-m search's largest key instead
 # of a reduction of its own (``_keep_top_m``'s ROW_MASS 2; the same bits), as
