@@ -34,7 +34,7 @@ BASELINE=${BASELINE:-_baseline/flashsampling_baseline}
 if [ -d "$BASELINE" ]; then
     say "noise: this tree against $BASELINE"
     ab "${NOISE_S:-55}" 110 --what noise --baseline "$BASELINE" --rounds 2 \
-        --batches "${NOISE_BATCHES:-144,256}" --shapes "${NOISE_SHAPES:-2048x151936,4096x151936}"
+        --batches "${NOISE_BATCHES:-96,144,256}" --shapes "${NOISE_SHAPES:-2048x151936,4096x151936}"
 fi
 say "rounding A/B"
 ab "${ROUNDING_S:-40}" 70 --what rounding --rounds 2 --batches "${ROUNDING_BATCHES:-96,144}" \
