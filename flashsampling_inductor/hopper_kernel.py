@@ -213,16 +213,9 @@ if AVAILABLE:
     def _staged_words(staging, chunk, BLOCK_B: gl.constexpr, CHUNK_Q: gl.constexpr):
         """The staged logits of one chunk as four [BLOCK_B, CHUNK_Q] tensors: word w holds the
         columns 4 * quad + w, the tokens whose noise is word w of the quad's Philox output.
-        Each thread loads whole quads, so splitting them into words moves no data. Four lanes
-        share a row (each with every fourth quad of it), so a row's best is found mostly
-        within a thread: two shuffle rounds where sixteen lanes a row took four, 8% fewer
-        instructions in the 64-row tile's noise loop (sm_90a, Triton 3.9), for a two-way
-        bank conflict on these loads. Blocks of fewer than 32 rows (the swapped kernel's
-        second accumulator) spread a row over more lanes, so that no thread repeats
-        another's rows."""
-        QUAD_LANES: gl.constexpr = 4 if BLOCK_B >= 32 else 128 // BLOCK_B
+        Each thread loads whole quads, so splitting them into words moves no data."""
         layout: gl.constexpr = gl.BlockedLayout(
-            [1, 1, 2, 2], [32 // QUAD_LANES, QUAD_LANES, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0]
+            [1, 1, 2, 2], [32 // CHUNK_Q, CHUNK_Q, 1, 1], [4, 1, 1, 1], [3, 2, 1, 0]
         )
         quads = staging.index(chunk).reshape([BLOCK_B, CHUNK_Q, 2, 2]).load(layout)
         even, odd = gl.split(quads)
