@@ -134,7 +134,6 @@ def default_config(
     vocab_size: int | None = None,
     knobs_per_row: bool = False,
     per_row_seed: bool = False,
-    rounded_logits: bool = False,
     mass_partials: bool = False,
 ) -> SampleConfig:
     """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
@@ -144,9 +143,8 @@ def default_config(
     tensor-parallel shard's, V / P), when known; ``knobs_per_row`` for truncating knobs
     that may leave rows untruncated (tensors, as ``generate`` and continuous batching pass
     them: ``knobs_may_be_off``), whose stage 1 carries both epilogues; ``per_row_seed`` for
-    a [B] seed tensor, ``rounded_logits`` for logits rounded to a dtype first
-    (``logits_dtype``) (both: ``_large_batch_gluon_rows``), ``mass_partials`` for a stage 1
-    that writes top-p's mass partials (``writes_mass_partials``)."""
+    a [B] seed tensor (``_large_batch_gluon_rows``), ``mass_partials`` for a stage 1 that
+    writes top-p's mass partials (``writes_mass_partials``)."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
@@ -230,9 +228,7 @@ def default_config(
     # D = 2048; triton_fused_sample keeps it off: SWAP_GREEDY_ROWS_MAX;
     # swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
     # Truncating calls: see swap_serves_knobs.
-    large_batch_rows = _large_batch_gluon_rows(
-        batch, hidden_size, truncates, per_row_seed, rounded_logits
-    )
+    large_batch_rows = _large_batch_gluon_rows(batch, hidden_size, truncates, per_row_seed)
     # (measured on whole vocabularies only: not on a tensor-parallel shard's)
     whole_vocab = vocab_size is None or vocab_size >= 100_000
     if large_batch_rows and _WARP_SPECIALIZED and not knobs_per_row and whole_vocab:
@@ -394,7 +390,6 @@ def _large_batch_gluon_rows(
     hidden_size: int,
     truncates: bool,
     per_row_seed: bool = False,
-    rounded_logits: bool = False,
 ) -> int:
     """Rows per tile of the Gluon kernel with its wide MMA (``SampleConfig.wide_mma``) for a
     call at 129-256 rows whose knobs truncate every row (scalars), or plain sampling at
@@ -409,19 +404,15 @@ def _large_batch_gluon_rows(
     the narrow MMA), B = 256 1.19 -> 1.12. Plain sampling, D = 4096, the swapped kernel ->
     128-row tiles: B = 224 1.48 -> 1.28, B = 256 1.34 -> 1.29; at D = 2048 and 8192 and below
     193 rows the swapped kernel (or, at D = 8192 above 192 rows, the Triton kernel) stays
-    ahead or even (large_batch_ab_h200_20261128-1050: benchmarks/probes/large_batch_ab.py)."""
+    ahead or even (large_batch_ab_h200_20261128-1050: benchmarks/probes/large_batch_ab.py).
+    Logits rounded to bf16 first (``logits_dtype``, as a bf16 model's step asks) take the same
+    tiles since their 4-slot top-m search on 64-row tiles is no longer the packed one
+    (``hopper_kernel.PACKED_TOP_M_MIN_64_ROWS``): D = 4096 / 2048, B = 144, old choice ->
+    64-row wide tiles, top-k 50 1.62 / 1.37 -> 1.28 / 1.33, top-p 0.9 1.82 / 1.51 -> 1.38 /
+    1.48 (large_batch_rounding_h200_20261128-1413)."""
     if not LARGE_BATCH_GLUON or not 128 < batch <= 256:
         return 0
     if truncates:  # (the top-m epilogue draws no noise: per-row seeds do not matter)
-        if rounded_logits and batch <= 192:
-            # Not with logits rounded to bf16 first (``logits_dtype``, as a bf16 model's step
-            # asks): there the 64-row wide tiles were the slower. H200, D = 4096, top-k 50,
-            # B = 144, us, wide / before: bf16 logits 617 / 559-565, fp32 ones 488 / 578-581;
-            # bench_sampling (bf16 logits) B = 144 / 160 544-549 / 527 and 556-559 / 533. At
-            # B = 256 the 128-row wide tiles won either way (bf16 573-597 / 608-609, fp32
-            # 588-608 / 633-639; large_batch_route_check_h200_20261128-1228/ and docs/
-            # performance.md). 193-224 rows with bf16 logits: not measured.
-            return 0
         return 64 if batch <= 192 else 128
     # (128-row tiles with per-row seeds spill: 632 bytes a thread, Triton 3.9, sm_90a)
     return 128 if batch > 192 and 2048 < hidden_size <= 4096 and not per_row_seed else 0
@@ -608,7 +599,7 @@ def triton_fused_sample(
         config = default_config(
             batch, hidden_size, hidden.device, params.truncates, vocab_size,
             knobs_may_be_off(params, vocab_size), params.per_row_seed,
-            params.logits_dtype is not None, writes_mass_partials(params, vocab_size),
+            writes_mass_partials(params, vocab_size),
         )  # fmt: skip
         config = _widen_truncation_tiles(config, params, vocab_size, hidden)
     if config.block_v % 4 or config.block_v < 16:

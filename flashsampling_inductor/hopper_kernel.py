@@ -96,14 +96,20 @@ LOADER_REGISTERS = 40
 # One m64n128 MMA a k step into one accumulator instead of two m64n64 (WIDE_MMA): None
 # chooses per call (``launch_stage1``'s ``wide_mma``), a bool forces it (A/B runs).
 WIDE_MMA: bool | None = None
-# The packed top-m search on rounded logits (KEY_LOW_BITS: one int32 max a slot finds the key
-# and its column) only from this many slots; below it the search on whole keys, which writes
-# the same keys and columns. With 4 slots the compiler unrolled the packed slot loop in full (the
-# 64-row kernel 3864 SASS instructions against 2912 on whole keys, sm_90a, Triton 3.9; 6 and
-# 8 slots stay a loop), and on an H200 that stage 1 was the slower by a fifth: D = 4096,
-# top-k 50 on bf16 logits, B = 144, wide 64-row tiles, 510 against 420 us (fp32 logits 443;
-# large_batch_profile.py, benchmarks/results/large_batch_rounding_h200_20261128-1346/).
-PACKED_TOP_M_MIN = 5
+# On 64-row tiles, the packed top-m search on rounded logits (KEY_LOW_BITS: one int32 max a
+# slot finds the key and its column) only from this many slots; below it the search on whole
+# keys, which writes the same keys and columns. With 4 slots (top-k up to 64, top-p or min-p
+# alone) on 64-row tiles the compiler unrolls the packed slot loop in full (the kernel 3864
+# SASS instructions against 2912 on whole keys, sm_90a, Triton 3.9; with 6 or 8 slots, or on
+# 128-row tiles, it stays a loop, half as long as the whole keys' one), and on an H200 that
+# stage 1 was the slower by a fifth: D = 4096, top-k 50 on bf16 logits, B = 144, wide 64-row
+# tiles, 510 against 420 us (fp32 logits 443; large_batch_rounding_h200_20261128-1346).
+# Whole calls on bf16 logits, 64-row tiles, over cuBLAS, packed -> whole keys (-1413 there,
+# tokens equal): D = 4096 B = 96 top-k 50 1.066 -> 1.054, top-p 0.9 1.155 -> 1.112; B = 144
+# 1.618 -> 1.281, 1.703 -> 1.380; D = 2048 B = 96 1.172 -> 1.111, 1.321 -> 1.232; B = 144
+# 1.624 -> 1.330, 1.793 -> 1.482. (128-row tiles keep the packed loop: not timed against whole
+# keys; hopper_swap_kernel's top-m, knob tensors at 129-160 rows, keeps it too: not timed.)
+PACKED_TOP_M_MIN_64_ROWS = 5
 # Top-p's mass partials with each tile's maximum from the top-m search's largest key instead
 # of a reduction of its own (``_keep_top_m``'s ROW_MASS 2; the same bits), as
 # sampling_kernel.MASS_MAX_FROM_TOP_KEY does at up to 32 rows. H200, D = 2048, top-p 0.9
@@ -816,7 +822,7 @@ def launch_stage1(
         PLAIN=cand_score is not None,
         TOP_M=top_m,
         ROW_MASS=(2 if MASS_MAX_FROM_TOP_KEY else 1) if row_mass else 0,
-        KEY_LOW_BITS=key_low_bits if top_m >= PACKED_TOP_M_MIN else 0,
+        KEY_LOW_BITS=0 if block_b == 64 and top_m < PACKED_TOP_M_MIN_64_ROWS else key_low_bits,
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
         WIDE_MMA=wide_mma if WIDE_MMA is None else WIDE_MMA,

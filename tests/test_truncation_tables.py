@@ -255,9 +255,8 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
     """On Hopper, at 129-256 rows, calls that truncate every row (scalar knobs) take the Gluon
     kernel with its wide MMA, on 64-row tiles up to 192 rows and 128-row ones above; plain
     sampling takes its 128-row tiles at 193-256 rows and D = 4096 unless the seeds are per
-    row. Truncating calls whose logits are rounded first (bf16) only above 192 rows. Not on a
-    tensor-parallel shard's vocabulary, nor off Hopper, nor with LARGE_BATCH_GLUON off (the
-    choice before)."""
+    row. Not on a tensor-parallel shard's vocabulary, nor off Hopper, nor with
+    LARGE_BATCH_GLUON off (the choice before)."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
     in_range = 128 < batch <= 256
@@ -275,9 +274,6 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
     for vocab_size in (75968, 37984):  # shards at TP = 2 and 4
         assert not dispatch.default_config(batch, hidden_size, cuda, True, vocab_size).wide_mma
     assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936, True).wide_mma
-    rounded = dispatch.default_config(batch, hidden_size, cuda, True, 151936, rounded_logits=True)
-    # (bf16 logits: 64-row wide tiles slower at 129-192 rows)
-    assert rounded.wide_mma == (192 < batch <= 256 or batch == 128)
     monkeypatch.setattr(dispatch, "LARGE_BATCH_GLUON", False)
     assert dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma == (
         batch == 128

@@ -25,8 +25,9 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   another name), so that a change to the kernels is timed against what it changes;
 * ``rounding``: top-k 50 and top-p 0.9 on logits rounded to bf16 first (``logits_dtype``, as
   a bf16 model's step asks): the default and the same with the packed top-m search forced
-  on (``hopper_kernel.PACKED_TOP_M_MIN``: the same keys, so the same tokens), and above 128
-  rows the old choice (``LARGE_BATCH_GLUON`` off) against the wide 64-row Gluon tiles.
+  on (``hopper_kernel.PACKED_TOP_M_MIN_64_ROWS``: the same keys, so the same tokens), and
+  above 128 rows the old choice (``LARGE_BATCH_GLUON`` off) against the wide 64-row Gluon
+  tiles.
 
 CUDA-graph medians, round-robin over ``--rounds`` in a shuffled order; a CSV row per timing
 (``large_batch_<what>.csv``) and a summary line per point (each provider's fastest round over
@@ -159,7 +160,7 @@ def diagnose_providers(batch, hidden, weight):
 def rounding_providers(batch, hidden, weight):
     """Truncating calls with 4 candidates a tile on bf16-rounded logits (top-k 50, top-p
     0.9): the default, the same with the packed top-m search forced on (``*packed``:
-    hopper_kernel.PACKED_TOP_M_MIN 0) and, above 128 rows, the old choice
+    hopper_kernel.PACKED_TOP_M_MIN_64_ROWS 0) and, above 128 rows, the old choice
     (``LARGE_BATCH_GLUON`` off) against the wide 64-row Gluon tiles."""
     seed = torch.tensor(7, device=hidden.device)
     timed = {"matmul": lambda: hidden @ weight.T}
@@ -173,7 +174,7 @@ def rounding_providers(batch, hidden, weight):
         timed[f"{mode}_{tiles}"] = run
 
         def packed(run=run):
-            with patched(hopper_kernel, "PACKED_TOP_M_MIN", 0):
+            with patched(hopper_kernel, "PACKED_TOP_M_MIN_64_ROWS", 0):
                 return run()
 
         timed[f"{mode}_{tiles}packed"] = packed
