@@ -245,10 +245,11 @@ def test_gpu_hopper_kernel_truncating_epilogue(
     batch, vocab_size, knobs, with_bias, logits_dtype, monkeypatch
 ):
     """From 33 to 128 rows on Hopper the Gluon kernel's top-m epilogue writes the candidates
-    (packed bf16 keys or fp32 keys, mass partials for top-p without top-k, plain candidates
-    beside them for rows per-row knobs leave untruncated, V not a multiple of its tiles,
-    a bias). On exact logits (multiples of 1/32, heavy ties at every k-th value) the tokens
-    are the reference's up to documented noise near-ties."""
+    (on bf16 logits packed keys, or whole ones for 4 slots on 64-row tiles:
+    hopper_kernel.PACKED_TOP_M_MIN_64_ROWS; fp32 keys; mass partials for top-p without
+    top-k, plain candidates beside them for rows per-row knobs leave untruncated, V not a
+    multiple of its tiles, a bias). On exact logits (multiples of 1/32, heavy ties at every
+    k-th value) the tokens are the reference's up to documented noise near-ties."""
     probe = torch.empty(128, 64, device=CUDA, dtype=torch.bfloat16)
     if not hopper_kernel.supported(probe, probe):
         pytest.skip("not a Hopper GPU with Gluon")
