@@ -505,19 +505,28 @@ def drawn_logprob(value, log_mass_ptr, num_tiles, temperature, LOGPROBS: tl.cons
 def await_previous_kernel(PDL: tl.constexpr):
     """With PDL (a programmatic dependent launch, ``pdl_launch``): wait until the kernel
     before this one on the stream has finished and its writes are visible, then let the next
-    one's programs be scheduled. First in the kernel, before any load or store, so the
-    launch only overlaps this kernel's scheduling with the previous one's last programs."""
-    if PDL:
+    one's programs be scheduled. First in the kernel, before any load or store of what the
+    previous kernel writes, so the launch only overlaps this kernel's scheduling with the
+    previous one's last programs. PDL == 2: the next one's programs may be scheduled first
+    (they wait in turn for this one's end), so a chain of small kernels after a long one has
+    its programs resident, waiting, by the time the long one ends."""
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    elif PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
 
-def pdl_launch(device: torch.device) -> dict[str, bool]:
+def pdl_launch(device: torch.device, trigger_first: bool = False) -> dict[str, bool | int]:
     """Keywords for a kernel that starts with ``await_previous_kernel(PDL)``: PDL and
     launch_pdl on sm_90 and later (Triton's launcher then marks the launch as a programmatic
     dependent, kept as such in a CUDA graph), else PDL off. Between the small kernels that
-    follow stage 1 this saves part of each launch gap. FLASHSAMPLING_PDL=0 turns it off."""
-    return {"PDL": True, "launch_pdl": True} if _pdl_supported(device) else {"PDL": False}
+    follow stage 1 this saves part of each launch gap. FLASHSAMPLING_PDL=0 turns it off.
+    ``trigger_first``: PDL 2 (the next kernel's programs scheduled before this one waits)."""
+    if not _pdl_supported(device):
+        return {"PDL": False}
+    return {"PDL": 2 if trigger_first else True, "launch_pdl": True}
 
 
 @functools.cache

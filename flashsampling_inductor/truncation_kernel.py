@@ -116,6 +116,23 @@ STAGE2_WARPS = 8
 STAGE2_WARPS_WITHOUT_TOP_K = 16
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
+# The kernels after stage 1 (merge, stage 2, the fallback's two), each a programmatic
+# dependent of the one before (``pdl_launch``), let the next one's programs be scheduled
+# before they wait for their own predecessor (PDL 2: ``await_previous_kernel``), so that the
+# whole tail is resident, waiting, by the time stage 1 ends, instead of each kernel's
+# programs being scheduled after the previous kernel's wait. H200, CUDA graphs, one process
+# against False, tokens equal in every cell: D = 2048, 0-d knobs at their off values, B =
+# 1 / 16 / 64, us, 159.9 / 161.7 / 172.4 -> 159.1 / 160.8 / 169.6 (plain 150.7 / 152.5 /
+# 156.9), top-k 50 as 0-d tensors 190.2 / 190.3 / 210.1 -> 190.0 / 189.9 / 207.8; [B] knobs
+# off at B = 16 / 64 162.9 / 174.2 -> 160.0 / 171.8, mixed 211.2 / 269.2 -> 211.1 / 268.0;
+# D = 4096 off 292.5 / 295.3 / 317.8 -> 291.9 / 293.9 / 315.7, top-k 50 316.6 / 319.9 /
+# 348.2 -> 316.1 / 319.5 / 348.8 (bench_off_knobs_nvidia-h200_ab2-*_20261128-141*.csv;
+# round 1 at 13:48 alike). FLASHSAMPLING_PDL=0 turns PDL off altogether.
+TAIL_TRIGGER_FIRST = True
+
+
+def _tail_pdl(device: torch.device) -> dict:
+    return pdl_launch(device, TAIL_TRIGGER_FIRST)
 
 
 @triton.jit
@@ -1378,7 +1395,7 @@ def _merge(
         params.scalar_top_p, params.scalar_min_p, vocab_size, route_k_max or 0,
         TEMPERATURE_MODE=temperature_mode, HAS_MASS=mass is not None, TOP_M=top_m, KEEP=keep,
         BLOCK=block, TILE_BLOCK=max(16, triton.next_power_of_2(tiles_per_group)),
-        KEY_LOW_BITS=key_low_bits(params), **pdl_launch(keys.device),
+        KEY_LOW_BITS=key_low_bits(params), **_tail_pdl(keys.device),
         ROUTED=route_k_max is not None, PLAIN_ROWS=stage1.get("plain_score") is not None,
         TOP_K_MODE=_mode(params.top_k), TOP_P_MODE=_mode(params.top_p),
         MIN_P_MODE=_mode(params.min_p), num_warps=max(1, min(4, block // 256)),
@@ -1464,7 +1481,7 @@ def _launch_by_name(kernel, grid, runtime: dict, constexprs: dict, num_warps: in
     names = kernel.arg_names[: len(runtime)]
     assert set(names) == set(runtime), sorted(set(names) ^ set(runtime))
     launch(kernel, grid, *(runtime[name] for name in names), **constexprs,
-           **pdl_launch(runtime["out_ptr"].device), num_warps=num_warps)  # fmt: skip
+           **_tail_pdl(runtime["out_ptr"].device), num_warps=num_warps)  # fmt: skip
 
 
 def _stage2_arguments(
@@ -1632,7 +1649,7 @@ def launch_fallback(
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
         SCAN=min(256, max(16, triton.next_power_of_2(batch))),
         PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
-        **pdl_launch(hidden.device), num_warps=4, num_stages=3,
+        **_tail_pdl(hidden.device), num_warps=4, num_stages=3,
     )  # fmt: skip
     log_mass = None if stage1 is None else stage1.get("log_mass")
     full = ({"top_m_key": scratch, "log_mass": log_mass}, params, vocab_size, temperature_mode,

@@ -161,6 +161,15 @@ compile_kernel(
          MIN_P_MODE=1),
     num_warps=1,
 )
+# The same letting the next kernel be scheduled before it waits (PDL 2: TAIL_TRIGGER_FIRST).
+compile_kernel(
+    truncation_kernel._merge_tiles,
+    {**merge, "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32"},
+    dict(TEMPERATURE_MODE=1, HAS_MASS=True, TOP_M=6, KEEP=32, BLOCK=256, TILE_BLOCK=64,
+         KEY_LOW_BITS=16, PDL=2, ROUTED=True, PLAIN_ROWS=True, TOP_K_MODE=1, TOP_P_MODE=1,
+         MIN_P_MODE=1),
+    num_warps=1,
+)
 stage1 = {
     "hidden_ptr": "*bf16", "weight_ptr": "*bf16", "temperature_ptr": "*fp32",
     "seed_ptr": "*i64", "top_m_key_ptr": "*i32", "top_m_index_ptr": "*i32",
