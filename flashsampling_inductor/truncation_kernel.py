@@ -129,10 +129,15 @@ FALLBACK_PROGRAMS_PER_SM = 2
 # 348.2 -> 316.1 / 319.5 / 348.8 (bench_off_knobs_nvidia-h200_ab2-*_20261128-141*.csv;
 # round 1 at 13:48 alike). FLASHSAMPLING_PDL=0 turns PDL off altogether.
 TAIL_TRIGGER_FIRST = True
+# ... up to this many rows, where it was measured. (Programs resident and waiting take issue
+# slots from the kernel they wait on: stage 1 signalling the merge's 1024 programs at B = 16
+# cost top-k 50 4.3 us there. Above 64 rows the kernels' programs are many more, and
+# stage 2 does real work while the fallback's would wait beside it: not measured.)
+TAIL_TRIGGER_FIRST_ROWS_MAX = 64
 
 
-def _tail_pdl(device: torch.device) -> dict:
-    return pdl_launch(device, TAIL_TRIGGER_FIRST)
+def _tail_pdl(device: torch.device, batch: int) -> dict:
+    return pdl_launch(device, TAIL_TRIGGER_FIRST and batch <= TAIL_TRIGGER_FIRST_ROWS_MAX)
 
 
 @triton.jit
@@ -1395,7 +1400,7 @@ def _merge(
         params.scalar_top_p, params.scalar_min_p, vocab_size, route_k_max or 0,
         TEMPERATURE_MODE=temperature_mode, HAS_MASS=mass is not None, TOP_M=top_m, KEEP=keep,
         BLOCK=block, TILE_BLOCK=max(16, triton.next_power_of_2(tiles_per_group)),
-        KEY_LOW_BITS=key_low_bits(params), **_tail_pdl(keys.device),
+        KEY_LOW_BITS=key_low_bits(params), **_tail_pdl(keys.device, batch),
         ROUTED=route_k_max is not None, PLAIN_ROWS=stage1.get("plain_score") is not None,
         TOP_K_MODE=_mode(params.top_k), TOP_P_MODE=_mode(params.top_p),
         MIN_P_MODE=_mode(params.min_p), num_warps=max(1, min(4, block // 256)),
@@ -1481,7 +1486,8 @@ def _launch_by_name(kernel, grid, runtime: dict, constexprs: dict, num_warps: in
     names = kernel.arg_names[: len(runtime)]
     assert set(names) == set(runtime), sorted(set(names) ^ set(runtime))
     launch(kernel, grid, *(runtime[name] for name in names), **constexprs,
-           **_tail_pdl(runtime["out_ptr"].device), num_warps=num_warps)  # fmt: skip
+           **_tail_pdl(runtime["out_ptr"].device, runtime["out_ptr"].shape[0]),
+           num_warps=num_warps)  # fmt: skip
 
 
 def _stage2_arguments(
@@ -1649,7 +1655,7 @@ def launch_fallback(
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
         SCAN=min(256, max(16, triton.next_power_of_2(batch))),
         PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
-        **_tail_pdl(hidden.device), num_warps=4, num_stages=3,
+        **_tail_pdl(hidden.device, batch), num_warps=4, num_stages=3,
     )  # fmt: skip
     log_mass = None if stage1 is None else stage1.get("log_mass")
     full = ({"top_m_key": scratch, "log_mass": log_mass}, params, vocab_size, temperature_mode,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from flashsampling_inductor import sampling_device
+from flashsampling_inductor import sampling_device, truncation_kernel
 from flashsampling_inductor.launch import _argument_key, _key
 
 
@@ -61,3 +61,17 @@ def test_programmatic_dependent_launch_is_off_off_hopper_and_when_asked(monkeypa
     kernel, weight = _Kernel(), torch.zeros(4)
     on = {"BLOCK": 64, "PDL": True, "launch_pdl": True}
     assert _key(kernel, 0, (weight, 3), on) != _key(kernel, 0, (weight, 3), {"BLOCK": 64})
+
+
+def test_the_truncating_tail_schedules_its_next_kernel_first_up_to_64_rows(monkeypatch):
+    """Where PDL is on, the kernels after a truncating stage 1 go out with PDL 2 (the next
+    kernel's programs scheduled before each waits: TAIL_TRIGGER_FIRST) up to
+    TAIL_TRIGGER_FIRST_ROWS_MAX rows, where it was measured, and wait-then-signal above;
+    TAIL_TRIGGER_FIRST off keeps the latter everywhere. Off CUDA, PDL stays off."""
+    assert truncation_kernel._tail_pdl(torch.device("cpu"), 1) == {"PDL": False}
+    monkeypatch.setattr(sampling_device, "_pdl_supported", lambda device: True)
+    cuda = torch.device("cuda", 0)
+    assert truncation_kernel._tail_pdl(cuda, 64) == {"PDL": 2, "launch_pdl": True}
+    assert truncation_kernel._tail_pdl(cuda, 65) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setattr(truncation_kernel, "TAIL_TRIGGER_FIRST", False)
+    assert truncation_kernel._tail_pdl(cuda, 1) == {"PDL": True, "launch_pdl": True}
