@@ -56,6 +56,16 @@ _SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "gluon")
 _TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "5"))
 
 
+# The register cap of the Triton small-batch tiles carrying both epilogues (below). Knobs9
+# compiled them offline for sm_90a with Triton 3.6 (the GPU machines'; 0-d knobs, 16 x 64 x
+# 128 tiles, cuobjdump --dump-resource-usage): with fp32 logits (bench_off_knobs' calls)
+# they now take 168 registers and no stack uncapped, as the plain kernel does, but 168 and
+# 112 bytes of stack capped; with bf16 logits (16 low key bits) 164-168 and no stack either
+# way. So the cap may now cost what it once saved. Not yet timed on a GPU: False is the
+# A/B's variant (benchmarks/jobs/knobs9_job.sh, ``nocap``).
+KNOB_TILES_REGISTER_CAP = True
+
+
 def _split_stage1(kernel: str) -> bool:
     """Whether stage 1 of a call with per-row knobs that may be off (both epilogues) runs
     as two launches of the ``kernel`` ("triton" or "gluon"): first the plain kernel, whose
@@ -669,12 +679,14 @@ def triton_fused_sample(
     per_row_knobs = plain and top_m > 0 and not config.programs_per_sm
     split = per_row_knobs and _split_stage1("triton")
     plain_config = config
-    if per_row_knobs and not config.maxnreg and hidden.is_cuda and config.block_b <= 32:
+    cap = KNOB_TILES_REGISTER_CAP
+    if per_row_knobs and cap and not config.maxnreg and hidden.is_cuda and config.block_b <= 32:
         # Both epilogues compiled in took the small-batch tiles from 168 registers a thread
         # (the plain kernel) to 210 (Triton 3.6, sm_90a): two programs of four warps per SM
         # instead of three. Capped for three (160 bytes of spills): H200, D = 2048, B = 16,
         # off-valued knobs' stage 1 148.5 -> 146.0 us (plain 145.1), batches with truncated
-        # rows within 0.6% (bench_off_knobs_nvidia-h200_*_20261127-1426.csv).
+        # rows within 0.6% (bench_off_knobs_nvidia-h200_*_20261127-1426.csv). (Since then
+        # they fit 168 uncapped: KNOB_TILES_REGISTER_CAP.)
         maxnreg = _REGISTERS_PER_SM // (3 * 32 * config.num_warps) // 8 * 8
         config = dataclasses.replace(config, maxnreg=maxnreg)
     # Triton launches on the current device: make it the inputs' one.
