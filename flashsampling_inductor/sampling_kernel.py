@@ -65,9 +65,9 @@ __all__ = ["launch_stage1", "launch_stage2"]
 # top-p 0.9 alone, whole calls over cuBLAS: B = 1 1.124 -> 1.118, B = 16 1.123 -> 1.113
 # (truncation_ab_h200_20261128-1214; the Gluon kernel above 32 rows has its own epilogue).
 MASS_MAX_FROM_TOP_KEY = True
-# ... and the sum reduced in one tuple reduction with the largest key left out (ROW_MASS 3;
-# the same bits: one cross-warp reduction fewer again). Off: A/B runs.
-MASS_SUM_WITH_LEFT_OUT = False
+# (The sum reduced in one tuple reduction with the largest key left out, one cross-warp
+# reduction fewer again, timed even: B = 1 / 16 1.084 / 1.078, truncation_ab_h200_20261128-
+# 1416; removed after 1f9cd07.)
 
 
 @triton.jit
@@ -170,8 +170,7 @@ def _top_m_epilogue(
 ):  # fmt: skip
     """Stage 1's truncating epilogue (``_sample_stage1`` with TOP_M; the mass partials with
     ROW_MASS where ``mass_wanted``: ROW_MASS 2 takes the tile's maximum from its largest key,
-    which the first slot finds, instead of a reduction of its own; 3 also sums them in the
-    reduction that finds the largest key left out, ``_max_left_out``)."""
+    which the first slot finds, instead of a reduction of its own)."""
     # Truncation needs no noise here: the tile's TOP_M largest scores (ties to the
     # lowest index), then the largest one left out, which bounds what it hides.
     keys = ordered_key(logits)
@@ -195,10 +194,7 @@ def _top_m_epilogue(
             tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
                      mask=b_mask)  # fmt: skip
             packed = tl.where(packed == top[:, None], KEY_PAD, packed)
-        left_out = _max_left_out(
-            packed, logits, v_mask, top_key, noise_scale, tile_slot, b_mask, mass_ptr,
-            mass_wanted, EVEN_V, ROW_MASS,
-        ) & -(1 << KEY_LOW_BITS)  # fmt: skip
+        left_out = tl.max(packed, axis=1) & -(1 << KEY_LOW_BITS)
         tl.store(hidden_key_ptr + tile_slot, restore_low_bits(left_out, KEY_LOW_BITS),
                  mask=b_mask)  # fmt: skip
     else:
@@ -210,12 +206,9 @@ def _top_m_epilogue(
             tl.store(top_m_index_ptr + tile_slot * TOP_M + slot, v_start + arg,
                      mask=b_mask)  # fmt: skip
             keys = tl.where(columns == arg[:, None], KEY_PAD, keys)
-        left_out = _max_left_out(
-            keys, logits, v_mask, top_key, noise_scale, tile_slot, b_mask, mass_ptr,
-            mass_wanted, EVEN_V, ROW_MASS,
-        )  # fmt: skip
+        left_out = tl.max(keys, axis=1)
         tl.store(hidden_key_ptr + tile_slot, left_out, mask=b_mask)
-    if ROW_MASS == 1 or ROW_MASS == 2:
+    if ROW_MASS:
         if mass_wanted:
             # softmax(l / T) mass of the tile relative to its maximum (the reference's
             # weights); stage 2 rescales the partials to the row maximum.
@@ -236,37 +229,6 @@ def _top_m_epilogue(
 @triton.jit
 def _max_from_key(top_key):
     return tl.where(top_key == KEY_PAD, float("-inf"), key_value(top_key))
-
-
-@triton.jit
-def _max_and_sum(key0, weight0, key1, weight1):
-    return tl.maximum(key0, key1), weight0 + weight1
-
-
-@triton.jit
-def _max_left_out(
-    remaining, logits, v_mask, top_key, noise_scale, tile_slot, b_mask, mass_ptr, mass_wanted,
-    EVEN_V: tl.constexpr, ROW_MASS: tl.constexpr,
-):  # fmt: skip
-    """The largest of the keys the top-m slots left (``remaining``), per row; with ROW_MASS 3
-    where ``mass_wanted`` the mass partials too (the maximum from the largest key, as ROW_MASS
-    2), their sum reduced in the same tuple reduction: one cross-warp reduction fewer."""
-    if ROW_MASS == 3:
-        if mass_wanted:
-            inv_temperature = tl.where(noise_scale > 0, 1.0 / noise_scale, 0.0)
-            values = _tile_values(logits, v_mask, EVEN_V)
-            tile_max = _max_from_key(top_key)
-            weights = tl.exp2((values - tile_max[:, None]) * inv_temperature[:, None])
-            weights = tl.where(values == tile_max[:, None], 1.0, weights)
-            weights = tl.where(values > float("-inf"), weights, 0.0)
-            left_out, tile_sum = tl.reduce((remaining, weights), 1, _max_and_sum)
-            tl.store(mass_ptr + tile_slot * 2, tile_max, mask=b_mask)
-            tl.store(mass_ptr + tile_slot * 2 + 1, tile_sum, mask=b_mask)
-        else:
-            left_out = tl.max(remaining, axis=1)
-    else:
-        left_out = tl.max(remaining, axis=1)
-    return left_out
 
 
 @triton.jit
@@ -684,10 +646,7 @@ def launch_stage2(
 
 def _row_mass_mode(row_mass: bool) -> int:
     """``_top_m_epilogue``'s ROW_MASS: 0 no partials, 1 their own maximum, 2 the maximum from
-    the largest key (MASS_MAX_FROM_TOP_KEY), 3 also the sum reduced with the key left out
-    (MASS_SUM_WITH_LEFT_OUT)."""
+    the largest key (MASS_MAX_FROM_TOP_KEY)."""
     if not row_mass:
         return 0
-    if MASS_MAX_FROM_TOP_KEY:
-        return 3 if MASS_SUM_WITH_LEFT_OUT else 2
-    return 1
+    return 2 if MASS_MAX_FROM_TOP_KEY else 1

@@ -170,17 +170,7 @@ def test_gpu_scalar_top_k_matches_reference_pathwise(batch, knobs):
     the 16 low key bits that bf16 fixes. Exact logits (multiples of 1/32): heavy ties at
     every k-th value. The fused kernel draws the reference's tokens up to documented noise
     near-ties."""
-    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
-    seed = torch.arange(batch, device=CUDA) * 7919 + 11
-    arguments = dict(
-        temperature=0.8, seed=seed, num_samples=2, logits_dtype=torch.bfloat16, **knobs
-    )
-    tokens = fused_sample(hidden, weight, impl="triton", **arguments)
-    expected = fused_sample(hidden, weight, impl="torch", **arguments)
-    assert_pathwise_equal(
-        tokens, expected, hidden, weight, temperature=0.8, seed=seed,
-        logits_dtype=torch.bfloat16,
-    )  # fmt: skip
+    _assert_scalar_knobs_pathwise(batch, knobs, seed_offset=11)
 
 
 @pytest.mark.parametrize("batch", [1, 16, 24, 64, 128])
@@ -200,7 +190,7 @@ def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, m
     pass, the Triton partials' own maximum), topp9's replaced (swap-AB tiles to 32 rows, the
     Gluon partials' own maximum, narrow MMAs and 64-row tiles at 65-128 rows, eight stage-2
     warps) and its opt-ins (256 slots for the heaviest merged candidates with the narrowed
-    search, 128-row tiles for top-p alone, the Triton mass sum with the left-out key). Exact logits
+    search, 128-row tiles for top-p alone). Exact logits
     (multiples of 1/32): ties everywhere."""
     if levers == "one-bit-reduced-max":
         monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", False)
@@ -215,18 +205,7 @@ def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, m
         monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)
         monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: True)
         monkeypatch.setattr(dispatch, "MASS_TILE_ROWS_65_128", 128)
-        monkeypatch.setattr(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)
-    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
-    seed = torch.arange(batch, device=CUDA) * 7919 + 13
-    arguments = dict(
-        temperature=0.8, seed=seed, num_samples=2, logits_dtype=torch.bfloat16, **knobs
-    )
-    tokens = fused_sample(hidden, weight, impl="triton", **arguments)
-    expected = fused_sample(hidden, weight, impl="torch", **arguments)
-    assert_pathwise_equal(
-        tokens, expected, hidden, weight, temperature=0.8, seed=seed,
-        logits_dtype=torch.bfloat16,
-    )  # fmt: skip
+    _assert_scalar_knobs_pathwise(batch, knobs, seed_offset=13)
 
 
 @pytest.mark.parametrize(
@@ -286,15 +265,15 @@ def test_gpu_hopper_kernel_truncating_epilogue(
 @pytest.mark.parametrize(
     "batch, lever",
     [(48, (hopper_kernel, "MASS_MAX_FROM_TOP_KEY")),
-     (16, (sampling_kernel, "MASS_SUM_WITH_LEFT_OUT"))],
-    ids=["gluon-max-from-key", "triton-sum-with-left-out"],
+     (16, (sampling_kernel, "MASS_MAX_FROM_TOP_KEY"))],
+    ids=["gluon-max-from-key", "triton-max-from-key"],
 )  # fmt: skip
 @pytest.mark.parametrize("logits_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-logits"])
 def test_gpu_mass_partials_levers_give_the_same_bits(batch, lever, logits_dtype, monkeypatch):
     """Top-p's mass partials with the Gluon kernel's (48 rows) tile maximum taken from the
     top-m search's largest key (``hopper_kernel.MASS_MAX_FROM_TOP_KEY``), or the Triton
-    kernel's (16 rows) sum reduced with the largest key left out
-    (``sampling_kernel.MASS_SUM_WITH_LEFT_OUT``), are the same bits as without, and so are
+    kernel's (16 rows, ``sampling_kernel.MASS_MAX_FROM_TOP_KEY``), are the same bits as
+    without, and so are
     the tokens: a bias with -inf and NaN tokens, +-0 logits, a vocabulary that the tiles do
     not divide, a tile at -inf."""
     probe = torch.empty(128, 64, device=CUDA, dtype=torch.bfloat16)
@@ -424,3 +403,20 @@ def test_gpu_truncated_sampling_under_cuda_graph_replays_fresh_draws():
     graph.replay()
     assert not torch.equal(first, out)
     assert bool(((out >= 0) & (out < VOCAB)).all())
+
+
+def _assert_scalar_knobs_pathwise(batch, knobs, seed_offset):
+    """Python-scalar ``knobs`` at T = 0.8 on bf16 logits of an exact problem (multiples of
+    1/32: ties everywhere), two samples a row: the fused kernel draws the pure-torch
+    reference's tokens up to documented noise near-ties."""
+    hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
+    seed = torch.arange(batch, device=CUDA) * 7919 + seed_offset
+    arguments = dict(
+        temperature=0.8, seed=seed, num_samples=2, logits_dtype=torch.bfloat16, **knobs
+    )
+    tokens = fused_sample(hidden, weight, impl="triton", **arguments)
+    expected = fused_sample(hidden, weight, impl="torch", **arguments)
+    assert_pathwise_equal(
+        tokens, expected, hidden, weight, temperature=0.8, seed=seed,
+        logits_dtype=torch.bfloat16,
+    )  # fmt: skip

@@ -214,9 +214,8 @@ for plain_half in (True, False):
     )
 # bf16 logits without a soft-cap: the top-m search on keys packed with their column; also
 # with the mass partials' maximum from the largest key (ROW_MASS 2: MASS_MAX_FROM_TOP_KEY),
-# and that on fp32 keys; its sum reduced with the largest key left out (ROW_MASS 3:
-# MASS_SUM_WITH_LEFT_OUT), packed and fp32 keys.
-for row_mass, low_bits in ((True, 16), (2, 16), (2, 0), (3, 16), (3, 0)):
+# and that on fp32 keys.
+for row_mass, low_bits in ((True, 16), (2, 16), (2, 0)):
     compile_kernel(
         sampling_kernel._sample_stage1, stage1,
         {**stage1_constants, "HAS_SOFTCAP": False, "LOGITS_DTYPE": tl.bfloat16,

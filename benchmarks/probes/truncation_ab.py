@@ -74,7 +74,6 @@ VARIANTS = {
 ROUND_1_VARIANTS = {
     # (round 2, 14:16 UTC: even at B = 1 / 16, not taken) the Triton stage 1's (<= 16 rows)
     # mass sum reduced with the largest key left out
-    "masssum": (("p09",), [(sampling_kernel, "MASS_SUM_WITH_LEFT_OUT", True)]),
     # top-p / min-p on the heaviest (kept) merged candidates when that few hold them
     "compact256": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)]),
     "compact512": (("p09", "minp"), [(truncation_kernel, "MERGED_COMPACT_SLOTS", 512)]),
@@ -93,7 +92,7 @@ ROUND_1_VARIANTS = {
 # Variants that change nothing outside these rows (first, last).
 ROWS = {
     "swap32": (17, 32), "gluonmass1": (17, 128), "narrowmma": (65, 128), "wide": (17, 64),
-    "rows64": (65, 128), "masstiles128": (65, 128), "masssum": (1, 16),
+    "rows64": (65, 128), "masstiles128": (65, 128),
 }  # fmt: skip
 TOPP8_VARIANTS = {
     "onebit": (("k50p09",), [ONE_BIT]),  # stage 2's nucleus search one bit a pass
