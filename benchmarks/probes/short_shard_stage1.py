@@ -1,15 +1,19 @@
 """Stage 1 of the TP step on one vocabulary shard, per candidate tile configuration (issue 39).
 
-    python benchmarks/probes/short_shard_stage1.py [--shapes 4096x37984,8192x32064]
+    python benchmarks/probes/short_shard_stage1.py [--shapes 4096x37984,8192x32064:144/256]
                                                    [--batches 64,256] [--rounds 3] [--out-dir DIR]
+                                                   [--warm-only]
 
 A TP = 4 step with symmetric memory runs stage 1 on its shard (``tile_candidates``: per-tile
 candidates, no stage 2) and then the exchange's kernel. This times that stage 1 alone, each
 candidate and cuBLAS ``hidden @ W_shard.T`` replayed from CUDA graphs, round-robin over
 ``--rounds`` rounds (median of the rounds' medians; T = 1, a device seed, the shard starting
 at rank 1's offset), and checks that every candidate's best per-tile candidate is the
-default's (the tokens do not depend on the tiles). One GPU; without CUDA it says so and
-exits 0. Writes ``short_shard_stage1_<gpu>_<date>.json``.
+default's (the tokens do not depend on the tiles). A candidate whose configuration is the
+default's is not timed twice. One GPU; without CUDA it says so and exits 0. Writes
+``short_shard_stage1_<gpu>_<date>.json``. ``--warm-only`` compiles and checks the candidates
+without timing them (several such processes, one per shape, fill Triton's cache in parallel
+before the timed run).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def candidates(batch: int) -> dict[str, SampleConfig]:
             "t64x128_pps2": SampleConfig(
                 64, 128, 64, swap_ab=False, num_stages=4, programs_per_sm=2, tma=True
             ),
+            "gluon_wide64": gluon_wide(64),
             "t64x64_pps2": SampleConfig(
                 64, 64, 64, swap_ab=False, num_stages=4, programs_per_sm=2, tma=True
             ),
@@ -82,9 +87,21 @@ def candidates(batch: int) -> dict[str, SampleConfig]:
         "gluon64rows": SampleConfig(
             64, 128, 64, swap_ab=False, num_stages=4, tma=True, warp_specialized_rows=64
         ),
+        # The Gluon kernel's wide MMA (one m64n128 a k step), 64- and 128-row tiles: what
+        # whole vocabularies take at 129-256 rows (dispatch._large_batch_gluon_rows).
+        "gluon_wide64": gluon_wide(64),
+        "gluon_wide128": gluon_wide(128),
         "swap_pingpong": swapped("ping-pong"),
         "swap_coop": swapped("cooperative"),
     }
+
+
+def gluon_wide(rows: int) -> SampleConfig:
+    """The Gluon kernel with its wide MMA on ``rows``-row tiles (64 or 128)."""
+    return SampleConfig(
+        128, 128, 64, maxnreg=128, programs_per_sm=2, epilogue_chunks=4,
+        warp_specialized_rows=rows, wide_mma=True, **LARGE,
+    )  # fmt: skip
 
 
 def swapped(consumers: str) -> SampleConfig:
@@ -132,7 +149,8 @@ def time_point(
 ) -> dict[str, list[float]]:
     """Per usable candidate its per-round medians (us), and "matmul": cuBLAS's; a candidate
     that fails, runs another kernel than named, or draws other tokens is left out (said), as
-    are those not compiled by ``deadline`` (time.monotonic())."""
+    are those not compiled by ``deadline`` (time.monotonic()) and those whose configuration
+    is the default's. ``rounds`` 0: compiled and checked only."""
     params = SamplingParams(None, 1.0, torch.tensor(12345, device=hidden.device), 0, 1)
 
     def call(config):
@@ -143,6 +161,9 @@ def time_point(
     expected = best(*call(named["default"])())
     usable = {}
     for name, config in named.items():
+        if name != "default" and config == named["default"]:
+            print(f"{label} {name}: the default's configuration")
+            continue
         if time.monotonic() > deadline:
             print(f"{label} {name}: not run (--budget-s spent)")
             continue
@@ -170,7 +191,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shapes", default="4096x37984,8192x32064", help="DxV_shard list")
+    parser.add_argument(
+        "--shapes", default="4096x37984,8192x32064",
+        help="DxV_shard list; DxV_shard:B1/B2 times that shard at those batches only",
+    )  # fmt: skip
     parser.add_argument("--batches", default="64,256", help="B list")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds")
     parser.add_argument("--only", default="", help="comma-separated candidate names")
@@ -179,6 +203,9 @@ def main() -> None:
         help="compile no more candidates after this many seconds (0: no limit); those "
         "compiled are still timed",
     )  # fmt: skip
+    parser.add_argument(
+        "--warm-only", action="store_true", help="compile and check, time nothing, no JSON"
+    )
     parser.add_argument(
         "--out-dir", type=Path, default=Path(__file__).parents[1] / "results", help="JSON's folder"
     )
@@ -191,11 +218,13 @@ def main() -> None:
     only = set(filter(None, args.only.split(",")))
     deadline = time.monotonic() + args.budget_s if args.budget_s else math.inf
     rows = []
+    rounds = 0 if args.warm_only else args.rounds
     for shape in args.shapes.split(","):
+        shape, _, own_batches = shape.partition(":")
         dim, vocab = map(int, shape.split("x"))
         offset = vocab // 4 * 4  # rank 1's start: global indices past the first shard
         weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
-        for batch in map(int, args.batches.split(",")):
+        for batch in map(int, (own_batches.replace("/", ",") or args.batches).split(",")):
             hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
             named = {"default": default_config(batch, dim, hidden.device, vocab_size=vocab)}
             named.update(
@@ -204,7 +233,10 @@ def main() -> None:
                 if not only or name in only
             )
             label = f"D={dim} V_shard={vocab} B={batch}"
-            times = time_point(hidden, weight, offset, named, args.rounds, label, deadline)
+            times = time_point(hidden, weight, offset, named, rounds, label, deadline)
+            if not rounds:
+                print(f"{label}: compiled {', '.join(list(times)[1:])}", flush=True)
+                continue
             matmul = statistics.median(times.pop("matmul"))
             print(f"{label}: cuBLAS {matmul:.1f} us", flush=True)
             for name in sorted(times, key=lambda n: statistics.median(times[n])):
@@ -212,6 +244,8 @@ def main() -> None:
                 print(f"  {name:<18s} {us:7.1f} us  {us / matmul:.3f}x  {named[name]}", flush=True)
                 rows.append(dict(D=dim, V=vocab, B=batch, name=name, config=str(named[name]),
                                  us=times[name], matmul_us=matmul))  # fmt: skip
+    if not rounds:
+        return
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
     path = args.out_dir / f"short_shard_stage1_{gpu.lower().replace(' ', '-')}_{stamp}.json"
     args.out_dir.mkdir(parents=True, exist_ok=True)
