@@ -18,11 +18,12 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
     tp1_fused             fused_sample over the whole V on one GPU (the TP = 1 line)
     tp1_matmul            cuBLAS over the whole V on one GPU
 
-Not in the default list (A/B runs of the TP step): ``fused_tp_pdl`` / ``fused_tp_auto`` (the
-exchange's kernel launched as a programmatic dependent of stage 1 after every stage 1 /
-where stage 1 runs on a persistent grid, FLASHSAMPLING_TP_EXCHANGE_PDL=1 / auto: opt-in),
-``fused_tp_seed`` / ``fused_tp_seed_scalar`` (an explicit int seed, made a 0-d tensor per
-call / passed to the kernels as it is, FLASHSAMPLING_TP_SCALAR_SEED=1: opt-in),
+Not in the default list (A/B runs of the TP step): ``fused_tp_pdl`` / ``fused_tp_auto`` /
+``fused_tp_nopdl`` (the exchange's kernel launched as a programmatic dependent of stage 1
+after every stage 1 / where stage 1 runs on a persistent grid (the default) / never,
+FLASHSAMPLING_TP_EXCHANGE_PDL=1 / auto / 0), ``fused_tp_seed`` / ``fused_tp_seed_scalar``
+(an explicit int seed, made a 0-d tensor per call / passed to the kernels as it is (the
+default), FLASHSAMPLING_TP_SCALAR_SEED=0 / 1),
 ``fused_tp_assert`` (the exchange's verdict read by an assert kernel after it,
 FLASHSAMPLING_TP_EXCHANGE_CHECK=assert: the path before the exchange failed a bad call in
 its own kernel) and ``fused_tp_best`` (stage 1 on the configuration that
@@ -166,12 +167,14 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
             top_k["top_p"] = 0.9
 
         # FLASHSAMPLING_TP_EXCHANGE_PDL: fused_tp_pdl after every stage 1, fused_tp_auto where
-        # stage 1 runs on a persistent grid, else the default (never)
-        pdl_exchange = {"fused_tp_pdl": "1", "fused_tp_auto": "auto"}.get(provider)
-        # fused_tp_seed: an explicit int seed (the op makes it a 0-d tensor per call);
-        # fused_tp_seed_scalar: passed to the kernels as it is (FLASHSAMPLING_TP_SCALAR_SEED=1)
+        # stage 1 runs on a persistent grid, fused_tp_nopdl never, else the default (auto)
+        pdl_exchange = {"fused_tp_pdl": "1", "fused_tp_auto": "auto", "fused_tp_nopdl": "0"}
+        pdl_exchange = pdl_exchange.get(provider)
+        # fused_tp_seed: an explicit int seed made a 0-d tensor per call
+        # (FLASHSAMPLING_TP_SCALAR_SEED=0); fused_tp_seed_scalar: passed to the kernels as it
+        # is (=1, the default)
         seeded = provider in ("fused_tp_seed", "fused_tp_seed_scalar")
-        scalar_seed = "1" if provider == "fused_tp_seed_scalar" else "0"
+        scalar_seed = {"fused_tp_seed": "0", "fused_tp_seed_scalar": "1"}.get(provider)
         # fused_tp_assert: the exchange's verdict read by an assert kernel after it (the
         # path before the exchange trapped in its own kernel), for an A/B in one process
         check = "assert" if provider == "fused_tp_assert" else "kernel"
@@ -185,11 +188,14 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         def fused_step():
             os.environ["FLASHSAMPLING_TP_EXCHANGE"] = exchange
             os.environ["FLASHSAMPLING_TP_EXCHANGE_CHECK"] = check
-            if pdl_exchange:
-                os.environ["FLASHSAMPLING_TP_EXCHANGE_PDL"] = pdl_exchange
-            else:
-                os.environ.pop("FLASHSAMPLING_TP_EXCHANGE_PDL", None)  # the default
-            os.environ["FLASHSAMPLING_TP_SCALAR_SEED"] = scalar_seed
+            for name, value in (
+                ("FLASHSAMPLING_TP_EXCHANGE_PDL", pdl_exchange),
+                ("FLASHSAMPLING_TP_SCALAR_SEED", scalar_seed),
+            ):
+                if value is None:
+                    os.environ.pop(name, None)  # the default
+                else:
+                    os.environ[name] = value
             if seeded:
                 top_k["seed"] = 1234
             with stage1_config(stage1):

@@ -474,10 +474,9 @@ def exchange_launches_pdl(device: torch.device, persistent_stage1: Callable[[], 
     """Whether the symmetric exchange after a stage 1 on ``device`` is launched as a
     programmatic dependent of it (``pdl_launch``; stage 1 then signals it as its programs
     start: ``SIGNAL_DEPENDENTS``). FLASHSAMPLING_TP_EXCHANGE_PDL (read at each call, set
-    alike on every rank): ``0`` (the default) never, ``auto`` (opt-in, not yet measured) where
-    stage 1 is the Triton kernel on a persistent grid (``persistent_stage1()``:
-    ``dispatch.persistent_triton_stage1``, which picks the call's tiles: asked only under
-    ``auto``, so the default path chooses its tiles once), ``1`` (opt-in) after every stage 1.
+    alike on every rank): ``auto`` (the default) where stage 1 is the Triton kernel on a
+    persistent grid (``persistent_stage1()``: ``dispatch.persistent_triton_stage1``, which
+    picks the call's tiles: asked only under ``auto``), ``0`` never, ``1`` after every stage 1.
 
     The rule: a persistent grid starts every program at once, so the signal launches the
     exchange at stage 1's start and its programs take the SMs that stage 1's programs free
@@ -486,9 +485,11 @@ def exchange_launches_pdl(device: torch.device, persistent_stage1: Callable[[], 
     PDL saved nothing, H200 x 4 2026-11-28 05:29). H200 x 4, bench_tp A/B in one process
     (CUDA graphs, 08:50), PDL after every stage 1 against none: D = 4096 B = 256 (persistent)
     159.3 against 162.3 us, B = 64 (full grid) 99.4 against 96.2; D = 8192 B = 256
-    (persistent) 228.1 against 226.9. ``auto`` stays opt-in until a GPU A/B shows it at
-    least even in every cell it changes (benchmarks/jobs/tp7_job.sh: bench_tp's ``fused_tp_auto``
-    / ``fused_tp_pdl`` time ``auto`` / ``1`` beside ``fused_tp``)."""
+    (persistent) 228.1 against 226.9. ``auto`` against ``0`` (14:20, bench_tp's
+    ``fused_tp_auto`` beside ``fused_tp``, benchmarks/jobs/tp7_job.sh): within ~1 us at
+    B <= 64, where the rule leaves the exchange as it is, and 2.8 / 0.6 us faster at B = 256,
+    D = 4096 / 8192; the 10,000 skewed steps passed with it at world 4 (15:58): the default
+    since."""
     mode = os.environ.get("FLASHSAMPLING_TP_EXCHANGE_PDL", PDL_DEFAULT)
     if mode == "auto":
         mode = "1" if persistent_stage1() else "0"
@@ -496,7 +497,7 @@ def exchange_launches_pdl(device: torch.device, persistent_stage1: Callable[[], 
 
 
 # FLASHSAMPLING_TP_EXCHANGE_PDL's default (``exchange_launches_pdl``).
-PDL_DEFAULT = "0"
+PDL_DEFAULT = "auto"
 
 
 def _on(device: torch.device):

@@ -740,9 +740,9 @@ def test_symmetric_exchange_tags_wrap_after_2_to_the_32_calls():
 def test_the_pdl_exchange_follows_a_persistent_triton_stage1(
     dim, shard, batch, hopper, persistent, monkeypatch
 ):
-    """FLASHSAMPLING_TP_EXCHANGE_PDL=auto (opt-in): the exchange is a programmatic dependent
-    of stage 1 exactly where stage 1 is the Triton kernel on a persistent grid (the
-    benchmark's shards at TP = 4: B = 256); by default never."""
+    """FLASHSAMPLING_TP_EXCHANGE_PDL=auto (the default): the exchange is a programmatic
+    dependent of stage 1 exactly where stage 1 is the Triton kernel on a persistent grid;
+    0 never, 1 always."""
     from flashsampling_inductor import dispatch, exchange
 
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: hopper)
@@ -751,7 +751,7 @@ def test_the_pdl_exchange_follows_a_persistent_triton_stage1(
     assert dispatch.persistent_triton_stage1(batch, dim, shard, cuda, params) == persistent
     monkeypatch.setattr(exchange, "pdl_launch", lambda device: {"PDL": True, "launch_pdl": True})
     monkeypatch.delenv("FLASHSAMPLING_TP_EXCHANGE_PDL", raising=False)
-    assert not exchange.exchange_launches_pdl(cuda, lambda: persistent)
+    assert exchange.exchange_launches_pdl(cuda, lambda: persistent) == persistent
     for mode, expected in (("0", False), ("1", True), ("auto", persistent)):
         monkeypatch.setenv("FLASHSAMPLING_TP_EXCHANGE_PDL", mode)
         assert exchange.exchange_launches_pdl(cuda, lambda: persistent) == expected

@@ -214,23 +214,24 @@ def _skewed_worker(rank, world, steps, batch=4, dim=256, pdl=False, int_seeds=Fa
 
 
 # The exchange's variants, each set alike on every rank: the default (a bad call fails in
-# the exchange's kernel), the assert kernel after it, and the opt-in PDL launch (stage 1
-# signalling the exchange as its programs start).
+# the exchange's kernel; the PDL rule, FLASHSAMPLING_TP_EXCHANGE_PDL=auto; int seeds passed to
+# the kernels as they are), the assert kernel after it, PDL after every stage 1 (stage 1
+# signalling the exchange as its programs start), and both switches off (never PDL, int
+# seeds as 0-d tensors: the defaults until 2026-11-28).
 EXCHANGE_VARIANTS = {
     "default": {},
     "assert": {"FLASHSAMPLING_TP_EXCHANGE_CHECK": "assert"},
     "pdl": {"FLASHSAMPLING_TP_EXCHANGE_PDL": "1"},
-    # the opt-in PDL rule at a shape whose stage 1 runs on a persistent grid (B = 256, D =
-    # 8192: the Triton kernel at any TP size), the exchange its programmatic dependent there,
-    # with int seeds passed to the kernels as they are (opt-in too)
-    "auto": {"FLASHSAMPLING_TP_EXCHANGE_PDL": "auto", "FLASHSAMPLING_TP_SCALAR_SEED": "1"},
+    "off": {"FLASHSAMPLING_TP_EXCHANGE_PDL": "0", "FLASHSAMPLING_TP_SCALAR_SEED": "0"},
 }
-# (batch, D, whether the exchange must be PDL, int seeds) of the skewed steps per variant
-SKEWED_SHAPES = {"auto": (256, 8192, True, True)}
+# (batch, D, whether the exchange must be PDL, int seeds) of the skewed steps per variant:
+# the default at a shape whose stage 1 runs on a persistent grid (B = 256, D = 8192: the
+# Triton kernel at any TP size), the exchange its programmatic dependent there, int seeds
+SKEWED_SHAPES = {"default": (256, 8192, True, True)}
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("variant", ["default", "pdl", "auto"])  # (not the assert: it
+@pytest.mark.parametrize("variant", ["default", "pdl", "off"])  # (not the assert: it
 def test_10000_skewed_steps_agree_on_every_rank(variant, monkeypatch):  # changes no exchange)
     for name, value in EXCHANGE_VARIANTS[variant].items():
         monkeypatch.setenv(name, value)  # (the ranks, spawned, inherit it)
