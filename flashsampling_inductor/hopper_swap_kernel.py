@@ -46,6 +46,11 @@ MAX_STAGES = 8
 # The staging's layout (see _swapped_stage1): None chooses per shape (``swizzled``), a bool
 # forces it (benchmarks/probes/swap_stage1.py compares the two).
 SWIZZLE_STAGING: bool | None = None
+# The top-m search on rounded logits (KEY_LOW_BITS: one int32 max a slot finds the key and its
+# column) packed only from this many slots; below it on whole keys, which write the same keys
+# and columns (hopper_kernel.PACKED_TOP_M_MIN_64_ROWS, for the Gluon kernel's 64-row tiles).
+# 0: packed at every m (not yet timed against whole keys here).
+PACKED_TOP_M_MIN = 0
 
 
 _disabled_by: str | None = None  # why this process stopped using the kernel
@@ -532,7 +537,7 @@ def launch_stage1(
         PLAIN=cand_score is not None,
         TOP_M=top_m,
         ROW_MASS=row_mass,
-        KEY_LOW_BITS=key_low_bits,
+        KEY_LOW_BITS=0 if top_m < PACKED_TOP_M_MIN else key_low_bits,
         **(row_knobs or hopper_kernel._NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
         num_warps=4,

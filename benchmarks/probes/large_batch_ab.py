@@ -2,7 +2,8 @@
 tokens of every choice checked against the first of its mode (they must not depend on the
 tiling).
 
-    python benchmarks/probes/large_batch_ab.py [--what variants|dispatch|diagnose|rounding|noise]
+    python benchmarks/probes/large_batch_ab.py
+        [--what variants|dispatch|diagnose|rounding|noise|truncating|swapped]
         [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
@@ -27,7 +28,18 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   a bf16 model's step asks): the default and the same with the packed top-m search forced
   on (``hopper_kernel.PACKED_TOP_M_MIN_64_ROWS``: the same keys, so the same tokens), and
   above 128 rows the old choice (``LARGE_BATCH_GLUON`` off) against the wide 64-row Gluon
-  tiles.
+  tiles;
+* ``truncating``: bench_sampling's four truncating calls (top-k 50, top-k 50 + top-p 0.9,
+  top-p 0.9, min-p 0.1; logits rounded to bf16, a 0-d seed) with the default against the
+  swapped kernel's top-m epilogue (``dispatch.SWAP_TRUNCATING``): ping-pong with the packed
+  top-m search (``*_swap``) and on whole keys (``*_swapwhole``:
+  ``hopper_swap_kernel.PACKED_TOP_M_MIN``), cooperative on whole keys (``*_swapcoop``); top-k
+  50 also on the Gluon kernel's 64-row tiles with two m64n64 MMAs a step (``k50_g64``), its
+  wide 128-row tiles (``k50_g128w``) and the Triton tiles (``k50_triton``:
+  ``LARGE_BATCH_GLUON`` off);
+* ``swapped``: plain sampling (T = 1) and greedy in the swapped kernel, ping-pong (the
+  default) and cooperative, and the staging swizzled or not (``hopper_swap_kernel
+  .SWIZZLE_STAGING``): where the time of the plain calls at 129-192 rows goes.
 
 CUDA-graph medians, round-robin over ``--rounds`` in a shuffled order; a CSV row per timing
 (``large_batch_<what>.csv``) and a summary line per point (each provider's fastest round over
@@ -181,6 +193,76 @@ def rounding_providers(batch, hidden, weight):
     return timed
 
 
+def swap_whole_keys(run):
+    """``run`` with the swapped kernel's top-m search on whole keys at every m."""
+
+    def call_under():
+        with patched(hopper_swap_kernel, "PACKED_TOP_M_MIN", 1 << 30):
+            return run()
+
+    return call_under
+
+
+TRUNCATING_FORMS = {
+    "k50": dict(scalar_top_k=50),
+    "k50p09": dict(scalar_top_k=50, scalar_top_p=0.9),
+    "p09": dict(scalar_top_p=0.9),
+    "minp": dict(scalar_min_p=0.1),
+}
+
+
+def truncating_providers(batch, hidden, weight):
+    """bench_sampling's truncating calls (bf16-rounded logits, a 0-d seed): the default
+    against the swapped kernel's top-m epilogue (packed or whole keys, ping-pong or
+    cooperative), and for top-k 50 the narrow 64-row and wide 128-row Gluon tiles and the
+    Triton tiles."""
+    device, hidden_size = hidden.device, hidden.shape[1]
+    seed = torch.tensor(7, device=device)
+    swap = swap_config(batch, hidden_size, device)
+    coop = dataclasses.replace(swap, warp_specialized_swap="cooperative")
+    timed = {"matmul": lambda: hidden @ weight.T}
+    for mode, knobs in TRUNCATING_FORMS.items():
+        params = SamplingParams(None, 1.0, seed, 0, 1, torch.bfloat16, **knobs)
+        timed[f"{mode}_default"] = call(hidden, weight, params)
+        if not 128 < batch <= dispatch._swap_rows_max(hidden_size):
+            continue
+        swapped = call(hidden, weight, params, swap, swap_truncating=True)
+        timed[f"{mode}_swap"] = swapped
+        timed[f"{mode}_swapwhole"] = swap_whole_keys(swapped)
+        cooperative = call(hidden, weight, params, coop, swap_truncating=True)
+        timed[f"{mode}_swapcoop"] = swap_whole_keys(cooperative)
+        if mode == "k50":
+            timed["k50_g64"] = call(hidden, weight, params, gluon(64), wide=False)
+            timed["k50_g128w"] = call(hidden, weight, params, gluon(128), wide=True)
+            timed["k50_triton"] = with_dispatch(call(hidden, weight, params), False)
+    return timed
+
+
+def swapped_providers(batch, hidden, weight):
+    """Plain sampling (T = 1) and greedy in the swapped kernel: ping-pong (the default, its
+    staging swizzled per shape: ``hopper_swap_kernel.swizzled``), the other staging layout,
+    and cooperative."""
+    seed = torch.tensor(7, device=hidden.device)
+    swap = swap_config(batch, hidden.shape[1], hidden.device)
+    coop = dataclasses.replace(swap, warp_specialized_swap="cooperative")
+    flipped = not hopper_swap_kernel.swizzled(batch, hidden.shape[1])
+    timed = {"matmul": lambda: hidden @ weight.T}
+    for mode, params in (
+        ("plain", SamplingParams(None, 1.0, seed, 0, 1)),
+        ("greedy", SamplingParams(None, 0.0, None, 0, 1)),
+    ):
+        timed[f"{mode}_swap"] = call(hidden, weight, params, swap)
+        timed[f"{mode}_swapcoop"] = call(hidden, weight, params, coop)
+        run = call(hidden, weight, params, swap)
+
+        def other_staging(run=run):
+            with patched(hopper_swap_kernel, "SWIZZLE_STAGING", flipped):
+                return run()
+
+        timed[f"{mode}_swap{'swz' if flipped else 'flat'}"] = other_staging
+    return timed
+
+
 BASELINE = None  # (--baseline) another tree's package, loaded by load_baseline
 
 
@@ -266,7 +348,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="2048x151936,8192x128256,4096x151936")
     parser.add_argument(
         "--what",
-        choices=["variants", "dispatch", "diagnose", "rounding", "noise"],
+        choices=["variants", "dispatch", "diagnose", "rounding", "noise", "truncating", "swapped"],
         default="variants",
     )
     parser.add_argument("--baseline", help="a copy of another tree's package (--what noise)")
@@ -277,6 +359,8 @@ def main() -> None:
         "diagnose": diagnose_providers,
         "rounding": rounding_providers,
         "noise": noise_providers,
+        "truncating": truncating_providers,
+        "swapped": swapped_providers,
     }[args.what]
     if args.baseline:
         global BASELINE

@@ -3,7 +3,7 @@ torch.profiler, with the rows stage 2 flags for the exact fallback (overflow) of
 calls.
 
     python benchmarks/probes/large_batch_profile.py [--what rounding] [--shape 4096x151936]
-        [--batch 144] [--calls 5] [--out-dir DIR]
+        [--batch 144] [--calls 5] [--providers NAME,...] [--out-dir DIR]
 
 Per provider: the mean CUDA time per call of each kernel (by name, largest first) and, for a
 truncating call, how many rows its stage 2 sent to the fallback in one call (those re-read
@@ -60,10 +60,15 @@ def kernel_times(fn, calls: int) -> list[tuple[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--what", default="rounding", choices=["rounding", "diagnose", "variants"])
+    parser.add_argument(
+        "--what",
+        default="rounding",
+        choices=["rounding", "diagnose", "variants", "truncating", "swapped"],
+    )
     parser.add_argument("--shape", default="4096x151936")
     parser.add_argument("--batch", type=int, default=144)
     parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--providers", help="comma-separated names: only these (default all)")
     parser.add_argument("--out-dir", default=".")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -73,6 +78,8 @@ def main() -> None:
         "rounding": large_batch_ab.rounding_providers,
         "diagnose": large_batch_ab.diagnose_providers,
         "variants": large_batch_ab.providers,
+        "truncating": large_batch_ab.truncating_providers,
+        "swapped": large_batch_ab.swapped_providers,
     }[args.what]
     hidden_size, vocab = (int(x) for x in args.shape.split("x"))
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -80,7 +87,10 @@ def main() -> None:
     weight = (weight * (5 / hidden_size**0.5)).bfloat16()
     hidden = torch.randn(args.batch, hidden_size, generator=generator, device="cuda").bfloat16()
     lines = [f"D={hidden_size} V={vocab} B={args.batch}, {torch.cuda.get_device_name()}"]
-    for name, fn in make_providers(args.batch, hidden, weight).items():
+    timed = make_providers(args.batch, hidden, weight)
+    if args.providers:
+        timed = {name: timed[name] for name in args.providers.split(",") if name in timed}
+    for name, fn in timed.items():
         try:
             flagged = flagged_rows(fn) if name != "matmul" else None
             times = kernel_times(fn, args.calls)
