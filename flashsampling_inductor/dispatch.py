@@ -101,8 +101,8 @@ class SampleConfig:
     # this many rows (64 or 128) per tile; calls it cannot run take the Triton kernel above.
     warp_specialized_rows: int = 0
     # On Hopper, plain sampling (and greedy) at 129-256 rows takes the warp-specialized kernel
-    # with the vocabulary on the MMA's M (hopper_swap_kernel.py), its consumers "ping-pong" or
-    # "cooperative"; other calls as above.
+    # with the vocabulary on the MMA's M (hopper_swap_kernel.py), its consumers "ping-pong",
+    # "ping-pong-wide" (128-entry tiles) or "cooperative"; other calls as above.
     warp_specialized_swap: str = ""
     # The Gluon kernel with one m64n128 MMA a k step instead of two m64n64
     # (hopper_kernel's WIDE_MMA): see _large_batch_gluon_rows.
@@ -640,8 +640,7 @@ def triton_fused_sample(
             try:
                 return _hopper_swap_fused_sample(
                     hidden, weight, bias, params, out, temperature_mode, seed_mode, seed_u64,
-                    vocab_offset, out_score, tile_candidates,
-                    config.warp_specialized_swap == "cooperative",
+                    vocab_offset, out_score, tile_candidates, config.warp_specialized_swap,
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_swap_kernel.disable(error)
@@ -936,13 +935,14 @@ def swap_serves_knobs(params: SamplingParams, vocab_size: int) -> bool:
 
 def _hopper_swap_fused_sample(
     hidden, weight, bias, params, out, temperature_mode, seed_mode, seed_u64, vocab_offset=0,
-    out_score=None, tile_candidates=False, cooperative=False,
+    out_score=None, tile_candidates=False, schedule="ping-pong",
 ):  # fmt: skip
     """Both stages at 129-256 rows with stage 1 in ``hopper_swap_kernel`` (``vocab_offset``
-    to ``tile_candidates`` as in ``triton_fused_sample``; ``cooperative``: its consumers share
-    each stage). Sampling: the candidates of ``_hopper_fused_sample``'s half tiles, then
-    stage 2. Truncating: the top-m epilogue on 64-wide tiles (and the sampling one beside it
-    where knobs may be off), then truncation_kernel's stage 2 and fallback."""
+    to ``tile_candidates`` as in ``triton_fused_sample``; ``schedule``: its consumers'
+    (``SampleConfig.warp_specialized_swap``)). Sampling: the candidates of
+    ``_hopper_fused_sample``'s half tiles, then stage 2. Truncating: the top-m epilogue on
+    64-wide tiles (and the sampling one beside it where knobs may be off), then
+    truncation_kernel's stage 2 and fallback."""
     from . import hopper_swap_kernel
 
     batch, vocab_size = hidden.shape[0], weight.shape[0]
@@ -965,13 +965,14 @@ def _hopper_swap_fused_sample(
         cand_score, cand_index, _num_sms(hidden.device), temperature_mode, seed_mode,
         vocab_offset,
     )  # fmt: skip
+    schedule_args = dict(coop=schedule == "cooperative", wide_tile=schedule == "ping-pong-wide")
     with torch.cuda.device(hidden.device):
         if split:  # the plain kernel's half, then the other (as _hopper_fused_sample's)
             hopper_swap_kernel.launch_stage1(
-                *common, coop=cooperative, row_knobs=_row_knobs(params, True), batch_truncates=1
+                *common, **schedule_args, row_knobs=_row_knobs(params, True), batch_truncates=1
             )
         hopper_swap_kernel.launch_stage1(
-            *common, coop=cooperative, stage1=stage1, top_m=top_m, row_mass=row_mass,
+            *common, **schedule_args, stage1=stage1, top_m=top_m, row_mass=row_mass,
             key_low_bits=key_low_bits, row_knobs=_row_knobs(params, per_row_knobs),
             batch_truncates=2 if split else 0,
         )  # fmt: skip

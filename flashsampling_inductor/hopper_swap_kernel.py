@@ -17,7 +17,11 @@ tile of ``hopper_kernel``'s candidates: the noise (``hopper_kernel._best_of_stag
 Philox counters keyed on the global row and vocabulary index) and the candidates
 [B, num_samples, 2 * cdiv(V, 128)] are the same bits, so stage 2 and every token are unchanged.
 The accumulators go through shared memory transposed, 64 rows at a time, so the noise side
-reads the rows' quads of tokens as in ``hopper_kernel``.
+reads the rows' quads of tokens as in ``hopper_kernel``. Two other schedules: "cooperative"
+(both consumers on one stage of two tiles' weights, hidden read once for both, noise no longer
+overlapped) and "ping-pong-wide" (``WIDE_TILE``: ping-pong on 128-entry tiles, each consumer
+two MMAs a step per accumulator, so hidden is read from L2 once per 128 entries, not 64; the
+same half tiles, noise and candidates).
 
 Truncation (top-k / top-p / min-p): ``hopper_kernel._keep_top_m`` on each staged block of rows
 and its 64-wide tile (the truncation buffers per 64-wide tile, which ``truncation_kernel``'s
@@ -95,7 +99,8 @@ def swizzled(batch: int, hidden_size: int) -> bool:
 
 
 def _stages(extra: int, coop: bool = False) -> int:
-    """Ring depth: as many stages as fit beside the two consumers' staging."""
+    """Ring depth: as many stages as fit beside the two consumers' staging (``coop``: a stage
+    holds two consumer tiles' weights, as the cooperative and the wide-tile schedules' do)."""
     stage = 2 * BLOCK_D * ((1 + coop) * VOCAB_TILE + MAIN_ROWS + extra)
     staging = 4 * VOCAB_TILE * (MAIN_ROWS + (extra if extra < NOISE_ROWS else 0))
     return min(MAX_STAGES, (SHARED_BYTES - 2 * staging) // stage)
@@ -286,16 +291,18 @@ if hopper_kernel.AVAILABLE:
         parity, staging, staging_b, shared,
         HAS_BIAS: gl.constexpr, TEMPERATURE_MODE: gl.constexpr, SEED_MODE: gl.constexpr,
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
-        NB: gl.constexpr, COOP: gl.constexpr, PLAIN: gl.constexpr, TOP_M: gl.constexpr,
-        ROW_MASS: gl.constexpr, KEY_LOW_BITS: gl.constexpr, TOP_K_MODE: gl.constexpr,
-        TOP_P_MODE: gl.constexpr, MIN_P_MODE: gl.constexpr,
+        NB: gl.constexpr, COOP: gl.constexpr, WIDE_TILE: gl.constexpr, PLAIN: gl.constexpr,
+        TOP_M: gl.constexpr, ROW_MASS: gl.constexpr, KEY_LOW_BITS: gl.constexpr,
+        TOP_K_MODE: gl.constexpr, TOP_P_MODE: gl.constexpr, MIN_P_MODE: gl.constexpr,
     ):  # fmt: skip
         """One consumer warpgroup (``shared``: the arguments both take, in one tuple so that
         ``_swapped_stage1`` lists them once). Ping-pong (``hopper_kernel._consume_tiles``'s):
         the program's vocabulary tiles number parity, parity + 2, ..., main loops in turn.
         COOP: each ring stage holds two tiles' weights, the consumer takes the half ``parity``
         (hidden read once for both), and the two run their MMAs and their noise together.
-        Each tile is [64, NA + NB] in two accumulators, then its noise."""
+        WIDE_TILE: ping-pong on 128-entry tiles, each consumer both halves of a stage's weights
+        (two MMAs a step per accumulator: hidden read once per 128 entries, not 64). Each
+        64-entry tile is [64, NA + NB] in two accumulators, then its noise."""
         (
             ha_bufs, hb_bufs, w_bufs, ready, empty, turn,
             bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
@@ -322,7 +329,7 @@ if hopper_kernel.AVAILABLE:
         else:
             first = gl.program_id(0) + parity * num_programs
             step = 2 * num_programs
-            end = num_cand_tiles
+            end = gl.cdiv(V, 2 * VT) if WIDE_TILE else num_cand_tiles
         n = 0
         for t in range(first, end, step):
             if COOP:
@@ -335,24 +342,44 @@ if hopper_kernel.AVAILABLE:
                 it = j * k_steps
             acc_a = gl.zeros([VT, NA], gl.float32, layout_a)
             acc_b = gl.zeros([VT, NB], gl.float32, layout_b)
+            if WIDE_TILE:  # the second half of the 128 entries
+                acc_a2 = gl.zeros([VT, NA], gl.float32, layout_a)
+                acc_b2 = gl.zeros([VT, NB], gl.float32, layout_b)
             for k in range(k_steps):
                 stage = it % STAGES
                 mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
                 if COOP:
                     w = w_bufs.index(stage).slice(parity * VT, VT)
+                elif WIDE_TILE:
+                    w = w_bufs.index(stage).slice(0, VT)
                 else:
                     w = w_bufs.index(stage)
-                acc_a = warpgroup_mma(w, ha_bufs.index(stage).permute((1, 0)), acc_a,
-                                      is_async=True)  # fmt: skip
-                acc_b = warpgroup_mma(w, hb_bufs.index(stage).permute((1, 0)), acc_b,
-                                      is_async=True)  # fmt: skip
-                # Only this step's two MMAs may still run: the previous stage is free.
-                acc_a, acc_b = warpgroup_mma_wait(2, deps=(acc_a, acc_b))
+                ha = ha_bufs.index(stage).permute((1, 0))
+                hb = hb_bufs.index(stage).permute((1, 0))
+                acc_a = warpgroup_mma(w, ha, acc_a, is_async=True)
+                acc_b = warpgroup_mma(w, hb, acc_b, is_async=True)
+                if WIDE_TILE:
+                    w2 = w_bufs.index(stage).slice(VT, VT)
+                    acc_a2 = warpgroup_mma(w2, ha, acc_a2, is_async=True)
+                    acc_b2 = warpgroup_mma(w2, hb, acc_b2, is_async=True)
+                    # Only this step's four MMAs may still run: the previous stage is free.
+                    acc_a, acc_b, acc_a2, acc_b2 = warpgroup_mma_wait(
+                        4, deps=(acc_a, acc_b, acc_a2, acc_b2)
+                    )
+                else:
+                    # Only this step's two MMAs may still run: the previous stage is free.
+                    acc_a, acc_b = warpgroup_mma_wait(2, deps=(acc_a, acc_b))
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                 it += 1
             if not COOP:
                 mbarrier.arrive(turn.index(1 - parity))
-            acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
+            if WIDE_TILE:
+                acc_a, acc_b, acc_a2, acc_b2 = warpgroup_mma_wait(
+                    0, deps=(acc_a, acc_b, acc_a2, acc_b2)
+                )
+                tile = 2 * t
+            else:
+                acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
             # The epilogue (ping-pong: while the other consumer runs its MMAs).
@@ -374,6 +401,27 @@ if hopper_kernel.AVAILABLE:
                 HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V, PLAIN, TOP_M,
                 ROW_MASS, KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
             )  # fmt: skip
+            if WIDE_TILE:
+                _stage(acc_a2, staging)
+                _noise_of_staged(
+                    staging, staging.shape[0], 0, tile + 1, num_cand_tiles, B, V, bias_ptr,
+                    temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+                    scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, top_k_ptr,
+                    top_p_ptr, min_p_ptr,
+                    HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V, PLAIN, TOP_M,
+                    ROW_MASS, KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+                )  # fmt: skip
+                _stage(acc_b2, staging_b)
+                _noise_of_staged(
+                    staging_b, NB // staging_b.shape[1], NA, tile + 1, num_cand_tiles, B, V,
+                    bias_ptr, temperature_ptr, seed_ptr, cand_score_ptr, cand_index_ptr,
+                    scalar_temperature, seed_lo, seed_hi, num_samples, quad_offset,
+                    top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, top_k_ptr,
+                    top_p_ptr, min_p_ptr,
+                    HAS_BIAS, TEMPERATURE_MODE, SEED_MODE, LOGITS_DTYPE, EVEN_V, PLAIN, TOP_M,
+                    ROW_MASS, KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE,
+                )  # fmt: skip
             n += 1
 
     # A scalar seed or temperature equal to 1 must not become a compile-time constant.
@@ -386,6 +434,7 @@ if hopper_kernel.AVAILABLE:
         LOGITS_DTYPE: gl.constexpr, EVEN_V: gl.constexpr, STAGES: gl.constexpr,
         NB: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
         COOP: gl.constexpr = False, SWIZZLE: gl.constexpr = False,
+        WIDE_TILE: gl.constexpr = False,  # (_consume_swapped)
         PLAIN: gl.constexpr = True,  # the sampling epilogue (cand_score / cand_index)
         TOP_M: gl.constexpr = 0,  # > 0: the truncating epilogue (_top_m_of_block)
         ROW_MASS: gl.constexpr = False,
@@ -460,13 +509,13 @@ if hopper_kernel.AVAILABLE:
                 (
                     _consume_swapped,
                     (0, staging0, staging_b0, shared, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
-                     LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
+                     LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, WIDE_TILE, PLAIN, TOP_M, ROW_MASS,
                      KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE),
                 ),
                 (
                     _consume_swapped,
                     (1, staging1, staging_b1, shared, HAS_BIAS, TEMPERATURE_MODE, SEED_MODE,
-                     LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, PLAIN, TOP_M, ROW_MASS,
+                     LOGITS_DTYPE, EVEN_V, STAGES, NB, COOP, WIDE_TILE, PLAIN, TOP_M, ROW_MASS,
                      KEY_LOW_BITS, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE),
                 ),
                 (
@@ -489,7 +538,7 @@ def launch_stage1(
     hidden, weight, bias, temperature, scalar_temperature, seed, seed_lo, seed_hi,
     num_samples, logits_dtype, cand_score, cand_index, num_sms, temperature_mode, seed_mode,
     vocab_offset=0, coop=False, stage1=None, top_m=0, row_mass=False, key_low_bits=0,
-    row_knobs=None, batch_truncates=0,
+    row_knobs=None, batch_truncates=0, wide_tile=False,
 ):  # fmt: skip
     """Stage 1 for 129-256 rows on a persistent grid of one program per SM; arguments and
     candidates as ``hopper_kernel.launch_stage1``'s (cand_* [B, num_samples, 2 * cdiv(V,
@@ -497,7 +546,7 @@ def launch_stage1(
     writes ``stage1``'s buffers per 64-wide tile (``dispatch._truncation_buffers`` with
     block_v = VOCAB_TILE); ``coop``: the consumers share each stage's hidden
     (``_consume_swapped``); ``batch_truncates``: which half of a split stage 1 this launch is
-    (BATCH_TRUNCATES)."""
+    (BATCH_TRUNCATES); ``wide_tile``: each consumer's tile is 128 entries (WIDE_TILE)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
@@ -512,7 +561,10 @@ def launch_stage1(
     hb_desc = hopper_kernel.TensorDescriptor.from_tensor(
         padded, [extra, BLOCK_D], hopper_kernel._shared_layout(extra, hidden.dtype)
     )
-    w_rows = 2 * VOCAB_TILE if coop else VOCAB_TILE
+    if coop and wide_tile:
+        raise ValueError("the cooperative and wide-tile schedules are exclusive")
+    two_tiles = coop or wide_tile  # (a stage holds 128 entries' weights)
+    w_rows = 2 * VOCAB_TILE if two_tiles else VOCAB_TILE
     w_desc = hopper_kernel.TensorDescriptor.from_tensor(
         weight, [w_rows, BLOCK_D], hopper_kernel._shared_layout(w_rows, hidden.dtype)
     )
@@ -528,9 +580,10 @@ def launch_stage1(
         SEED_MODE=seed_mode,
         LOGITS_DTYPE=hopper_kernel._GL_DTYPES.get(logits_dtype),
         EVEN_V=vocab_size % (2 * VOCAB_TILE) == 0,
-        STAGES=_stages(extra, coop),
+        STAGES=_stages(extra, two_tiles),
         NB=extra,
         COOP=coop,
+        WIDE_TILE=wide_tile,
         SWIZZLE=swizzled(batch, hidden_size),
         CONSUMER_REGISTERS=hopper_kernel.CONSUMER_REGISTERS,
         LOADER_REGISTERS=hopper_kernel.LOADER_REGISTERS,

@@ -309,7 +309,8 @@ def test_gpu_swapped_kernel_draws_the_triton_kernels_tokens(batch, monkeypatch):
     """The swapped Gluon stage 1 (hopper_swap_kernel, 129-256 rows) draws the Triton
     kernel's tokens: a device seed, per-row temperatures (greedy rows among them) and seeds
     with a bias and bf16 logits over two samples, and greedy, on a ragged vocabulary whose
-    last half tile lies past V. It must have run, not handed over to another kernel."""
+    last half tile lies past V; on each consumer schedule (ping-pong, cooperative, ping-pong
+    on 128-entry tiles). It must have run, not handed over to another kernel."""
     from flashsampling_inductor import dispatch, hopper_swap_kernel
     from flashsampling_inductor.params import SamplingParams
 
@@ -337,13 +338,14 @@ def test_gpu_swapped_kernel_draws_the_triton_kernels_tokens(batch, monkeypatch):
         128, 128, 64, swap_ab=False, num_warps=8, maxnreg=128, tma=True, programs_per_sm=2,
         epilogue_chunks=4,
     )  # fmt: skip
-    for schedule in ("ping-pong", "cooperative"):
+    schedules = ("ping-pong", "cooperative", "ping-pong-wide")
+    for schedule in schedules:
         swapped = dataclasses.replace(triton_tiles, warp_specialized_swap=schedule)
         for params, case_bias in cases:
             tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)
             expected = dispatch.triton_fused_sample(hidden, weight, case_bias, params, triton_tiles)
             assert torch.equal(tokens, expected), (schedule, params)
-    assert len(launches) == 2 * len(cases)
+    assert len(launches) == len(schedules) * len(cases)
     assert hopper_swap_kernel._disabled_by is None
 
 
@@ -358,10 +360,11 @@ def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
     draw the tokens of the Triton kernel's 64-wide tiles: [B] knobs with per-row temperatures
     (greedy rows), seeds, a bias and bf16 logits over two samples, top-p alone (a 0-d
     tensor: the mass partials), and a scalar top-k that truncates every row
-    (``SWAP_TRUNCATING``), on a ragged vocabulary whose last 64-wide tile lies past V; as a
-    split stage 1 (SWAP_SPLIT) and, at 150 rows, unsplit. (0-d knobs at their off values
-    and 0-d top-k 50, as ``generate`` passes them, take the swapped kernel on the default
-    route: test_gpu_knobs_that_may_be_off_take_a_gluon_stage1_above_128_rows.)
+    (``SWAP_TRUNCATING``; also on 128-entry tiles: "ping-pong-wide"), on a ragged vocabulary
+    whose last 64-wide tile lies past V; as a split stage 1 (SWAP_SPLIT) and, at 150 rows,
+    unsplit. (0-d knobs at their off values and 0-d top-k 50, as ``generate`` passes them,
+    take the swapped kernel on the default route:
+    test_gpu_knobs_that_may_be_off_take_a_gluon_stage1_above_128_rows.)
 
     Each case compiles stage 1 per half, and stage 2 and the fallback per knob mode (3-9 s
     each on an H200 machine's CPUs, cold): the cases are those that reach different code,
@@ -395,12 +398,13 @@ def test_gpu_swapped_kernel_serves_truncation_knobs(batch, monkeypatch):
         (SamplingParams(None, 0.8, seed, 0, 1, top_p=torch.tensor(0.9, device=CUDA)), None),
         (SamplingParams(None, 0.8, None, 5, 1, scalar_top_k=50), None),
     ]
-    runs = [(True, case) for case in cases]  # SWAP_SPLIT: knobs that may be off in two launches
+    # SWAP_SPLIT: knobs that may be off in two launches; the scalar top-k on 128-entry tiles too
+    runs = [(True, case, "ping-pong") for case in cases] + [(True, cases[-1], "ping-pong-wide")]
     if batch <= 160:
-        runs.append((False, row_case))
+        runs.append((False, row_case, "ping-pong"))
     triton_tiles = dispatch.SampleConfig(64, 64, 128, num_warps=8, num_stages=3)
-    swapped = dataclasses.replace(triton_tiles, warp_specialized_swap="ping-pong")
-    for split, (params, case_bias) in runs:
+    for split, (params, case_bias), schedule in runs:
+        swapped = dataclasses.replace(triton_tiles, warp_specialized_swap=schedule)
         monkeypatch.setattr(dispatch, "SWAP_SPLIT", split)
         launches.clear()
         tokens = dispatch.triton_fused_sample(hidden, weight, case_bias, params, swapped)

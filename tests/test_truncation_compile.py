@@ -346,13 +346,14 @@ kernel = sk._swapped_stage1
 extra = sk.extra_rows(150)
 swap_base = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
-    STAGES=sk._stages(extra), NB=extra, COOP=False, SWIZZLE=False,
+    STAGES=sk._stages(extra), NB=extra, COOP=False, WIDE_TILE=False, SWIZZLE=False,
     CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS, LOADER_REGISTERS=hk.LOADER_REGISTERS,
     PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, BATCH_TRUNCATES=0,
 )
 # plain, then knob tensors that may be off (both epilogues, the second half of a split stage 1;
 # swizzled staging), a truncating call alone, greedy on the cooperative schedule, and the
-# plain half of a split stage 1 (dispatch.SWAP_SPLIT / SWAP_PLAIN_HALF)
+# plain half of a split stage 1 (dispatch.SWAP_SPLIT / SWAP_PLAIN_HALF), and plain sampling on
+# 128-entry tiles (the "ping-pong-wide" schedule)
 swap_variants = [
     dict(**no_knobs),
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=0, LOGITS_DTYPE=None, TOP_K_MODE=1,
@@ -361,10 +362,11 @@ swap_variants = [
          **no_knobs),
     dict(TEMPERATURE_MODE=3, SEED_MODE=0, COOP=True, STAGES=sk._stages(extra, True), **no_knobs),
     dict(TOP_K_MODE=1, TOP_P_MODE=2, MIN_P_MODE=1, BATCH_TRUNCATES=1),
+    dict(WIDE_TILE=True, STAGES=sk._stages(extra, True), **no_knobs),
 ]
 for variant in swap_variants:
     constants = {**swap_base, **variant}
-    w_rows = (1 + constants["COOP"]) * sk.VOCAB_TILE
+    w_rows = (1 + (constants["COOP"] or constants["WIDE_TILE"])) * sk.VOCAB_TILE
     boxes = {"ha_desc": sk.MAIN_ROWS, "hb_desc": constants["NB"], "w_desc": w_rows}
     signature = {}
     for name in kernel.arg_names:

@@ -4,14 +4,14 @@
 #   1. large_batch_ab.py --what truncating: bench_sampling's four truncating calls (bf16-rounded
 #      logits) at D = 8192 / 4096, B = 144 / 160 / 192 (the cells where FlashInfer 0.7.2 won):
 #      the default (wide 64-row Gluon tiles) against the swapped kernel's top-m epilogue
-#      (packed / whole keys, ping-pong / cooperative), top-k 50 also on the narrow 64-row, the
-#      wide 128-row Gluon tiles and the Triton tiles;
-#   2. large_batch_profile.py --what truncating at D = 8192, B = 144: the same calls kernel by
-#      kernel (stage 1 / merge / stage 2) with the rows sent to the fallback;
-#   3. large_batch_ab.py --what swapped: plain sampling and greedy in the swapped kernel at
-#      144 / 160 / 192 rows, ping-pong / cooperative / the other staging layout.
+#      (packed / whole keys; ping-pong, on 128-entry tiles, cooperative), top-k 50 also on the
+#      narrow 64-row, the wide 128-row Gluon tiles and the Triton tiles;
+#   2. large_batch_ab.py --what swapped: plain sampling and greedy in the swapped kernel at
+#      144 / 160 / 192 rows: ping-pong, on 128-entry tiles, cooperative, the other staging;
+#   3. large_batch_profile.py --what truncating at D = 8192, B = 144: some of 1.'s calls
+#      kernel by kernel (stage 1 / merge / stage 2) with the rows sent to the fallback.
 # Environment overrides: TRUNC_S, TRUNC_SHAPES, TRUNC_BATCHES, PROFILE_S, PROFILE_SHAPE,
-# PROFILE_BATCH, SWAPPED_S, SWAPPED_SHAPES, SWAPPED_BATCHES.
+# PROFILE_BATCH, PROFILE_PROVIDERS, SWAPPED_S, SWAPPED_SHAPES, SWAPPED_BATCHES.
 budget=${1:-195}
 source benchmarks/jobs/device_job_lib.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -29,18 +29,18 @@ ab() {  # seconds, reserve, then large_batch_ab.py's arguments
         --out-dir "$OUT" "$@" 2>&1 | grep -v Warning
 }
 say "truncating A/B"
-ab "${TRUNC_S:-105}" 80 --what truncating --rounds 2 --batches "${TRUNC_BATCHES:-144,160,192}" \
+ab "${TRUNC_S:-95}" 85 --what truncating --rounds 2 --batches "${TRUNC_BATCHES:-144,160,192}" \
     --shapes "${TRUNC_SHAPES:-8192x128256,4096x151936}"
+say "swapped A/B"
+ab "${SWAPPED_S:-60}" 30 --what swapped --rounds 2 --batches "${SWAPPED_BATCHES:-144,160,192}" \
+    --shapes "${SWAPPED_SHAPES:-2048x151936,4096x151936,8192x128256}"
 say "profile"
-seconds=$(cap "${PROFILE_S:-22}" 55)
+seconds=$(cap "${PROFILE_S:-30}" 2)
 if [ "$seconds" -ge 10 ]; then
     timeout -k 3 "$seconds" python3 benchmarks/probes/large_batch_profile.py --what truncating \
         --shape "${PROFILE_SHAPE:-8192x128256}" --batch "${PROFILE_BATCH:-144}" --calls 5 \
-        --providers "${PROFILE_PROVIDERS:-matmul,k50_default,k50_swap,k50_swapwhole,k50_swapcoop,p09_default,p09_swapwhole}" \
+        --providers "${PROFILE_PROVIDERS:-matmul,k50_default,k50_swapwhole,k50_swapwide,p09_default,p09_swapwide}" \
         --out-dir "$OUT" > "$OUT/profile.log" 2>&1
     echo "profile rc=$?"; grep -v Warning "$OUT/profile.log" | head -60
 fi
-say "swapped A/B"
-ab "${SWAPPED_S:-70}" 2 --what swapped --rounds 2 --batches "${SWAPPED_BATCHES:-144,160,192}" \
-    --shapes "${SWAPPED_SHAPES:-2048x151936,4096x151936,8192x128256}"
 say "done"

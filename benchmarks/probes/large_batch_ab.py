@@ -33,13 +33,15 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   top-p 0.9, min-p 0.1; logits rounded to bf16, a 0-d seed) with the default against the
   swapped kernel's top-m epilogue (``dispatch.SWAP_TRUNCATING``): ping-pong with the packed
   top-m search (``*_swap``) and on whole keys (``*_swapwhole``:
-  ``hopper_swap_kernel.PACKED_TOP_M_MIN``), cooperative on whole keys (``*_swapcoop``); top-k
-  50 also on the Gluon kernel's 64-row tiles with two m64n64 MMAs a step (``k50_g64``), its
-  wide 128-row tiles (``k50_g128w``) and the Triton tiles (``k50_triton``:
-  ``LARGE_BATCH_GLUON`` off);
+  ``hopper_swap_kernel.PACKED_TOP_M_MIN``), ping-pong on 128-entry tiles on whole keys
+  (``*_swapwide``: the "ping-pong-wide" schedule); top-k 50 also cooperative on whole keys
+  (``k50_swapcoop``), on the Gluon kernel's 64-row tiles with two m64n64 MMAs a step
+  (``k50_g64``), its wide 128-row tiles (``k50_g128w``) and the Triton tiles
+  (``k50_triton``: ``LARGE_BATCH_GLUON`` off);
 * ``swapped``: plain sampling (T = 1) and greedy in the swapped kernel, ping-pong (the
-  default) and cooperative, and the staging swizzled or not (``hopper_swap_kernel
-  .SWIZZLE_STAGING``): where the time of the plain calls at 129-192 rows goes.
+  default), ping-pong on 128-entry tiles (``*_swapwide``), cooperative, and the staging
+  swizzled or not (``hopper_swap_kernel.SWIZZLE_STAGING``): where the time of the plain
+  calls at 129-192 rows goes.
 
 CUDA-graph medians, round-robin over ``--rounds`` in a shuffled order; a CSV row per timing
 (``large_batch_<what>.csv``) and a summary line per point (each provider's fastest round over
@@ -220,6 +222,7 @@ def truncating_providers(batch, hidden, weight):
     seed = torch.tensor(7, device=device)
     swap = swap_config(batch, hidden_size, device)
     coop = dataclasses.replace(swap, warp_specialized_swap="cooperative")
+    wide_tiles = dataclasses.replace(swap, warp_specialized_swap="ping-pong-wide")
     timed = {"matmul": lambda: hidden @ weight.T}
     for mode, knobs in TRUNCATING_FORMS.items():
         params = SamplingParams(None, 1.0, seed, 0, 1, torch.bfloat16, **knobs)
@@ -229,9 +232,11 @@ def truncating_providers(batch, hidden, weight):
         swapped = call(hidden, weight, params, swap, swap_truncating=True)
         timed[f"{mode}_swap"] = swapped
         timed[f"{mode}_swapwhole"] = swap_whole_keys(swapped)
-        cooperative = call(hidden, weight, params, coop, swap_truncating=True)
-        timed[f"{mode}_swapcoop"] = swap_whole_keys(cooperative)
+        wide = call(hidden, weight, params, wide_tiles, swap_truncating=True)
+        timed[f"{mode}_swapwide"] = swap_whole_keys(wide)
         if mode == "k50":
+            cooperative = call(hidden, weight, params, coop, swap_truncating=True)
+            timed["k50_swapcoop"] = swap_whole_keys(cooperative)
             timed["k50_g64"] = call(hidden, weight, params, gluon(64), wide=False)
             timed["k50_g128w"] = call(hidden, weight, params, gluon(128), wide=True)
             timed["k50_triton"] = with_dispatch(call(hidden, weight, params), False)
@@ -240,11 +245,12 @@ def truncating_providers(batch, hidden, weight):
 
 def swapped_providers(batch, hidden, weight):
     """Plain sampling (T = 1) and greedy in the swapped kernel: ping-pong (the default, its
-    staging swizzled per shape: ``hopper_swap_kernel.swizzled``), the other staging layout,
-    and cooperative."""
+    staging swizzled per shape: ``hopper_swap_kernel.swizzled``), ping-pong on 128-entry
+    tiles, cooperative, and the other staging layout."""
     seed = torch.tensor(7, device=hidden.device)
     swap = swap_config(batch, hidden.shape[1], hidden.device)
     coop = dataclasses.replace(swap, warp_specialized_swap="cooperative")
+    wide_tiles = dataclasses.replace(swap, warp_specialized_swap="ping-pong-wide")
     flipped = not hopper_swap_kernel.swizzled(batch, hidden.shape[1])
     timed = {"matmul": lambda: hidden @ weight.T}
     for mode, params in (
@@ -252,6 +258,7 @@ def swapped_providers(batch, hidden, weight):
         ("greedy", SamplingParams(None, 0.0, None, 0, 1)),
     ):
         timed[f"{mode}_swap"] = call(hidden, weight, params, swap)
+        timed[f"{mode}_swapwide"] = call(hidden, weight, params, wide_tiles)
         timed[f"{mode}_swapcoop"] = call(hidden, weight, params, coop)
         run = call(hidden, weight, params, swap)
 
