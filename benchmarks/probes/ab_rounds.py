@@ -13,7 +13,7 @@ import csv
 import random
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -23,6 +23,8 @@ from sweep_configs import graph_median_us  # (this folder)
 from flashsampling_inductor.launch import compile_ahead
 
 Timed = dict[str, Callable[[], torch.Tensor]]
+# (hidden_size, vocab, batches) -> the weight and one hidden per batch size
+Inputs = Callable[[int, int, Sequence[int]], tuple[torch.Tensor, list[torch.Tensor]]]
 
 
 def check_tokens(timed: Timed, mode_of: Callable[[str], str]) -> list[str]:
@@ -51,10 +53,12 @@ def time_rounds(
     stem: str,
     budget: float,
     start: float,
+    inputs: Inputs | None = None,
 ) -> int:
     """Time ``make_timed(batch, hidden, weight)``'s providers (one named "matmul", the
     reference of every ratio) at every shape of ``shapes`` ("DxV,...") and batch size of
-    ``batches`` ("B,..."), files in ``out_dir``; the number of token mismatches."""
+    ``batches`` ("B,..."), files in ``out_dir``; the number of token mismatches. The weight
+    and hidden states are ``inputs``' (default: std-5 logits from a generator seeded 0)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
@@ -70,12 +74,19 @@ def time_rounds(
             if time.time() - start > budget - 15:
                 print(f"D={hidden_size}: skipped (budget)", flush=True)
                 continue
-            weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
-            weight = (weight * (5 / hidden_size**0.5)).bfloat16()
-            points = []
-            for batch in batches:
-                hidden = torch.randn(batch, hidden_size, generator=generator, device="cuda")
-                points.append((batch, make_timed(batch, hidden.bfloat16(), weight)))
+            if inputs is None:
+                weight = torch.randn(vocab, hidden_size, generator=generator, device="cuda")
+                weight = (weight * (5 / hidden_size**0.5)).bfloat16()
+                hiddens = [
+                    torch.randn(batch, hidden_size, generator=generator, device="cuda").bfloat16()
+                    for batch in batches
+                ]
+            else:
+                weight, hiddens = inputs(hidden_size, vocab, batches)
+            points = [
+                (batch, make_timed(batch, hidden, weight))
+                for batch, hidden in zip(batches, hiddens, strict=True)
+            ]
             started = time.time()
             try:
                 with compile_ahead(threads=16):
