@@ -198,7 +198,9 @@ def default_config(
     # short a reduction to hide its noise. H200, plain sampling against cuBLAS on the same
     # shard: B = 64 1.53x (Gluon, 128-wide) -> 1.12x on 64-wide Triton tiles; B = 256 1.57x
     # (256-wide) -> 1.41x on 128-wide tiles, two programs per SM (kernel_sweep_tp_shards_
-    # h200_20261127-1710.log). At V / 2 = 75968 and at D = 8192 the usual tiles win.
+    # h200_20261127-1710.log). At V / 2 = 75968 and at D = 8192 the usual tiles win. (On
+    # Hopper at 129-256 rows the short shard takes the Gluon kernels instead: _swap_rows_max,
+    # _large_batch_gluon_rows.)
     short_vocab_shard = (
         vocab_size is not None and vocab_size < 48_000 and 2048 < hidden_size <= 4096
     ) and not truncates
@@ -238,18 +240,20 @@ def default_config(
     # D = 2048; triton_fused_sample keeps it off: SWAP_GREEDY_ROWS_MAX;
     # swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
     # Truncating calls: see swap_serves_knobs.
-    large_batch_rows = _large_batch_gluon_rows(batch, hidden_size, truncates, per_row_seed)
-    # (measured on whole vocabularies only: not on a tensor-parallel shard's)
+    large_batch_rows = _large_batch_gluon_rows(
+        batch, hidden_size, truncates, per_row_seed, short_vocab_shard
+    )
+    # (truncating calls: measured on whole vocabularies only, not on a tensor-parallel shard's)
     whole_vocab = vocab_size is None or vocab_size >= 100_000
-    if large_batch_rows and _WARP_SPECIALIZED and not knobs_per_row and whole_vocab:
+    gluon_rows_here = whole_vocab or not truncates
+    if large_batch_rows and _WARP_SPECIALIZED and not knobs_per_row and gluon_rows_here:
         if is_hopper(device):
             return dataclasses.replace(
                 triton_config, warp_specialized_rows=large_batch_rows, wide_mma=True
             )
     swap = (
         _WARP_SPECIALIZED
-        and 128 < batch <= _swap_rows_max(hidden_size)
-        and not short_vocab_shard  # (not measured)
+        and 128 < batch <= _swap_rows_max(hidden_size, short_vocab_shard)
         and is_hopper(device)
     )
     if knobs_per_row:
@@ -400,10 +404,12 @@ def _large_batch_gluon_rows(
     hidden_size: int,
     truncates: bool,
     per_row_seed: bool = False,
+    short_vocab: bool = False,
 ) -> int:
     """Rows per tile of the Gluon kernel with its wide MMA (``SampleConfig.wide_mma``) for a
     call at 129-256 rows whose knobs truncate every row (scalars), or plain sampling at
-    193-256 rows and 2048 < D <= 4096; 0: the choice below it in ``default_config``.
+    193-256 rows and 2048 < D <= 4096 (64-row tiles on a ``short_vocab`` shard, below);
+    0: the choice below it in ``default_config``.
 
     H200, one process, CUDA-graph medians (min of two rounds) over cuBLAS alone, top-k 50:
     the previous choice (the Gluon kernel's 64-row tiles with two m64n64 MMAs a step up to
@@ -419,17 +425,42 @@ def _large_batch_gluon_rows(
     tiles since their 4-slot top-m search on 64-row tiles is no longer the packed one
     (``hopper_kernel.PACKED_TOP_M_MIN_64_ROWS``): D = 4096 / 2048, B = 144, old choice ->
     64-row wide tiles, top-k 50 1.62 / 1.37 -> 1.28 / 1.33, top-p 0.9 1.82 / 1.51 -> 1.38 /
-    1.48 (large_batch_rounding_h200_20261128-1413)."""
+    1.48 (large_batch_rounding_h200_20261128-1413).
+
+    A tensor-parallel shard's stage 1 (plain sampling, per-tile candidates), H200, stage 1
+    alone against cuBLAS on the shard, one process, three rounds round-robin
+    (short_shard_stage1_nvidia-h200_20261128-1626.json: benchmarks/probes/short_shard_stage1.py):
+    on D = 4096's short shard (``short_vocab``, V / 4 = 37984 rows) at 224 / 256 rows the
+    64-row wide tiles took 140.8 / 145.5 us against the persistent Triton tiles' 156.7 /
+    154.7 (the 64-row narrow ones 142.4 / 146.9, 128-row wide 144.6 / 155.8: 297 vocabulary
+    tiles of 128 rows leave the last of 4.5 waves half idle); at V / 2 = 75968 the 128-row
+    wide tiles, as on a whole vocabulary, 286.9 / 285.4 against the swapped kernel's 292.3 /
+    293.1. (64-row tiles with per-row seeds do not spill: 168 registers, no stack.)"""
     if not LARGE_BATCH_GLUON or not 128 < batch <= 256:
         return 0
     if truncates:  # (the top-m epilogue draws no noise: per-row seeds do not matter)
         return 64 if batch <= 192 else 128
+    if not (batch > 192 and 2048 < hidden_size <= 4096):
+        return 0
+    if short_vocab:
+        return 64
     # (128-row tiles with per-row seeds spill: 632 bytes a thread, Triton 3.9, sm_90a)
-    return 128 if batch > 192 and 2048 < hidden_size <= 4096 and not per_row_seed else 0
+    return 0 if per_row_seed else 128
 
 
-def _swap_rows_max(hidden_size: int) -> int:
+# Plain sampling on D = 4096's short shard (default_config's ``short_vocab_shard``) takes the
+# swapped kernel up to this many rows (from 129): H200, stage 1 alone at V / 4 = 37984 rows,
+# B = 144 / 160, 107.7 / 111.9 us against the persistent Triton tiles' 150.4 / 147.0 (cuBLAS
+# 85.6 / 91.5); at 176 / 192 rows 123.7 / 120.5 against the Gluon kernel's 64-row tiles'
+# 114.2-116.8 / 112.6-115.4, which it keeps there
+# (short_shard_stage1_nvidia-h200_20261128-1626.json).
+SHORT_SHARD_SWAP_ROWS_MAX = 160
+
+
+def _swap_rows_max(hidden_size: int, short_vocab_shard: bool = False) -> int:
     """The most rows plain sampling takes the swapped kernel for (from 129; default_config)."""
+    if short_vocab_shard:
+        return SHORT_SHARD_SWAP_ROWS_MAX
     return 192 if hidden_size > 4096 else 256
 
 

@@ -730,7 +730,8 @@ def test_symmetric_exchange_tags_wrap_after_2_to_the_32_calls():
     [
         pytest.param(4096, 37984, 1, True, False, id="D4096-B1-full-grid"),
         pytest.param(4096, 37984, 64, True, False, id="D4096-B64-full-grid"),
-        pytest.param(4096, 37984, 256, True, True, id="D4096-B256-persistent"),
+        pytest.param(4096, 37984, 256, True, False, id="D4096-B256-gluon"),
+        pytest.param(4096, 37984, 256, False, True, id="D4096-B256-persistent-off-hopper"),
         pytest.param(8192, 32064, 64, True, False, id="D8192-B64-gluon"),
         pytest.param(8192, 32064, 256, True, True, id="D8192-B256-persistent"),
         pytest.param(2048, 75968, 256, True, False, id="D2048-B256-swapped-gluon"),

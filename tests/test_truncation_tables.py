@@ -283,6 +283,42 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
     assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936).wide_mma
 
 
+@pytest.mark.parametrize("batch", [128, 129, 144, 160, 161, 176, 192, 193, 224, 256, 257])
+def test_tensor_parallel_shards_take_their_measured_stage1_at_129_256_rows(batch, monkeypatch):
+    """Plain sampling on Hopper over a tensor-parallel shard at 129-256 rows: D = 4096's short
+    shard (V / 4 = 37984 rows) takes the swapped kernel up to 160 rows
+    (SHORT_SHARD_SWAP_ROWS_MAX), the Gluon kernel's 64-row tiles at 161-192 and with its wide
+    MMA at 193-256 (per-row seeds too: no spill), never the persistent Triton tiles; V / 2 =
+    75968 takes a whole vocabulary's choice (the swapped kernel, then 128-row wide tiles above
+    192 rows); D = 8192's shards are unchanged (the swapped kernel up to 192, then the Triton
+    tiles). Off Hopper all keep the Triton tiles."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    in_range = 128 < batch <= 256
+
+    def route(hidden_size, vocab_size, per_row_seed=False):
+        config = dispatch.default_config(
+            batch, hidden_size, cuda, vocab_size=vocab_size, per_row_seed=per_row_seed
+        )
+        return config.warp_specialized_swap, config.warp_specialized_rows, config.wide_mma
+
+    short = route(4096, 37984)
+    if not in_range:
+        assert short[0] == "" and not short[2]
+    elif batch <= 160:
+        assert short == ("ping-pong", 0, False)
+    elif batch <= 192:
+        assert short == ("", 64, False)
+    else:
+        assert short == ("", 64, True)
+        assert route(4096, 37984, per_row_seed=True) == ("", 64, True)
+    assert route(4096, 75968) == route(4096, 151936)
+    assert route(8192, 32064) == route(8192, 128256)
+    assert route(8192, 32064)[0] == ("ping-pong" if 128 < batch <= 192 else "")
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
+    assert route(4096, 37984) == ("", 0, False)
+
+
 @pytest.mark.parametrize(
     "knobs, expected",
     [(dict(top_p=0.9), True), (dict(top_k=50, top_p=0.9), False), (dict(min_p=0.1), False),
