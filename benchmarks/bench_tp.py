@@ -21,9 +21,10 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
 Not in the default list (A/B runs of the TP step): ``fused_tp_pdl`` / ``fused_tp_auto`` /
 ``fused_tp_nopdl`` (the exchange's kernel launched as a programmatic dependent of stage 1
 after every stage 1 / where stage 1 runs on a persistent grid (the default) / never,
-FLASHSAMPLING_TP_EXCHANGE_PDL=1 / auto / 0), ``fused_tp_seed`` / ``fused_tp_seed_scalar``
-(an explicit int seed, made a 0-d tensor per call / passed to the kernels as it is (the
-default), FLASHSAMPLING_TP_SCALAR_SEED=0 / 1),
+FLASHSAMPLING_TP_EXCHANGE_PDL=1 / auto / 0), ``fused_tp_stage1pdl`` (the Triton stage 1 a
+programmatic dependent of the seed's draw, FLASHSAMPLING_TP_STAGE1_PDL=1: opt-in),
+``fused_tp_seed`` / ``fused_tp_seed_scalar`` (an explicit int seed, made a 0-d tensor per
+call / passed to the kernels as it is (the default), FLASHSAMPLING_TP_SCALAR_SEED=0 / 1),
 ``fused_tp_assert`` (the exchange's verdict read by an assert kernel after it,
 FLASHSAMPLING_TP_EXCHANGE_CHECK=assert: the path before the exchange failed a bad call in
 its own kernel) and ``fused_tp_best`` (stage 1 on the configuration that
@@ -175,6 +176,8 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         # is (=1, the default)
         seeded = provider in ("fused_tp_seed", "fused_tp_seed_scalar")
         scalar_seed = {"fused_tp_seed": "0", "fused_tp_seed_scalar": "1"}.get(provider)
+        # fused_tp_stage1pdl: the Triton stage 1 a programmatic dependent of the seed's draw
+        stage1_pdl = "1" if provider == "fused_tp_stage1pdl" else None
         # fused_tp_assert: the exchange's verdict read by an assert kernel after it (the
         # path before the exchange trapped in its own kernel), for an A/B in one process
         check = "assert" if provider == "fused_tp_assert" else "kernel"
@@ -191,6 +194,7 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
             for name, value in (
                 ("FLASHSAMPLING_TP_EXCHANGE_PDL", pdl_exchange),
                 ("FLASHSAMPLING_TP_SCALAR_SEED", scalar_seed),
+                ("FLASHSAMPLING_TP_STAGE1_PDL", stage1_pdl),
             ):
                 if value is None:
                     os.environ.pop(name, None)  # the default

@@ -32,7 +32,7 @@ from triton.compiler.errors import CompilationError
 
 from . import sampling_kernel, truncation_kernel
 from .params import SamplingParams
-from .sampling_device import LOGPROB_CODES, TL_DTYPES, is_hopper, key_low_bits
+from .sampling_device import LOGPROB_CODES, TL_DTYPES, is_hopper, key_low_bits, pdl_launch
 
 __all__ = [
     "SampleConfig",
@@ -604,6 +604,7 @@ def triton_fused_sample(
     out_score: torch.Tensor | None = None,
     tile_candidates: bool = False,
     signal_dependents: bool = False,
+    wait_previous: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Launch both stages; arguments as validated by ``op.fused_sample``.
 
@@ -617,7 +618,10 @@ def triton_fused_sample(
     ``params.logprobs`` (not on a shard) the call returns (tokens, log-probabilities
     [B, num_samples] fp32). ``signal_dependents`` (with ``tile_candidates``): the Triton
     stage 1 lets a programmatic dependent launched after it (the exchange with PDL) be
-    scheduled as its programs start (the Gluon kernels ignore it).
+    scheduled as its programs start (the Gluon kernels ignore it). ``wait_previous``: the
+    Triton stage 1 is launched as a programmatic dependent of the kernel before it (the TP
+    step's seed draw; PDL where ``sampling_device.pdl_launch`` allows it; the Gluon kernels
+    ignore it).
     """
     if vocab_offset % 4:
         raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
@@ -736,6 +740,7 @@ def triton_fused_sample(
             top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
             row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
             signal_dependents=signal_dependents and tile_candidates and not truncates,
+            wait_previous=wait_previous and not split and pdl_launch(hidden.device)["PDL"],
         )  # fmt: skip
         if tile_candidates and not truncates:
             return cand_score, cand_index

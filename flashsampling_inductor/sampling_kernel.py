@@ -297,6 +297,9 @@ def _sample_stage1(
     # Let the next kernel, a programmatic dependent (the TP exchange with PDL), be scheduled
     # as this grid's last programs start: it waits for this grid's end itself.
     SIGNAL_DEPENDENTS: tl.constexpr = False,
+    # Launched as a programmatic dependent of the kernel before it (the TP step's seed draw):
+    # wait for that kernel's end and writes before any load.
+    WAIT_PREVIOUS: tl.constexpr = False,
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
     perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
@@ -309,6 +312,8 @@ def _sample_stage1(
     raw logits at T = 1, or the scores at the row's temperature) and, with PLAIN, each
     candidate's logit there. Each program takes tiles pid, pid + num_programs, ...: one
     tile per program on a full grid, several on a persistent one."""
+    if WAIT_PREVIOUS:
+        tl.extra.cuda.gdc_wait()
     if SIGNAL_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
     num_tiles = tl.cdiv(B, BLOCK_B) * tl.cdiv(V, BLOCK_V)
@@ -542,6 +547,7 @@ def launch_stage1(
     row_knobs: dict,
     batch_truncates: int = 0,
     signal_dependents: bool = False,
+    wait_previous: bool = False,
 ) -> None:
     """Launch ``_sample_stage1`` with ``config``'s tiles (``dispatch.SampleConfig``) on the
     current device. ``stage1``: the buffers it writes (``dispatch._truncation_buffers``):
@@ -550,9 +556,10 @@ def launch_stage1(
     ``key_low_bits``); ``row_knobs``: the knobs' tensors and modes (``dispatch._row_knobs``);
     ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES);
     ``signal_dependents``: SIGNAL_DEPENDENTS (passed only when on: the other launches keep
-    their compiled variants). ``seed_u64``, ``vocab_offset`` as in
-    ``dispatch.triton_fused_sample``; ``dot_precision`` is also the fallback's, so it is the
-    caller's."""
+    their compiled variants); ``wait_previous``: launched as a programmatic dependent of the
+    kernel before it (WAIT_PREVIOUS and ``launch_pdl``, sm_90 and later only). ``seed_u64``,
+    ``vocab_offset`` as in ``dispatch.triton_fused_sample``; ``dot_precision`` is also the
+    fallback's, so it is the caller's."""
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
@@ -597,6 +604,7 @@ def launch_stage1(
         KEY_LOW_BITS=key_low_bits, LOGPROBS=LOGPROB_CODES[params.logprobs],
         **row_knobs, BATCH_TRUNCATES=batch_truncates,
         **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),
+        **({"WAIT_PREVIOUS": True, "launch_pdl": True} if wait_previous else {}),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip

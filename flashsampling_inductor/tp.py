@@ -252,7 +252,7 @@ def _tp_fused_sample_impl(
         score, index, pdl = _shard_candidates(
             hidden, weight_shard, bias_shard, temperature, scalar_temperature, seed,
             scalar_seed, num_samples, logits_dtype, impl, vocab_start, softcap,
-            per_tile=symmetric,
+            per_tile=symmetric, drawn_seed=shared_seed,
         )  # fmt: skip
     where = f"group {group_name}"
     if symmetric:
@@ -282,6 +282,15 @@ def _scalar_seed_to_kernels() -> bool:
     return os.environ.get("FLASHSAMPLING_TP_SCALAR_SEED", "1") != "0"
 
 
+def _stage1_after_draw_pdl() -> bool:
+    """Opt-in (FLASHSAMPLING_TP_STAGE1_PDL=1, read at each call): with ``seed=None`` the
+    shard's Triton stage 1 is launched as a programmatic dependent of the kernel before it
+    (the seed's draw, ``torch.randint``: 3 us alone in a CUDA graph, 4-6 us before stage 1 on
+    an H200), waiting for its end before any load, so that its launch overlaps the draw's
+    tail. Not yet measured on GPUs (bench_tp's ``fused_tp_stage1pdl``)."""
+    return os.environ.get("FLASHSAMPLING_TP_STAGE1_PDL", "0") == "1"
+
+
 @functools.cache
 def _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device) -> torch.Tensor:
     """The header's fields other than the seed, made once per shape (no copy per call), kept
@@ -295,12 +304,13 @@ def _header_fields(batch, num_samples, vocab_size, vocab_start, stop, device) ->
 
 def _shard_candidates(
     hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
-    logits_dtype, impl, vocab_start, softcap=0.0, per_tile=False,
+    logits_dtype, impl, vocab_start, softcap=0.0, per_tile=False, drawn_seed=False,
 ):  # fmt: skip
     """Per row and sample, the shard's best score [B, S] fp32 and its global index [B, S];
     with ``per_tile``, where the Triton kernels run, stage 1's per-tile candidates [B, S, T]
     instead (the best of them is the shard's best), and whether the exchange after them is
-    launched as a programmatic dependent of stage 1 (``exchange_launches_pdl``)."""
+    launched as a programmatic dependent of stage 1 (``exchange_launches_pdl``).
+    ``drawn_seed``: ``seed`` was drawn by the kernel just before (``seed=None``)."""
     batch = hidden.shape[0]
     if weight.shape[0] == 0:  # a shard of padding rows only
         score = torch.full((batch, num_samples), float("-inf"), device=hidden.device)
@@ -322,7 +332,7 @@ def _shard_candidates(
             )
             score, index = triton_fused_sample(
                 hidden, weight, bias, params, vocab_offset=vocab_start, tile_candidates=True,
-                signal_dependents=pdl,
+                signal_dependents=pdl, wait_previous=drawn_seed and _stage1_after_draw_pdl(),
             )  # fmt: skip
             return score, index, pdl
         score = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)

@@ -671,7 +671,7 @@ stage1_signature = {
     "seed_lo": "i64", "seed_hi": "i64", "num_samples": "i32", "vocab_offset": "i32",
     "softcap": "fp32",
 }
-for signal in (False, True):
+for signal, wait in ((False, False), (True, False), (False, True)):
     constants = dict(
         hidden_desc=None, weight_desc=None, bias_ptr=None, temperature_ptr=None,
         top_m_key_ptr=None, top_m_index_ptr=None, hidden_key_ptr=None, mass_ptr=None,
@@ -680,7 +680,7 @@ for signal in (False, True):
         DOT_PRECISION="ieee", SWAP_AB=False, USE_TMA=False, EPILOGUE_CHUNKS=1, EVEN_D=True,
         EVEN_V=False, INTERPRETER=False, BLOCK_B=64, BLOCK_V=64, BLOCK_D=128, PLAIN=True,
         TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, LOGPROBS=0, TOP_K_MODE=0, TOP_P_MODE=0,
-        MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=signal,
+        MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=signal, WAIT_PREVIOUS=wait,
     )
     types = dict(stage1_signature, **{name: "constexpr" for name in constants})
     constexprs = {(stage1.arg_names.index(n),): v for n, v in constants.items()}
@@ -689,6 +689,9 @@ for signal in (False, True):
         options={"num_warps": 4, "num_stages": 3},
     ).asm["ptx"]
     assert ("griddepcontrol.launch_dependents" in ptx) == signal, signal
+    assert ("griddepcontrol.wait" in ptx) == wait, wait
+    if wait:  # (before any load: the kernel before it may write what stage 1 reads)
+        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), "a load first"
 print("compiled")
 """
 

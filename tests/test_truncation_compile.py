@@ -185,7 +185,7 @@ stage1_constants = dict(
     EVEN_D=True, EVEN_V=False, INTERPRETER=False, BLOCK_B=16, BLOCK_V=64, BLOCK_D=128,
     PLAIN=False, TOP_M=4, ROW_MASS=True, KEY_LOW_BITS=0, cand_value_ptr=None, log_mass_ptr=None,
     LOGPROBS=0, top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TOP_K_MODE=0, TOP_P_MODE=0,
-    MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=False,
+    MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=False, WAIT_PREVIOUS=False,
 )
 compile_kernel(sampling_kernel._sample_stage1, stage1, stage1_constants, num_warps=4, num_stages=4)
 # Per-row knobs that may be off: both epilogues, each where a row of the tile needs it.
