@@ -21,8 +21,9 @@ token per row is drawn from softmax(hidden @ W.T) over the whole vocabulary. Pro
 Not in the default list (A/B runs of the TP step): ``fused_tp_pdl`` / ``fused_tp_auto`` /
 ``fused_tp_nopdl`` (the exchange's kernel launched as a programmatic dependent of stage 1
 after every stage 1 / where stage 1 runs on a persistent grid (the default) / never,
-FLASHSAMPLING_TP_EXCHANGE_PDL=1 / auto / 0), ``fused_tp_stage1pdl`` (the Triton stage 1 a
-programmatic dependent of the seed's draw, FLASHSAMPLING_TP_STAGE1_PDL=1: opt-in),
+FLASHSAMPLING_TP_EXCHANGE_PDL=1 / auto / 0; the Triton and Gluon stage 1 signal it),
+``fused_tp_stage1pdl`` (stage 1 a programmatic dependent of the seed's draw,
+FLASHSAMPLING_TP_STAGE1_PDL=1: opt-in),
 ``fused_tp_seed`` / ``fused_tp_seed_scalar`` (an explicit int seed, made a 0-d tensor per
 call / passed to the kernels as it is (the default), FLASHSAMPLING_TP_SCALAR_SEED=0 / 1),
 ``fused_tp_assert`` (the exchange's verdict read by an assert kernel after it,

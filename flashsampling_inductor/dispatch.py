@@ -617,11 +617,10 @@ def triton_fused_sample(
     (int32), which the symmetric exchange reduces in its own kernel. With
     ``params.logprobs`` (not on a shard) the call returns (tokens, log-probabilities
     [B, num_samples] fp32). ``signal_dependents`` (with ``tile_candidates``): the Triton
-    stage 1 lets a programmatic dependent launched after it (the exchange with PDL) be
-    scheduled as its programs start (the Gluon kernels ignore it). ``wait_previous``: the
-    Triton stage 1 is launched as a programmatic dependent of the kernel before it (the TP
-    step's seed draw; PDL where ``sampling_device.pdl_launch`` allows it; the Gluon kernels
-    ignore it).
+    stage 1 and the Gluon one (``hopper_kernel``) let a programmatic dependent launched after
+    it (the exchange with PDL) be scheduled as its programs start (the swapped kernel ignores
+    it). ``wait_previous``: those two are launched as a programmatic dependent of the kernel
+    before it (the TP step's seed draw; PDL where ``sampling_device.pdl_launch`` allows it).
     """
     if vocab_offset % 4:
         raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
@@ -687,6 +686,8 @@ def triton_fused_sample(
                 return _hopper_fused_sample(
                     hidden, weight, bias, params, config, out, temperature_mode, seed_mode,
                     seed_u64, vocab_offset, out_score, tile_candidates,
+                    signal_dependents and tile_candidates and not truncates,
+                    wait_previous and pdl_launch(hidden.device)["PDL"],
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_kernel.disable(error)
@@ -864,9 +865,10 @@ def _candidates(
 
 def _hopper_fused_sample(
     hidden, weight, bias, params, config, out, temperature_mode, seed_mode, seed_u64,
-    vocab_offset=0, out_score=None, tile_candidates=False,
+    vocab_offset=0, out_score=None, tile_candidates=False, signal_dependents=False,
+    wait_previous=False,
 ):  # fmt: skip
-    """Both stages with stage 1 in the warp-specialized Gluon kernel (the last three arguments
+    """Both stages with stage 1 in the warp-specialized Gluon kernel (the last five arguments
     as in ``triton_fused_sample``). Sampling: one candidate per half of its
     hopper_kernel.BLOCK_V-wide tiles, then stage 2. Truncating: the top-m epilogue on its
     whole tiles, then truncation_kernel's stage 2 and fallback, as after the Triton kernel."""
@@ -908,7 +910,8 @@ def _hopper_fused_sample(
         hopper_kernel.launch_stage1(
             *common, stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
             row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
-            wide_mma=config.wide_mma,
+            wide_mma=config.wide_mma, signal_dependents=signal_dependents,
+            wait_previous=wait_previous and not split,
         )  # fmt: skip
         if not params.truncates:
             if tile_candidates:

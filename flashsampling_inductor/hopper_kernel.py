@@ -45,6 +45,7 @@ import warnings
 
 import torch
 import triton
+import triton.language as tl
 
 from .launch import launch
 from .sampling_device import (
@@ -626,7 +627,17 @@ if AVAILABLE:
         # launches of a split stage 1, as sampling_kernel's); 0: every tile.
         BATCH_TRUNCATES: gl.constexpr = 0,
         WIDE_MMA: gl.constexpr = False,  # one m64n128 MMA a step (_consume_tiles)
+        # Launched as a programmatic dependent of the kernel before it (the TP step's seed
+        # draw): wait for that kernel's end and writes before any load.
+        WAIT_PREVIOUS: gl.constexpr = False,
+        # Let the next kernel, a programmatic dependent (the TP exchange with PDL), be
+        # scheduled as this persistent grid's programs start: it waits for its end itself.
+        SIGNAL_DEPENDENTS: gl.constexpr = False,
     ):  # fmt: skip
+        if WAIT_PREVIOUS:  # (the default warps, before the partitions start: before any load)
+            tl.extra.cuda.gdc_wait()
+        if SIGNAL_DEPENDENTS:
+            tl.extra.cuda.gdc_launch_dependents()
         num_tiles = gl.cdiv(B, h_desc.block_type.shape[0]) * gl.cdiv(V, w_desc.block_type.shape[0])
         if BATCH_TRUNCATES > 0:
             rows = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
@@ -785,6 +796,7 @@ def launch_stage1(
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
     temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
     key_low_bits=0, row_knobs=None, batch_truncates=0, wide_mma=False,
+    signal_dependents=False, wait_previous=False,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``dispatch.triton_fused_sample``, which calls this and then stage 2
@@ -792,7 +804,9 @@ def launch_stage1(
     sampling epilogue runs where ``cand_score`` is given; with ``top_m`` the truncating one
     writes ``stage1``'s buffers (``dispatch._truncation_buffers``); ``row_knobs``:
     the knobs' tensors and modes where both run (``dispatch._row_knobs``);
-    ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES)."""
+    ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES);
+    ``signal_dependents`` / ``wait_previous`` as in ``sampling_kernel.launch_stage1``
+    (SIGNAL_DEPENDENTS; WAIT_PREVIOUS with ``launch_pdl``, passed only when on)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
@@ -826,6 +840,8 @@ def launch_stage1(
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
         WIDE_MMA=wide_mma if WIDE_MMA is None else WIDE_MMA,
+        **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),
+        **({"WAIT_PREVIOUS": True, "launch_pdl": True} if wait_previous else {}),
         num_warps=4,
     )  # fmt: skip
 

@@ -298,6 +298,7 @@ base = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
     STAGES=hk.STAGES[64], CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
     LOADER_REGISTERS=hk.LOADER_REGISTERS, BATCH_TRUNCATES=0, WIDE_MMA=False,
+    WAIT_PREVIOUS=False, SIGNAL_DEPENDENTS=False,
 )
 variants = [
     dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, **no_knobs),  # top-k 50
@@ -320,6 +321,10 @@ variants = [
     dict(PLAIN=False, TOP_M=4, ROW_MASS=1, KEY_LOW_BITS=16, **no_knobs),
     dict(PLAIN=False, TOP_M=4, ROW_MASS=2, KEY_LOW_BITS=16, **no_knobs),
     dict(PLAIN=False, TOP_M=4, ROW_MASS=2, KEY_LOW_BITS=0, LOGITS_DTYPE=None, **no_knobs),
+    # the TP step's (tp.py): a programmatic dependent of the seed's draw that signals the
+    # exchange after it (WAIT_PREVIOUS, SIGNAL_DEPENDENTS), on the wide MMA
+    dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, WIDE_MMA=True, SEED_MODE=1,
+         WAIT_PREVIOUS=True, SIGNAL_DEPENDENTS=True, **no_knobs),
 ]
 for variant in variants:
     constants = {**base, **variant}
@@ -336,10 +341,16 @@ for variant in variants:
         else:
             signature[name] = "fp32" if name == "scalar_temperature" else "i32"
     constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
-    triton.compile(
+    ptx = triton.compile(
         GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
         options={"num_warps": 4},
-    )
+    ).asm["ptx"]
+    wait = constants["WAIT_PREVIOUS"]
+    assert ("griddepcontrol.wait" in ptx) == wait
+    assert ("griddepcontrol.launch_dependents" in ptx) == constants["SIGNAL_DEPENDENTS"]
+    if wait:  # (before any load or copy: the kernel before it may write what it reads)
+        first_read = min(ptx.find(op) for op in ("ld.global", "cp.async.bulk") if op in ptx)
+        assert ptx.index("griddepcontrol.wait") < first_read, "a read before the wait"
 
 # The swapped kernel (hopper_swap_kernel, 129-256 rows), a second accumulator of 32 rows.
 kernel = sk._swapped_stage1
