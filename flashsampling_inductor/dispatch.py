@@ -56,16 +56,6 @@ _SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "gluon")
 _TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "5"))
 
 
-# The register cap of the Triton small-batch tiles carrying both epilogues (below). Knobs9
-# compiled them offline for sm_90a with Triton 3.6 (the GPU machines'; 0-d knobs, 16 x 64 x
-# 128 tiles, cuobjdump --dump-resource-usage): with fp32 logits (bench_off_knobs' calls)
-# they now take 168 registers and no stack uncapped, as the plain kernel does, but 168 and
-# 112 bytes of stack capped; with bf16 logits (16 low key bits) 164-168 and no stack either
-# way. So the cap may now cost what it once saved. Not yet timed on a GPU: False is the
-# A/B's variant (benchmarks/jobs/knobs9_job.sh, ``nocap``).
-KNOB_TILES_REGISTER_CAP = True
-
-
 def _split_stage1(kernel: str) -> bool:
     """Whether stage 1 of a call with per-row knobs that may be off (both epilogues) runs
     as two launches of the ``kernel`` ("triton" or "gluon"): first the plain kernel, whose
@@ -584,9 +574,6 @@ def _temperature_mode(temperature: torch.Tensor | None, scalar_temperature: floa
     return 3 if scalar_temperature == 0.0 else 0
 
 
-_REGISTERS_PER_SM = 65536  # (sm_80 to sm_120)
-
-
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -713,24 +700,21 @@ def triton_fused_sample(
     dot_precision = "ieee" if hidden.dtype != torch.float32 else fp32_precision
     per_row_knobs = plain and top_m > 0 and not config.programs_per_sm
     split = per_row_knobs and _split_stage1("triton")
-    plain_config = config
-    cap = KNOB_TILES_REGISTER_CAP
-    if per_row_knobs and cap and not config.maxnreg and hidden.is_cuda and config.block_b <= 32:
-        # Both epilogues compiled in took the small-batch tiles from 168 registers a thread
-        # (the plain kernel) to 210 (Triton 3.6, sm_90a): two programs of four warps per SM
-        # instead of three. Capped for three (160 bytes of spills): H200, D = 2048, B = 16,
-        # off-valued knobs' stage 1 148.5 -> 146.0 us (plain 145.1), batches with truncated
-        # rows within 0.6% (bench_off_knobs_nvidia-h200_*_20261127-1426.csv). (Since then
-        # they fit 168 uncapped: KNOB_TILES_REGISTER_CAP.)
-        maxnreg = _REGISTERS_PER_SM // (3 * 32 * config.num_warps) // 8 * 8
-        config = dataclasses.replace(config, maxnreg=maxnreg)
+    # (The small-batch tiles carrying both epilogues are not capped for three programs per
+    # SM, as they were when they took 210 registers: on Triton 3.6 they take the plain
+    # kernel's 168 uncapped, while the cap left 112 bytes of stack. H200, D = 2048, 0-d knobs
+    # at their off values, B = 1 / 16, capped -> uncapped: 156.8 / 157.6 -> 156.3 / 157.4 us
+    # at 16:25 UTC, 159.9 / 160.9 -> 159.4 / 159.7 at 16:45; [B] knobs at B = 16 off / mixed /
+    # all 158.4 / 208.7 / 197.7 -> 155.9 / 202.3 / 191.7 and 160.7 / 211.2 / 199.8 -> 158.2 /
+    # 204.6 / 193.9; top-k 50 and D = 4096 even; bench_off_knobs_nvidia-h200_ab-*_20261128-
+    # 1626.csv, ..._1645/1646.csv.)
     # Triton launches on the current device: make it the inputs' one.
     on_device = torch.cuda.device(hidden.device) if hidden.is_cuda else contextlib.nullcontext()
     with on_device:
-        if split:  # the plain kernel's half (uncapped registers), then the other
+        if split:  # the plain kernel's half, then the other
             plain_buffers = ("plain_score", "plain_index", "plain_value", "log_mass")
             sampling_kernel.launch_stage1(
-                hidden, weight, bias, params, plain_config,
+                hidden, weight, bias, params, config,
                 {name: stage1.get(name) for name in plain_buffers}, temperature_mode,
                 seed_mode, seed_u64, vocab_offset, dot_precision, _num_sms(hidden.device),
                 row_knobs=_row_knobs(params, True), batch_truncates=1,

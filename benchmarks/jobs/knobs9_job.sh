@@ -2,12 +2,11 @@
 # knobs9's device job (issue 35 item 2: what off-valued per-row knobs cost over plain
 # sampling), as it runs on main: one GPU, BUDGET seconds (first argument, default 215). A/B
 # in one process against the default, CUDA graphs, tokens checked equal
-# (benchmarks/off_knobs_parts.py, bench_off_knobs.py's variants):
+# (benchmarks/probes/off_knobs_parts.py, bench_off_knobs.py's variants):
 #   notrig  truncation_kernel.TAIL_TRIGGER_FIRST = False (the tail after stage 1 scheduled
 #           kernel by kernel, as before knobs9)
-#   nocap   dispatch.KNOB_TILES_REGISTER_CAP = False (the Triton tiles carrying both
-#           epilogues, B <= 32, uncapped: 168 registers and no stack offline, Triton 3.6;
-#           capped 112 bytes of stack; not yet timed)
+#   (nocap, the Triton tiles carrying both epilogues uncapped: knobs10 timed it and made it
+#   the default, so the cap and this variant are gone)
 #   nofb / floor  the fallback's two launches left out / stage 1 then the plain stage 2
 #           (the parts, for timing only: floor's truncated tokens differ by design)
 # 0-d knobs (generate's) plain / off / k50off / qwen3off at B = 1, 16, 64, D = 2048 / 4096;
@@ -32,7 +31,7 @@ fi
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > "$O/env.txt" 2>&1
 cat "$O/env.txt" >> "$S"
 
-LEVERS="notrig:truncation_kernel.TAIL_TRIGGER_FIRST=False,nocap:KNOB_TILES_REGISTER_CAP=False"
+LEVERS="notrig:truncation_kernel.TAIL_TRIGGER_FIRST=False"
 PARTS="nofb:truncation_kernel.launch_fallback=@no_fallback,floor:_finish_truncation=@plain_stage2"
 ZD_KNOBS=plain,off,k50off,qwen3off
 bench() {  # bench LABEL LIMIT ARGS...: off_knobs_parts.py into $O/LABEL.log
@@ -40,7 +39,7 @@ bench() {  # bench LABEL LIMIT ARGS...: off_knobs_parts.py into $O/LABEL.log
     shift 2
     if [ "$limit" -lt 5 ]; then echo "$label: no time left" >> "$S"; return; fi
     t=$(date +%s)
-    timeout -k 5 "$limit" python3 benchmarks/off_knobs_parts.py --out "$O" "$@" > "$O/$label.log" 2>&1
+    timeout -k 5 "$limit" python3 benchmarks/probes/off_knobs_parts.py --out "$O" "$@" > "$O/$label.log" 2>&1
     echo "$label: rc=$? wall $(($(date +%s) - t)) s (limit $limit, at $(elapsed) s)" >> "$S"
 }
 
