@@ -119,6 +119,11 @@ TRUNCATING_SWAP_ROWS_MAX = 16
 TRUNCATING_TILE_ROWS_65_128 = 128
 MASS_TILE_ROWS_65_128 = 64
 TRUNCATING_WIDE_MMA_65_128 = True
+# The same at 193-256 rows, where the other truncating calls take 128-row tiles
+# (``_large_batch_gluon_rows``): H200, top-p 0.9 alone on bench_sampling's rows (bf16
+# logits), D = 2048, B = 224, wide 128-row tiles -> 64-row ones 384.2 -> 337.7 us, tokens
+# equal (sweep_cells_ab_h200_20261128-1625).
+MASS_TILE_ROWS_193_256 = 64
 
 
 def _swap_ab_config(batch: int) -> SampleConfig:
@@ -231,7 +236,7 @@ def default_config(
     # swap_stage1_h200_20261127-2311_*: "old" and "default" are the same kernel there).
     # Truncating calls: see swap_serves_knobs.
     large_batch_rows = _large_batch_gluon_rows(
-        batch, hidden_size, truncates, per_row_seed, short_vocab_shard
+        batch, hidden_size, truncates, per_row_seed, short_vocab_shard, mass_partials
     )
     # (truncating calls: measured on whole vocabularies only, not on a tensor-parallel shard's)
     whole_vocab = vocab_size is None or vocab_size >= 100_000
@@ -395,11 +400,13 @@ def _large_batch_gluon_rows(
     truncates: bool,
     per_row_seed: bool = False,
     short_vocab: bool = False,
+    mass_partials: bool = False,
 ) -> int:
     """Rows per tile of the Gluon kernel with its wide MMA (``SampleConfig.wide_mma``) for a
     call at 129-256 rows whose knobs truncate every row (scalars), or plain sampling at
     193-256 rows and 2048 < D <= 4096 (64-row tiles on a ``short_vocab`` shard, below);
-    0: the choice below it in ``default_config``.
+    0: the choice below it in ``default_config``. A stage 1 that writes top-p's mass partials
+    (``mass_partials``) takes MASS_TILE_ROWS_193_256 above 192 rows.
 
     H200, one process, CUDA-graph medians (min of two rounds) over cuBLAS alone, top-k 50:
     the previous choice (the Gluon kernel's 64-row tiles with two m64n64 MMAs a step up to
@@ -429,7 +436,7 @@ def _large_batch_gluon_rows(
     if not LARGE_BATCH_GLUON or not 128 < batch <= 256:
         return 0
     if truncates:  # (the top-m epilogue draws no noise: per-row seeds do not matter)
-        return 64 if batch <= 192 else 128
+        return 64 if batch <= 192 else MASS_TILE_ROWS_193_256 if mass_partials else 128
     if not (batch > 192 and 2048 < hidden_size <= 4096):
         return 0
     if short_vocab:

@@ -114,6 +114,11 @@ NUCLEUS_NARROW = True
 # rows; 0.5-1% slower after top-k 50 (truncation_ab_h200_20261128-1351).
 STAGE2_WARPS = 8
 STAGE2_WARPS_WITHOUT_TOP_K = 16
+# ... up to this many rows (a program a row): above, 16-warp programs share the SMs and took
+# stage 2 longer. H200, top-p 0.9 alone on bench_sampling's rows (bf16 logits), D = 2048,
+# B = 160: stage 2 18.1 us with 16 warps, 11.3 with 8 (profile); whole calls 275.5 -> 266.4
+# us, B = 224 384.2 -> 377.9; B = 64 177.9 against 179.4 (sweep_cells_ab_h200_20261128-1625).
+STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX = 128
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
 # The kernels after stage 1 (merge, stage 2, the fallback's two), each a programmatic
@@ -1577,15 +1582,18 @@ def _stage2_arguments(
         MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
         NUCLEUS_NARROW=_narrow_nucleus(params, vocab_size),
     )  # fmt: skip
-    return runtime, constexprs, 16 if block >= 8192 else _stage2_warps(params, vocab_size)
+    warps = 16 if block >= 8192 else _stage2_warps(params, vocab_size, batch)
+    return runtime, constexprs, warps
 
 
-def _stage2_warps(params: SamplingParams, vocab_size: int) -> int:
+def _stage2_warps(params: SamplingParams, vocab_size: int, batch: int) -> int:
     """Stage 2's warps on up to 4096 lanes: STAGE2_WARPS_WITHOUT_TOP_K where Python knobs
-    truncate without top-k (top-p / min-p alone), STAGE2_WARPS otherwise."""
+    truncate without top-k (top-p / min-p alone) at up to STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX
+    rows, STAGE2_WARPS otherwise."""
     python_knobs = params.top_k is None and params.top_p is None and params.min_p is None
     top_k_off = not 0 < params.scalar_top_k < vocab_size
-    return STAGE2_WARPS_WITHOUT_TOP_K if python_knobs and top_k_off else STAGE2_WARPS
+    few_rows = batch <= STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX
+    return STAGE2_WARPS_WITHOUT_TOP_K if python_knobs and top_k_off and few_rows else STAGE2_WARPS
 
 
 def _narrow_nucleus(params: SamplingParams, vocab_size: int) -> bool:

@@ -208,6 +208,16 @@ def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, m
     _assert_scalar_knobs_pathwise(batch, knobs, seed_offset=13)
 
 
+@pytest.mark.parametrize("batch", [160, 224])
+@pytest.mark.parametrize("knobs", [dict(top_p=0.9), dict(min_p=0.1)], ids=["p09", "minp01"])
+def test_gpu_scalar_top_p_min_p_above_128_rows_match_reference_pathwise(batch, knobs):
+    """Top-p and min-p alone as Python scalars at 129-256 rows: eight stage-2 warps above 128
+    rows (STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX) and, for top-p's mass partials, the Gluon
+    kernel's 64-row wide tiles at 193-256 rows too (dispatch.MASS_TILE_ROWS_193_256): the
+    reference's tokens up to documented noise near-ties."""
+    _assert_scalar_knobs_pathwise(batch, knobs, seed_offset=17)
+
+
 @pytest.mark.parametrize(
     "batch, vocab_size, knobs, with_bias",
     [

@@ -253,7 +253,8 @@ def test_truncating_calls_up_to_128_rows_on_hopper(batch, hidden_size, monkeypat
 @pytest.mark.parametrize("batch", [128, 129, 144, 192, 193, 224, 256, 257])
 def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, monkeypatch):
     """On Hopper, at 129-256 rows, calls that truncate every row (scalar knobs) take the Gluon
-    kernel with its wide MMA, on 64-row tiles up to 192 rows and 128-row ones above; plain
+    kernel with its wide MMA, on 64-row tiles up to 192 rows and 128-row ones above, except
+    where stage 1 writes top-p's mass partials (MASS_TILE_ROWS_193_256: 64); plain
     sampling takes its 128-row tiles at 193-256 rows and D = 4096 unless the seeds are per
     row. Not on a tensor-parallel shard's vocabulary, nor off Hopper, nor with
     LARGE_BATCH_GLUON off (the choice before)."""
@@ -262,9 +263,16 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
     in_range = 128 < batch <= 256
     truncating = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
     assert truncating.wide_mma == (in_range or batch == 128)  # (65-128 rows: the test below)
+    top_p = dispatch.default_config(batch, hidden_size, cuda, True, 151936, mass_partials=True)
+    assert top_p.wide_mma == truncating.wide_mma
     if in_range:
         assert truncating.warp_specialized_rows == (64 if batch <= 192 else 128)
         assert truncating.warp_specialized_swap == ""
+        assert top_p.warp_specialized_rows == 64
+        monkeypatch.setattr(dispatch, "MASS_TILE_ROWS_193_256", 128)
+        before = dispatch.default_config(batch, hidden_size, cuda, True, 151936, mass_partials=True)
+        assert before == truncating
+        monkeypatch.setattr(dispatch, "MASS_TILE_ROWS_193_256", 64)
     plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
     plain_wide = hidden_size == 4096 and 192 < batch <= 256
     assert plain.wide_mma == plain_wide
@@ -332,3 +340,27 @@ def test_mass_partials_only_for_top_p_over_the_whole_row(knobs, expected):
         scalar_top_p=knobs.get("top_p", 1.0), scalar_min_p=knobs.get("min_p", 0.0),
     )  # fmt: skip
     assert dispatch.writes_mass_partials(params, 151936) == expected
+
+
+@pytest.mark.parametrize("batch", [1, 64, 128, 129, 160, 256])
+@pytest.mark.parametrize(
+    "knobs, without_top_k",
+    [(dict(scalar_top_p=0.9), True), (dict(scalar_min_p=0.1), True),
+     (dict(scalar_top_k=50, scalar_top_p=0.9), False), (dict(scalar_top_k=50), False),
+     (dict(scalar_top_k=151936, scalar_top_p=0.9), True),
+     (dict(top_p=torch.tensor([0.9, 1.0])), False)],
+    ids=["p09", "minp", "k50-p09", "k50", "k-off-p09", "p-tensor"],
+)  # fmt: skip
+def test_stage2_takes_more_warps_without_top_k_up_to_128_rows(batch, knobs, without_top_k):
+    """Stage 2 of Python knobs that truncate without top-k (top-p / min-p alone, whose merged
+    candidates all weigh) takes STAGE2_WARPS_WITHOUT_TOP_K warps up to
+    STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX rows (a program a row); above, and with top-k or
+    knob tensors, STAGE2_WARPS."""
+    from flashsampling_inductor import truncation_kernel
+
+    params = SamplingParams(None, 1.0, None, 1, 1, **knobs)
+    many = without_top_k and batch <= truncation_kernel.STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX
+    expected = truncation_kernel.STAGE2_WARPS_WITHOUT_TOP_K if many else 8
+    assert truncation_kernel._stage2_warps(params, 151936, batch) == expected
+    assert truncation_kernel.STAGE2_WARPS == 8
+    assert truncation_kernel.STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX == 128

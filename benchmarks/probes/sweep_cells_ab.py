@@ -3,7 +3,7 @@ levers set back one at a time, in one process (issue 38: the cells of the 14:49 
 that were slower in us than at 06:29).
 
     python benchmarks/probes/sweep_cells_ab.py [--cells 2048x64xp09,8192x192xk50]
-        [--budget 180] [--rounds 3] [--profile] [--out-dir DIR]
+        [--budget 180] [--rounds 3] [--levers notrig,warps8] [--profile] [--out-dir DIR]
 
 A cell is ``DxBxMODE`` (``p09`` top-p 0.9 alone, ``k50`` top-k 50, ``k50p09``, ``minp``
 min-p 0.1: bench_sampling's fused_topp09 / fused_topk50 / ... providers). Inputs as
@@ -13,12 +13,13 @@ logits and one bf16 hidden per default batch size, in order), so a cell sees the
 that sweep timed; ``*_other`` times the default on other rows (ab_rounds' generator, seeded
 0) beside them. Calls as its providers make them: logits rounded to bf16 (``logits_dtype``),
 a fixed 0-d seed. Per cell cuBLAS, the default, the default once more (``again``: the spread
-of one process) and each lever of ``LEVERS`` that applies, set back to before (module flags
-around the call only, so the graph capture and every replay see them), and ``before``: all
-of them at once. CUDA-graph medians round-robin (ab_rounds.time_rounds), tokens checked
-against the default's. Also per provider the rows stage 2 sent to the exact fallback in one
-call (``fallback_rows.txt``: full / patched), and with ``--profile`` the default's and
-``before``'s kernels (torch.profiler). Needs a Hopper GPU (elsewhere it says so and exits 0).
+of one process) and each lever of ``LEVERS`` and ``EXTRA`` that applies set back to before
+(module flags around the call only, so the graph capture and every replay see them), and
+``before``: all of them at once. CUDA-graph medians round-robin (ab_rounds.time_rounds),
+tokens checked against the default's (``--levers``: only those levers). Also per provider
+the rows stage 2 sent to the exact fallback in one call (``sweep_cells_notes.txt``: full /
+patched), and with ``--profile`` the default's and ``before``'s kernels (torch.profiler).
+Needs a Hopper GPU (elsewhere it says so and exits 0).
 """
 
 from __future__ import annotations
@@ -91,13 +92,19 @@ LEVERS = {
         [(dispatch, "TRUNCATING_TILE_ROWS_65_128", 64)],
     ),
 }
-# Not levers of that day but cheap to ask: at 193-256 rows the wide Gluon tiles of 64 rows,
-# not 128 (whose top-p mass partials cost 65-128 rows 1.15 -> 1.46x: dispatch's
-# MASS_TILE_ROWS_65_128)
+# Not levers of that day: big10's from its round 1 (16:25 UTC), set back (at 193-256 rows top-p
+# alone's mass partials on 128-row tiles, as the other truncating calls; above 128 rows 16
+# stage-2 warps without top-k), and asked in round 1 (``wide64``: 64-row wide tiles at
+# 193-256 rows for every mode)
 EXTRA = {
     "wide64": (
-        lambda b, m: b > 192,
+        lambda b, m: b > 192 and m != "p09",
         [(dispatch, "_large_batch_gluon_rows", lambda batch, *args, **kwargs: 64)],
+    ),
+    "mass128": (lambda b, m: b > 192 and m == "p09", [(dispatch, "MASS_TILE_ROWS_193_256", 128)]),
+    "warps16": (
+        lambda b, m: b > 128 and m in ("p09", "minp"),
+        [(truncation_kernel, "STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX", 256)],
     ),
 }
 
@@ -139,9 +146,10 @@ def parse_cells(text: str) -> list[tuple[int, int, str]]:
     return cells
 
 
-def cell_providers(batch, hidden, weight, modes, seed, other_hidden):
-    """cuBLAS, then per mode the default, again, each applicable lever set back, all of them
-    (``before``) and the default on other rows (``<mode>other_default``)."""
+def cell_providers(batch, hidden, weight, modes, seed, other_hidden, levers=None):
+    """cuBLAS, then per mode the default, again, each applicable lever of ``levers`` (names
+    of LEVERS and EXTRA; None: all) set back, all of LEVERS' at once (``before``) and the
+    default on other rows (``<mode>other_default``)."""
     timed = {"matmul": lambda: hidden @ weight.T}
     for mode in modes:
         knobs = MODES[mode]
@@ -159,7 +167,7 @@ def cell_providers(batch, hidden, weight, modes, seed, other_hidden):
         timed[f"{mode}_again"] = call()
         applied = []
         for name, (applies, settings) in (LEVERS | EXTRA).items():
-            if applies(batch, mode):
+            if applies(batch, mode) and (levers is None or name in levers):
                 timed[f"{mode}_{name}"] = call(settings)
                 if name in LEVERS:
                     applied += settings
@@ -211,12 +219,14 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=180.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--levers", help="names of LEVERS and EXTRA (default: all of them)")
     parser.add_argument("--out-dir", default=".")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("sweep_cells_ab.py needs a Hopper GPU; there is none here: nothing run")
         return
     cells = parse_cells(args.cells)
+    levers = set(args.levers.split(",")) if args.levers else None
     drawn = bench_inputs()
     other = torch.Generator(device="cuda").manual_seed(0)
     out = Path(args.out_dir)
@@ -235,7 +245,7 @@ def main() -> None:
 
         def make_timed(batch, hidden, weight, modes_of=modes_of, others=others, keep=providers):
             keep[batch] = cell_providers(
-                batch, hidden, weight, modes_of[batch], seed, others[batch]
+                batch, hidden, weight, modes_of[batch], seed, others[batch], levers
             )
             return dict(keep[batch])
 
