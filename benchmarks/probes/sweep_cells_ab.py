@@ -257,7 +257,7 @@ def main() -> None:
             rounds=args.rounds,
             out_dir=args.out_dir,
             stem=f"sweep_cells_ab_d{dim}",
-            budget=args.budget - 10 * len(batches),
+            budget=args.budget - (8 if args.profile else 2) * len(batches),  # (then the notes)
             start=START,
             inputs=lambda d, v, bs, weight=weight, hiddens=hiddens: (
                 weight,
