@@ -121,8 +121,10 @@ MASS_TILE_ROWS_65_128 = 64
 TRUNCATING_WIDE_MMA_65_128 = True
 # The same at 193-256 rows, where the other truncating calls take 128-row tiles
 # (``_large_batch_gluon_rows``): H200, top-p 0.9 alone on bench_sampling's rows (bf16
-# logits), D = 2048, B = 224, wide 128-row tiles -> 64-row ones 384.2 -> 337.7 us, tokens
-# equal (sweep_cells_ab_h200_20261128-1625).
+# logits), wide 128-row tiles -> 64-row ones, tokens equal: D = 2048 B = 224 384.2 -> 337.7
+# us (sweep_cells_ab_h200_20261128-1625); over cuBLAS, D = 2048 / 4096 / 8192, B = 224 1.741
+# / 1.668 / 1.317 -> 1.552 / 1.548 / 1.229, B = 256 1.612 / 1.469 / 1.159 -> 1.409 / 1.298 /
+# 1.079 (-1644).
 MASS_TILE_ROWS_193_256 = 64
 
 

@@ -118,6 +118,10 @@ STAGE2_WARPS_WITHOUT_TOP_K = 16
 # stage 2 longer. H200, top-p 0.9 alone on bench_sampling's rows (bf16 logits), D = 2048,
 # B = 160: stage 2 18.1 us with 16 warps, 11.3 with 8 (profile); whole calls 275.5 -> 266.4
 # us, B = 224 384.2 -> 377.9; B = 64 177.9 against 179.4 (sweep_cells_ab_h200_20261128-1625).
+# Again over cuBLAS, 16 -> 8 warps: D = 2048 B = 160 / 224 / 256 1.481 / 1.579 / 1.456 ->
+# 1.427 / 1.552 / 1.409, D = 4096 B = 224 / 256 1.602 / 1.342 -> 1.548 / 1.298, D = 8192
+# B = 224 / 256 1.263 / 1.092 -> 1.229 / 1.079 (B = 160 within noise); min-p D = 2048 B = 224
+# even (-1644).
 STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX = 128
 # The fallback's persistent grid: this many programs per SM at most.
 FALLBACK_PROGRAMS_PER_SM = 2
