@@ -2,7 +2,9 @@
 # GPU job (one H200, run by the lead) for issue 38: the cells of the 14:49 H200 sweep that
 # were slower in us than at 06:29, within BUDGET seconds (first argument, default 200),
 # everything written to $OUT:
-#   1. benchmarks/probes/sweep_cells_ab.py on bench_sampling's own inputs: per cell (CELLS)
+#   0. with FLAGS=1, benchmarks/probes/flag_repro.py: whether the rows sent to the fallback
+#      change with what a call cannot depend on (the allocator's free memory, PDL);
+#   1. (AB=1, the default) benchmarks/probes/sweep_cells_ab.py on bench_sampling's own inputs: per cell (CELLS)
 #      cuBLAS, the default twice, the levers (LEVERS: default all of them) set back one at a
 #      time and those of that day all at once, the default on other rows; tokens checked; the
 #      rows sent to the exact fallback; with PROFILE=1 the kernels (torch.profiler);
@@ -20,13 +22,20 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
 fi
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 cat COMMIT 2>/dev/null
-say "sweep cells A/B"
+if [ "${FLAGS:-0}" = 1 ]; then
+    say "fallback flags against what a call cannot depend on"
+    flags_s=$(cap "${FLAGS_S:-90}" "${FLAGS_RESERVE:-6}")
+    timeout -k 3 "$flags_s" python3 benchmarks/probes/flag_repro.py --budget $((flags_s - 20)) \
+        ${FLAG_CELLS:+--cells "$FLAG_CELLS"} --out-dir "$OUT" > "$OUT/flag_repro.log" 2>&1
+    echo "flags rc=$? (124: cut by the budget)"; grep -v Warning "$OUT/flag_repro.log" | tail -60
+fi
+[ "${AB:-1}" = 1 ] && { say "sweep cells A/B"
 ab_s=$(cap "${AB_S:-185}" "${AB_RESERVE:-6}")
 timeout -k 3 "$ab_s" python3 benchmarks/probes/sweep_cells_ab.py --budget $((ab_s - 3)) \
     ${CELLS:+--cells "$CELLS"} ${LEVERS:+--levers "$LEVERS"} --rounds "${ROUNDS:-3}" \
     $([ "${PROFILE:-1}" = 1 ] && echo --profile) --out-dir "$OUT" > "$OUT/sweep_cells_ab.txt" 2>&1
 echo "A/B rc=$? (124: cut by the budget)"
-grep -v Warning "$OUT/sweep_cells_ab.txt" | grep -v "^    \|fallback rows 0/0\|_warn_once" | tail -60
+grep -v Warning "$OUT/sweep_cells_ab.txt" | grep -v "^    \|fallback rows 0/0\|_warn_once" | tail -60; }
 if [ "${TESTS:-0}" = 1 ] && [ "$(left)" -gt 20 ]; then
     say "GPU tests"
     timeout -k 3 "$(cap "${TESTS_S:-60}" "${TESTS_RESERVE:-3}")" python3 -m pytest -q -p no:xdist \
