@@ -226,8 +226,10 @@ EXCHANGE_VARIANTS = {
 }
 # (batch, D, whether the exchange must be PDL, int seeds) of the skewed steps per variant:
 # the default at a shape whose stage 1 runs on a persistent grid (B = 256, D = 8192: the
-# Triton kernel at any TP size), the exchange its programmatic dependent there, int seeds
-SKEWED_SHAPES = {"default": (256, 8192, True, True)}
+# Triton kernel at any TP size), the exchange its programmatic dependent there, int seeds;
+# PDL after every stage 1 where stage 1 is the Gluon kernel (B = 256, D = 4096: its wide
+# tiles on the shards of 2 and 4 ranks), which then signals the exchange, 0-d seeds
+SKEWED_SHAPES = {"default": (256, 8192, True, True), "pdl": (256, 4096, True, False)}
 
 
 @pytest.mark.multigpu
