@@ -50,6 +50,9 @@ MAX_STAGES = 8
 # The staging's layout (see _swapped_stage1): None chooses per shape (``swizzled``), a bool
 # forces it (benchmarks/probes/swap_stage1.py compares the two).
 SWIZZLE_STAGING: bool | None = None
+# The most rows of the "ping-pong-wide" schedule (WIDE_TILE): above, its four accumulators
+# (2 x 64 x (128 + NB) fp32 a consumer) spill (568 bytes of stack at 224 rows, sm_90a).
+WIDE_TILE_ROWS_MAX = 192
 # The top-m search on rounded logits (KEY_LOW_BITS: one int32 max a slot finds the key and its
 # column) packed only from this many slots; below it on whole keys, which write the same keys
 # and columns (hopper_kernel.PACKED_TOP_M_MIN_64_ROWS, for the Gluon kernel's 64-row tiles).
@@ -563,6 +566,8 @@ def launch_stage1(
     )
     if coop and wide_tile:
         raise ValueError("the cooperative and wide-tile schedules are exclusive")
+    if wide_tile and batch > WIDE_TILE_ROWS_MAX:
+        raise ValueError(f"128-entry tiles take up to {WIDE_TILE_ROWS_MAX} rows, got {batch}")
     two_tiles = coop or wide_tile  # (a stage holds 128 entries' weights)
     w_rows = 2 * VOCAB_TILE if two_tiles else VOCAB_TILE
     w_desc = hopper_kernel.TensorDescriptor.from_tensor(
