@@ -94,6 +94,9 @@ class SampleConfig:
     # with the vocabulary on the MMA's M (hopper_swap_kernel.py), its consumers "ping-pong",
     # "ping-pong-wide" (128-entry tiles) or "cooperative"; other calls as above.
     warp_specialized_swap: str = ""
+    # The swapped kernel's top-m epilogue also for calls whose knobs truncate every row
+    # (``swap_wide_tiles``; knob tensors that may be off take it anyway: ``swap_serves_knobs``).
+    swap_truncating: bool = False
     # The Gluon kernel with one m64n128 MMA a k step instead of two m64n64
     # (hopper_kernel's WIDE_MMA): see _large_batch_gluon_rows.
     wide_mma: bool = False
@@ -142,6 +145,7 @@ def default_config(
     knobs_per_row: bool = False,
     per_row_seed: bool = False,
     mass_partials: bool = False,
+    greedy: bool = False,
 ) -> SampleConfig:
     """The configuration for a shape, chosen ahead of time (no autotuning on the call path)
     from sweeps on an H200 and an H100 (benchmarks/results/kernel_sweep_*.json); ``truncates``
@@ -151,7 +155,8 @@ def default_config(
     that may leave rows untruncated (tensors, as ``generate`` and continuous batching pass
     them: ``knobs_may_be_off``), whose stage 1 carries both epilogues; ``per_row_seed`` for
     a [B] seed tensor (``_large_batch_gluon_rows``), ``mass_partials`` for a stage 1 that
-    writes top-p's mass partials (``writes_mass_partials``)."""
+    writes top-p's mass partials (``writes_mass_partials``), ``greedy`` for a scalar
+    temperature of 0 (``swap_wide_tiles``)."""
     if device.type != "cuda":
         # The interpreter runs one program at a time: few, large tiles are fastest.
         return SampleConfig(min(max(16, triton.next_power_of_2(batch)), 64), 256, 64)
@@ -243,11 +248,16 @@ def default_config(
     # (truncating calls: measured on whole vocabularies only, not on a tensor-parallel shard's)
     whole_vocab = vocab_size is None or vocab_size >= 100_000
     gluon_rows_here = whole_vocab or not truncates
+    wide_tiles = swap_wide_tiles(batch, hidden_size, truncates, greedy) and whole_vocab
     if large_batch_rows and _WARP_SPECIALIZED and not knobs_per_row and gluon_rows_here:
         if is_hopper(device):
+            # (the Gluon tiles stay the choice where the swapped kernel cannot run)
+            swap_truncating = truncates and wide_tiles
             return dataclasses.replace(
-                triton_config, warp_specialized_rows=large_batch_rows, wide_mma=True
-            )
+                triton_config, warp_specialized_rows=large_batch_rows, wide_mma=True,
+                warp_specialized_swap="ping-pong-wide" if swap_truncating else "",
+                swap_truncating=swap_truncating,
+            )  # fmt: skip
     swap = (
         _WARP_SPECIALIZED
         and 128 < batch <= _swap_rows_max(hidden_size, short_vocab_shard)
@@ -269,11 +279,12 @@ def default_config(
     if truncates_65_128:
         hopper_rows = MASS_TILE_ROWS_65_128 if mass_partials else TRUNCATING_TILE_ROWS_65_128
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
+    schedule = "ping-pong-wide" if wide_tiles and not knobs_per_row else "ping-pong"
     return dataclasses.replace(
         triton_config,
         wide_mma=bool(truncates_65_128 and TRUNCATING_WIDE_MMA_65_128),
         warp_specialized_rows=hopper_rows,
-        warp_specialized_swap="ping-pong" if swap else "",
+        warp_specialized_swap=schedule if swap else "",
     )
 
 
@@ -479,6 +490,45 @@ def _swap_takes_knobs(batch: int, hidden_size: int) -> bool:
     return hidden_size <= 4096 and batch <= 160
 
 
+# The swapped kernel's consumers on 128-entry vocabulary tiles ("ping-pong-wide":
+# hopper_swap_kernel.WIDE_TILE) where ``swap_wide_tiles`` says; False: never (A/B runs).
+SWAP_WIDE_TILES = True
+SWAP_WIDE_TILE_ROWS_MAX = 192  # (hopper_swap_kernel.WIDE_TILE_ROWS_MAX: spills above)
+
+
+def swap_wide_tiles(batch: int, hidden_size: int, truncates: bool, greedy: bool) -> bool:
+    """Whether a call at 129-192 rows on a whole vocabulary takes the swapped kernel with its
+    consumers on 128-entry tiles: every hidden row read from L2 once per 128 vocabulary
+    entries instead of 64, at the cost of a longer epilogue per tile with more accumulators
+    held through it. Calls whose knobs truncate every row then run its top-m epilogue
+    instead of the Gluon kernel's wide 64-row tiles (``_large_batch_gluon_rows``), which
+    compute 192 rows at B = 144 and read each weight tile three times.
+
+    H200, 2026-11-28 16:25 UTC, one process, CUDA-graph medians, fastest of two rounds over
+    cuBLAS, bench_sampling's calls (logits rounded to bf16, a 0-d seed, std-5 logits), tokens
+    equal (large_batch_ab.py --what truncating / swapped, wide10_job.sh round 1; files
+    benchmarks/results/large_batch_wide_tiles_h200_20261128-1625/). Top-k 50 / top-k 50 +
+    top-p 0.9 / top-p 0.9 / min-p 0.1, Gluon wide 64-row tiles -> 128-entry swapped tiles:
+    D = 8192 B = 144 1.581 / 1.567 / 1.611 / 1.570 -> 1.182 / 1.208 / 1.227 / 1.200, B = 160
+    1.487 / 1.570 / 1.497 / 1.502 -> 1.210 / 1.234 / 1.240 / 1.200, B = 192 1.321 / 1.322 /
+    1.407 / 1.289 -> 1.174 / 1.160 / 1.277 / 1.177; D = 4096 B = 144 1.287 / 1.276 / 1.456 /
+    1.294 -> 1.201 / 1.258 / 1.308 / 1.223, B = 160 1.279 / 1.316 / 1.398 / 1.282 -> 1.233 /
+    1.255 / 1.321 / 1.267, but B = 192 1.171 / 1.169 / 1.245 / 1.167 -> 1.156 / 1.211 /
+    1.586 / 1.180 (the 64-entry swapped tiles 1.19-1.29 at D >= 4096). Plain T = 1 / greedy,
+    the swapped kernel's 64-entry tiles -> 128: D = 8192 B = 144 1.303 / 1.268 -> 1.187 /
+    1.143, B = 160 1.333 / 1.256 -> 1.213 / 1.099, B = 192 1.135 / 1.068 -> 1.043 / 0.966;
+    D = 4096 B = 144 1.258 / 1.199 -> 1.111 / 1.079, B = 160 1.247 / 1.199 -> 1.322 / 1.103,
+    B = 192 1.275 / 1.118 -> 1.415 / 1.026; D = 2048 B = 144 1.265 / 1.127 -> 1.227 / 1.041,
+    B = 160 1.282 / 1.128 -> 1.547 / 1.046, B = 192 1.314 / 1.141 -> 1.950 / 1.035. So the
+    matmul gains everywhere (greedy), but with noise past 144 rows (a second accumulator of
+    32-64 rows) the epilogue is no longer hidden below D = 8192."""
+    if not SWAP_WIDE_TILES or not 128 < batch <= SWAP_WIDE_TILE_ROWS_MAX:
+        return False
+    if truncates:  # (D = 2048 not measured)
+        return hidden_size > 4096 or (hidden_size > 2048 and batch <= 160)
+    return greedy or hidden_size > 4096 or batch <= 144
+
+
 def writes_mass_partials(params: SamplingParams, vocab_size: int) -> bool:
     """Whether a truncating call's stage 1 writes top-p's mass partials (each tile's max and
     sum of exp2): top-p may be on where top-k may be off, so a row's nucleus is over the
@@ -640,6 +690,7 @@ def triton_fused_sample(
             batch, hidden_size, hidden.device, params.truncates, vocab_size,
             knobs_may_be_off(params, vocab_size), params.per_row_seed,
             writes_mass_partials(params, vocab_size),
+            _temperature_mode(params.temperature, params.scalar_temperature) == 3,
         )  # fmt: skip
         config = _widen_truncation_tiles(config, params, vocab_size, hidden)
     if config.block_v % 4 or config.block_v < 16:
@@ -660,7 +711,7 @@ def triton_fused_sample(
         config.warp_specialized_swap
         and 128 < batch <= 256
         and not (temperature_mode == 3 and batch > SWAP_GREEDY_ROWS_MAX)
-        and (not truncates or swap_serves_knobs(params, vocab_size))
+        and (not truncates or config.swap_truncating or swap_serves_knobs(params, vocab_size))
         and not params.softcap
         and not logprobs_code
     ):

@@ -209,7 +209,9 @@ def test_knobs_that_may_be_off_take_a_gluon_stage1_on_hopper(batch, hidden_size,
     plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
     plain_swaps = batch > 128 and (hidden_size <= 4096 or batch <= 192)
     plain_swaps &= not (batch > 192 and hidden_size == 4096)  # (_large_batch_gluon_rows)
-    assert plain.warp_specialized_swap == ("ping-pong" if plain_swaps else "")
+    wide_tiles = batch <= 192 and (hidden_size > 4096 or batch <= 144)  # (swap_wide_tiles)
+    schedule = "ping-pong-wide" if wide_tiles else "ping-pong"
+    assert plain.warp_specialized_swap == (schedule if plain_swaps else "")
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
     other = dispatch.default_config(batch, hidden_size, cuda, True, 151936, True)
     assert other == dispatch.default_config(batch, hidden_size, cuda, True, 151936)
@@ -254,10 +256,12 @@ def test_truncating_calls_up_to_128_rows_on_hopper(batch, hidden_size, monkeypat
 def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, monkeypatch):
     """On Hopper, at 129-256 rows, calls that truncate every row (scalar knobs) take the Gluon
     kernel with its wide MMA, on 64-row tiles up to 192 rows and 128-row ones above, except
-    where stage 1 writes top-p's mass partials (MASS_TILE_ROWS_193_256: 64); plain
-    sampling takes its 128-row tiles at 193-256 rows and D = 4096 unless the seeds are per
-    row. Not on a tensor-parallel shard's vocabulary, nor off Hopper, nor with
-    LARGE_BATCH_GLUON off (the choice before)."""
+    where stage 1 writes top-p's mass partials (MASS_TILE_ROWS_193_256: 64), and as the
+    fallback of the swapped kernel's 128-entry tiles where ``swap_wide_tiles`` sends them
+    there (129-192 rows at D = 8192, 129-160 at D = 4096); plain sampling takes its 128-row
+    tiles at 193-256 rows and D = 4096 unless the seeds are per row. Not on a
+    tensor-parallel shard's vocabulary, nor off Hopper, nor with LARGE_BATCH_GLUON off (the
+    choice before)."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
     in_range = 128 < batch <= 256
@@ -267,7 +271,9 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
     assert top_p.wide_mma == truncating.wide_mma
     if in_range:
         assert truncating.warp_specialized_rows == (64 if batch <= 192 else 128)
-        assert truncating.warp_specialized_swap == ""
+        swapped = batch <= (192 if hidden_size > 4096 else 160 if hidden_size > 2048 else 0)
+        assert truncating.swap_truncating == swapped
+        assert truncating.warp_specialized_swap == ("ping-pong-wide" if swapped else "")
         assert top_p.warp_specialized_rows == 64
         monkeypatch.setattr(dispatch, "MASS_TILE_ROWS_193_256", 128)
         before = dispatch.default_config(batch, hidden_size, cuda, True, 151936, mass_partials=True)
@@ -298,8 +304,8 @@ def test_tensor_parallel_shards_take_their_measured_stage1_at_129_256_rows(batch
     (SHORT_SHARD_SWAP_ROWS_MAX), the Gluon kernel's 64-row tiles at 161-192 and with its wide
     MMA at 193-256 (per-row seeds too: no spill), never the persistent Triton tiles; V / 2 =
     75968 takes a whole vocabulary's choice (the swapped kernel, then 128-row wide tiles above
-    192 rows); D = 8192's shards are unchanged (the swapped kernel up to 192, then the Triton
-    tiles). Off Hopper all keep the Triton tiles."""
+    192 rows, but on 64-entry tiles); D = 8192's shards are unchanged (the swapped kernel up to
+    192, then the Triton tiles). Off Hopper all keep the Triton tiles."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
     in_range = 128 < batch <= 256
@@ -320,6 +326,9 @@ def test_tensor_parallel_shards_take_their_measured_stage1_at_129_256_rows(batch
     else:
         assert short == ("", 64, True)
         assert route(4096, 37984, per_row_seed=True) == ("", 64, True)
+    # (the swapped kernel's 128-entry tiles: whole vocabularies only, swap_wide_tiles)
+    assert "wide" not in route(4096, 75968)[0] and "wide" not in route(8192, 32064)[0]
+    monkeypatch.setattr(dispatch, "SWAP_WIDE_TILES", False)
     assert route(4096, 75968) == route(4096, 151936)
     assert route(8192, 32064) == route(8192, 128256)
     assert route(8192, 32064)[0] == ("ping-pong" if 128 < batch <= 192 else "")
@@ -364,3 +373,40 @@ def test_stage2_takes_more_warps_without_top_k_up_to_128_rows(batch, knobs, with
     assert truncation_kernel._stage2_warps(params, 151936, batch) == expected
     assert truncation_kernel.STAGE2_WARPS == 8
     assert truncation_kernel.STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX == 128
+
+
+@pytest.mark.parametrize("hidden_size", [2048, 4096, 8192])
+@pytest.mark.parametrize("batch", [128, 129, 144, 145, 160, 161, 192, 193])
+def test_swapped_kernel_on_128_entry_tiles_at_129_192_rows(batch, hidden_size, monkeypatch):
+    """On Hopper, over a whole vocabulary at 129-192 rows, the swapped kernel's consumers run
+    on 128-entry tiles ("ping-pong-wide"): greedy at every D; plain sampling at D = 8192 and
+    up to 144 rows elsewhere (a second accumulator of up to 16 rows); calls that truncate
+    every row at D = 8192 and up to 160 rows at D = 4096, where they leave the Gluon tiles
+    for its top-m epilogue. Knob tensors that may be off keep the 64-entry tiles (not
+    measured), as do tensor-parallel shards and every call with SWAP_WIDE_TILES off."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    in_range = 128 < batch <= 192
+
+    def schedule(*args, **kwargs):
+        config = dispatch.default_config(batch, hidden_size, cuda, *args, **kwargs)
+        return config.warp_specialized_swap, config.swap_truncating
+
+    wide = "ping-pong-wide"
+    plain_wide = in_range and (hidden_size > 4096 or batch <= 144)
+    assert (schedule(False, 151936)[0] == wide) == plain_wide
+    assert (schedule(False, 151936, greedy=True)[0] == wide) == in_range
+    if in_range:
+        assert schedule(False, 151936)[0] in (wide, "ping-pong")
+    if in_range:  # (per-row seeds keep 128-row Gluon tiles off at 193-256 rows: above)
+        assert schedule(False, 151936, per_row_seed=True) == schedule(False, 151936)
+    truncating_wide = in_range and (hidden_size > 4096 or (hidden_size > 2048 and batch <= 160))
+    expected = (wide, True) if truncating_wide else ("", False)
+    assert schedule(True, 151936) == expected
+    assert schedule(True, 151936, mass_partials=True) == expected
+    knobs = schedule(True, 151936, True)
+    assert knobs[0] in ("ping-pong", "") and not knobs[1]
+    assert wide not in schedule(False, 64128)[0]  # (a shard: D = 8192 at TP = 2)
+    monkeypatch.setattr(dispatch, "SWAP_WIDE_TILES", False)
+    assert schedule(False, 151936, greedy=True)[0] != wide
+    assert schedule(True, 151936) == ("", False)

@@ -1,6 +1,7 @@
 #!/bin/bash
 # GPU job (one Hopper GPU, run by the lead) for issue 38 items 1 and 2 at 129-192 rows, within
-# BUDGET seconds (first argument, default 195), everything written to $OUT:
+# BUDGET seconds (first argument, default 195), everything written to $OUT. ROUND=1 (the
+# default 2 since round 1 ran):
 #   1. large_batch_ab.py --what truncating: bench_sampling's four truncating calls (bf16-rounded
 #      logits) at D = 8192 / 4096, B = 144 / 160 / 192 (the cells where FlashInfer 0.7.2 won):
 #      the default (wide 64-row Gluon tiles) against the swapped kernel's top-m epilogue
@@ -10,8 +11,16 @@
 #      144 / 160 / 192 rows: ping-pong, on 128-entry tiles, cooperative, the other staging;
 #   3. large_batch_profile.py --what truncating at D = 8192, B = 144: some of 1.'s calls
 #      kernel by kernel (stage 1 / merge / stage 2) with the rows sent to the fallback.
+# ROUND=2:
+#   1. swap_kernel_sass.py in the background (Triton 3.6's registers / spills of the swapped
+#      kernel's schedules at 160 / 192 rows);
+#   2. large_batch_ab.py --what wide: the default before and after dispatch.swap_wide_tiles
+#      at D = 8192 / 4096 / 2048, B = 144 / 160 / 192, every mode where they differ;
+#   3. the GPU tests of the swapped kernel's schedules (tokens of the Triton kernel);
+#   4. large_batch_ab.py --what truncating at D = 2048 (the rule's unmeasured shape).
 # Environment overrides: TRUNC_S, TRUNC_SHAPES, TRUNC_BATCHES, PROFILE_S, PROFILE_SHAPE,
-# PROFILE_BATCH, PROFILE_PROVIDERS, SWAPPED_S, SWAPPED_SHAPES, SWAPPED_BATCHES.
+# PROFILE_BATCH, PROFILE_PROVIDERS, SWAPPED_S, SWAPPED_SHAPES, SWAPPED_BATCHES, WIDE_S,
+# WIDE_SHAPES, WIDE_BATCHES, WIDE_ROUNDS, TESTS_S, TESTS_K.
 budget=${1:-195}
 source benchmarks/jobs/device_job_lib.sh
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -28,6 +37,7 @@ ab() {  # seconds, reserve, then large_batch_ab.py's arguments
     timeout -k 3 "$seconds" python3 benchmarks/probes/large_batch_ab.py --budget $((seconds - 2)) \
         --out-dir "$OUT" "$@" 2>&1 | grep -v Warning
 }
+if [ "${ROUND:-2}" = 1 ]; then
 say "truncating A/B"
 ab "${TRUNC_S:-95}" 85 --what truncating --rounds 2 --batches "${TRUNC_BATCHES:-144,160,192}" \
     --shapes "${TRUNC_SHAPES:-8192x128256,4096x151936}"
@@ -43,4 +53,29 @@ if [ "$seconds" -ge 10 ]; then
         --out-dir "$OUT" > "$OUT/profile.log" 2>&1
     echo "profile rc=$?"; grep -v Warning "$OUT/profile.log" | head -60
 fi
+say "done"
+exit 0
+fi
+say "swapped kernel's SASS (background)"
+(timeout -k 3 "$(cap 150 10)" nice -n 19 python3 benchmarks/probes/swap_kernel_sass.py \
+    --batches 160,192 --schedules ping-pong,ping-pong-wide --forms plain,p09bf16 \
+    > "$OUT/swap_sass.txt" 2>&1) &
+sass=$!
+say "wide A/B"
+ab "${WIDE_S:-85}" 95 --what wide --rounds "${WIDE_ROUNDS:-3}" \
+    --batches "${WIDE_BATCHES:-144,160,192}" \
+    --shapes "${WIDE_SHAPES:-8192x128256,4096x151936,2048x151936}"
+say "GPU tests"
+seconds=$(cap "${TESTS_S:-55}" 40)
+if [ "$seconds" -ge 15 ]; then
+    timeout -k 3 "$seconds" python3 -m pytest -q -p no:xdist -p no:cacheprovider -rA \
+        tests/test_gpu_op.py -k "${TESTS_K:-(swapped_kernel_draws and (150 or 200)) or (serves_truncation_knobs and 150)}" \
+        > "$OUT/gpu_tests.log" 2>&1
+    echo "GPU tests rc=$? (124: cut by the budget)"
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests.log" | tail -15
+fi
+say "truncating A/B at D = 2048"
+ab "${TRUNC_S:-40}" 3 --what truncating --rounds 2 --batches "${TRUNC_BATCHES:-144,160,192}" \
+    --shapes "${TRUNC_SHAPES:-2048x151936}"
+wait "$sass"; echo "SASS:"; grep -E "^(B=|triton)" "$OUT/swap_sass.txt"
 say "done"

@@ -3,7 +3,7 @@ tokens of every choice checked against the first of its mode (they must not depe
 tiling).
 
     python benchmarks/probes/large_batch_ab.py
-        [--what variants|dispatch|diagnose|rounding|noise|truncating|swapped]
+        [--what variants|dispatch|diagnose|rounding|noise|truncating|swapped|wide]
         [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
@@ -18,6 +18,8 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
 * ``dispatch``: the default before and after ``dispatch._large_batch_gluon_rows``
   (``LARGE_BATCH_GLUON``) where they differ, for plain sampling (T = 1, per-row
   temperatures, greedy), top-k 50, top-p 0.9, both, and min-p 0.1;
+* ``wide``: the same before and after ``dispatch.swap_wide_tiles`` (``SWAP_WIDE_TILES``),
+  the truncating calls on bf16-rounded logits as bench_sampling makes them;
 * ``diagnose``: the swapped kernel and the wide Gluon tiles at T = 1 and greedy (the same
   kernels without the noise: the noise's share);
 * ``noise``: plain sampling (T = 1) and greedy, the default choice and the wide Gluon tiles
@@ -54,6 +56,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib
 import sys
 import time
@@ -105,19 +108,21 @@ def swap_config(batch, hidden_size, device) -> SampleConfig:
     return dataclasses.replace(config, warp_specialized_swap="ping-pong")
 
 
-def with_dispatch(run, large_batch_gluon: bool):
-    """``run`` under ``dispatch.LARGE_BATCH_GLUON`` (the choice of 129-256 rows, new or old)."""
+def with_dispatch(run, value: bool, flag: str = "LARGE_BATCH_GLUON"):
+    """``run`` under ``dispatch``'s ``flag`` (default LARGE_BATCH_GLUON: the choice of 129-256
+    rows, new or old)."""
 
     def call_under():
-        with patched(dispatch, "LARGE_BATCH_GLUON", large_batch_gluon):
+        with patched(dispatch, flag, value):
             return run()
 
     return call_under
 
 
-def dispatch_providers(batch, hidden, weight):
-    """The default before and after ``dispatch._large_batch_gluon_rows`` (``*_old`` /
-    ``*_new``) in each mode, where the two choose differently."""
+def dispatch_providers(batch, hidden, weight, flag="LARGE_BATCH_GLUON", truncating_logits=None):
+    """The default before and after ``dispatch``'s ``flag`` (``*_old`` / ``*_new``: off / on;
+    LARGE_BATCH_GLUON: ``dispatch._large_batch_gluon_rows``) in each mode, where the two
+    choose differently; ``truncating_logits``: the truncating calls' ``logits_dtype``."""
     device, hidden_size = hidden.device, hidden.shape[1]
     seed = torch.tensor(7, device=device)
     generator = torch.Generator(device=device).manual_seed(batch)
@@ -127,16 +132,14 @@ def dispatch_providers(batch, hidden, weight):
             torch.rand(batch, generator=generator, device=device) + 0.5, 1.0, seed, 0, 1
         ),  # fmt: skip
         "greedy": SamplingParams(None, 0.0, None, 0, 1),
-        "k50": SamplingParams(None, 1.0, seed, 0, 1, scalar_top_k=50),
-        "p09": SamplingParams(None, 1.0, seed, 0, 1, scalar_top_p=0.9),
-        "k50p09": SamplingParams(None, 1.0, seed, 0, 1, scalar_top_k=50, scalar_top_p=0.9),
-        "minp": SamplingParams(None, 1.0, seed, 0, 1, scalar_min_p=0.1),
     }
+    for mode, knobs in TRUNCATING_FORMS.items():
+        modes[mode] = SamplingParams(None, 1.0, seed, 0, 1, truncating_logits, **knobs)
     timed = {"matmul": lambda: hidden @ weight.T}
     for mode, params in modes.items():
         configs = []
-        for flag in (False, True):
-            with patched(dispatch, "LARGE_BATCH_GLUON", flag):
+        for value in (False, True):
+            with patched(dispatch, flag, value):
                 configs.append(
                     dispatch.default_config(
                         batch,
@@ -146,13 +149,15 @@ def dispatch_providers(batch, hidden, weight):
                         weight.shape[0],
                         dispatch.knobs_may_be_off(params, weight.shape[0]),
                         params.per_row_seed,
+                        dispatch.writes_mass_partials(params, weight.shape[0]),
+                        params.temperature is None and params.scalar_temperature == 0.0,
                     )  # fmt: skip
                 )
         if configs[0] == configs[1]:
             continue
         run = call(hidden, weight, params)
-        timed[f"{mode}_old"] = with_dispatch(run, False)
-        timed[f"{mode}_new"] = with_dispatch(run, True)
+        timed[f"{mode}_old"] = with_dispatch(run, False, flag)
+        timed[f"{mode}_new"] = with_dispatch(run, True, flag)
     return timed
 
 
@@ -355,7 +360,16 @@ def main() -> None:
     parser.add_argument("--shapes", default="2048x151936,8192x128256,4096x151936")
     parser.add_argument(
         "--what",
-        choices=["variants", "dispatch", "diagnose", "rounding", "noise", "truncating", "swapped"],
+        choices=[
+            "variants",
+            "dispatch",
+            "diagnose",
+            "rounding",
+            "noise",
+            "truncating",
+            "swapped",
+            "wide",
+        ],  # fmt: skip
         default="variants",
     )
     parser.add_argument("--baseline", help="a copy of another tree's package (--what noise)")
@@ -368,6 +382,9 @@ def main() -> None:
         "noise": noise_providers,
         "truncating": truncating_providers,
         "swapped": swapped_providers,
+        "wide": functools.partial(
+            dispatch_providers, flag="SWAP_WIDE_TILES", truncating_logits=torch.bfloat16
+        ),
     }[args.what]
     if args.baseline:
         global BASELINE
