@@ -521,10 +521,24 @@ def swap_wide_tiles(batch: int, hidden_size: int, truncates: bool, greedy: bool)
     B = 192 1.275 / 1.118 -> 1.415 / 1.026; D = 2048 B = 144 1.265 / 1.127 -> 1.227 / 1.041,
     B = 160 1.282 / 1.128 -> 1.547 / 1.046, B = 192 1.314 / 1.141 -> 1.950 / 1.035. So the
     matmul gains everywhere (greedy), but with noise past 144 rows (a second accumulator of
-    32-64 rows) the epilogue is no longer hidden below D = 8192."""
+    32-64 rows) the epilogue is no longer hidden below D = 8192 (no spill: Triton 3.6 gives
+    the plain kernel no stack at 160 / 192 rows; its code is twice the 64-entry tiles', 10032
+    / 12960 SASS instructions against 5240 / 6768: swap_kernel_sass.py). At D = 2048 truncating
+    calls gain at 144 rows only (top-k 50 1.320 -> 1.299) and lose from 160 (top-p 0.9 at 192
+    1.468 -> 2.136): they keep the Gluon tiles.
+
+    This rule against the choice before (SWAP_WIDE_TILES off), round 2 (16:44 UTC, fastest of
+    three rounds, large_batch_ab.py --what wide, files -1644/ beside the above; new faster in
+    all 27 cells that changed, tokens equal): plain T = 1 / per-row temperatures and seeds /
+    greedy / top-k 50 / top-k 50 + top-p 0.9 / top-p 0.9 / min-p 0.1, D = 8192 B = 144 1.189 /
+    1.251 / 1.224 / 1.326 / 1.439 / 1.446 / 1.490 -> 1.139 / 1.146 / 1.091 / 1.151 / 1.136 /
+    1.175 / 1.162, B = 160 1.27-1.46 -> 1.15-1.19, B = 192 1.12-1.34 -> 1.03-1.17; D = 4096
+    B = 144 1.19-1.39 -> 1.04-1.27, B = 160 (greedy and truncating) 1.16-1.35 -> 1.10-1.30, B
+    = 192 greedy 1.097 -> 1.036; D = 2048 B = 144 plain / per-row / greedy 1.211 / 1.217 /
+    1.118 -> 1.158 / 1.175 / 1.035."""
     if not SWAP_WIDE_TILES or not 128 < batch <= SWAP_WIDE_TILE_ROWS_MAX:
         return False
-    if truncates:  # (D = 2048 not measured)
+    if truncates:
         return hidden_size > 4096 or (hidden_size > 2048 and batch <= 160)
     return greedy or hidden_size > 4096 or batch <= 144
 
