@@ -18,7 +18,10 @@
 #      at D = 8192 / 4096 / 2048, B = 144 / 160 / 192, every mode where they differ;
 #   3. the GPU tests of the swapped kernel's schedules (tokens of the Triton kernel);
 #   4. large_batch_ab.py --what truncating at D = 2048 (the rule's unmeasured shape).
-# Environment overrides: TRUNC_S, TRUNC_SHAPES, TRUNC_BATCHES, PROFILE_S, PROFILE_SHAPE,
+# ROUND=3: FlashInfer 0.7.2.post1 beside the fused op (bench_sampling.py, CUDA graphs, std 5) at
+# D = 8192 B = 144 / 160 / 192 and D = 4096 B = 144 / 160, then the GPU tests of the swapped
+# kernel's schedules at 129 / 150 rows.
+# Environment overrides: PEERS_S, PEERS4096_S, TRUNC_S, TRUNC_SHAPES, TRUNC_BATCHES, PROFILE_S, PROFILE_SHAPE,
 # PROFILE_BATCH, PROFILE_PROVIDERS, SWAPPED_S, SWAPPED_SHAPES, SWAPPED_BATCHES, WIDE_S,
 # WIDE_SHAPES, WIDE_BATCHES, WIDE_ROUNDS, TESTS_S, TESTS_K.
 budget=${1:-195}
@@ -52,6 +55,38 @@ if [ "$seconds" -ge 10 ]; then
         --providers "${PROFILE_PROVIDERS:-matmul,k50_default,k50_swapwhole,k50_swapwide,p09_default,p09_swapwide}" \
         --out-dir "$OUT" > "$OUT/profile.log" 2>&1
     echo "profile rc=$?"; grep -v Warning "$OUT/profile.log" | head -60
+fi
+say "done"
+exit 0
+fi
+if [ "${ROUND:-2}" = 3 ]; then
+say "FlashInfer 0.7.2 beside the fused op"
+# (.fi072/site.tar.xz: fi8's 0.7.2.post1 site without the JIT sources and the cake module,
+# its sampling and top-k modules prebuilt; carried, git-ignored)
+if tar -xJf .fi072/site.tar.xz -C "$(mkdir -p /tmp/site072 && echo /tmp/site072)" 2>/dev/null; then
+    FI=flashinfer_fi2,flashinfer_topk50,flashinfer_topk50_topp09,flashinfer_topp09,flashinfer_minp01
+    FUSED=fused_topk50,fused_topk50_topp09,fused_topp09,fused_minp01
+    for shapes in "8192x128256 144,160,192 ${PEERS_S:-70} 90" "4096x151936 144,160 ${PEERS4096_S:-35} 60"; do
+        set -- $shapes
+        seconds=$(cap "$3" "$4")
+        [ "$seconds" -lt 25 ] && { echo "skipped peers $1 (budget)"; continue; }
+        FLASHINFER_WORKSPACE_BASE=/tmp/fiws072 FLASHINFER_CUDA_ARCH_LIST=9.0a \
+            PYTHONPATH=/tmp/site072:$PWD timeout -k 3 "$seconds" python3 benchmarks/bench_sampling.py \
+            --shapes "$1" --batches "$2" --timing graph --logit-std 5 --warmup-ms 10 --rep-ms 30 \
+            --providers "$FUSED,$FI" --budget-s $((seconds - 12)) --out-dir "$OUT" 2>&1 |
+            grep -v "Warning\|warn" | tail -n 30
+    done
+else
+    echo "no FlashInfer site (.fi072/site.tar.xz): peers skipped"
+fi
+say "GPU tests"
+seconds=$(cap "${TESTS_S:-80}" 3)
+if [ "$seconds" -ge 15 ]; then
+    timeout -k 3 "$seconds" python3 -m pytest -q -p no:xdist -p no:cacheprovider -rA \
+        tests/test_gpu_op.py -k "${TESTS_K:-(swapped_kernel_draws and 129) or (serves_truncation_knobs and 150)}" \
+        > "$OUT/gpu_tests.log" 2>&1
+    echo "GPU tests rc=$? (124: cut by the budget)"
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests.log" | tail -15
 fi
 say "done"
 exit 0
