@@ -285,10 +285,11 @@ def _scalar_seed_to_kernels() -> bool:
 def _stage1_after_draw_pdl() -> bool:
     """Opt-in (FLASHSAMPLING_TP_STAGE1_PDL=1, read at each call): with ``seed=None`` the
     shard's stage 1 (the Triton kernel or the Gluon one, not the swapped kernel of 129-192 /
-    129-160 rows) is launched as a programmatic dependent of the kernel before it
-    (the seed's draw, ``torch.randint``: 3 us alone in a CUDA graph, 4-6 us before stage 1 on
-    an H200), waiting for its end before any load, so that its launch overlaps the draw's
-    tail. Not yet measured on GPUs (bench_tp's ``fused_tp_stage1pdl``)."""
+    129-160 rows) is launched as a programmatic dependent of the kernel before it (the seed's
+    draw, ``torch.randint``: 3 us alone in a CUDA graph, 4-6 us before stage 1 on an H200),
+    waiting for its end before any load, so that its launch overlaps the draw's tail. H200 x 4
+    (bench_tp's ``fused_tp_stage1pdl`` beside ``fused_tp``, 2026-11-28 16:49 and 17:26): within
+    the runs' spread, 1-4 us faster at D = 4096 and 1-4 us slower at D = 8192: opt-in."""
     return os.environ.get("FLASHSAMPLING_TP_STAGE1_PDL", "0") == "1"
 
 
