@@ -46,6 +46,9 @@ Llama-3-70B (8192, 128256); B runs over 1..256. The logits are N(0, s^2) with s 
 notice but top-p and min-p do (their kept sets, and FlashInfer's rejection rounds, depend on
 it): ``--logit-std 5`` gives rows of ~3.6 nats entropy with ~90 tokens in the 0.9 nucleus
 and ~5 min-p 0.1 survivors at V = 151936, the regime of an LM's next-token distribution.
+They are drawn after ``torch.manual_seed(--data-seed)`` (default 0), so runs time the same
+rows: a truncating call in which some row takes the exact fallback is ~55-60 us slower at
+D = 2048, and top-p alone on std-5 rows flags ~1.6e-3 of its rows (docs/performance.md).
 
 ``--fused-seed`` (default tensor): the fused providers' seed. ``tensor`` passes a fixed 0-d
 device seed, as the FlashInfer providers get theirs: the op's own cost, the like-for-like
@@ -492,6 +495,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fused-seed", choices=("drawn", "tensor"), default="tensor",
         help="the fused providers' seed: a fixed 0-d device tensor, as the FlashInfer\n"
         "providers get (default), or drawn on the device by the op (see above)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-seed", type=int, default=0,
+        help="torch.manual_seed before anything is drawn: every run times the same weights\n"
+        "and hidden states (before 2026-11-28 17:40 UTC each process drew its own, and a\n"
+        "truncating cell's time varied with whether some row took the exact fallback)",
     )  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan; needs no GPU")
     args = parser.parse_args(argv)
@@ -1017,6 +1026,7 @@ def main(argv: list[str] | None = None) -> int:
     settle_triton_cache_keys()
     started = time.monotonic()
     deadline = started + args.budget_s if args.budget_s else float("inf")
+    torch.manual_seed(args.data_seed)  # (torch seeds each process at random otherwise)
     try:
         bandwidth = copy_bandwidth(args)
         print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)

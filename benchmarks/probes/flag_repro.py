@@ -1,6 +1,8 @@
 """Whether the rows stage 2 sends to the exact fallback depend on more than a call's inputs
-(issue 38: on the same rows and code, one process flagged a row of top-p alone at D = 2048,
-B = 64 and another did not, +55-60 us a call; docs/performance.md, big10).
+(issue 38: one process flagged a row of top-p alone at D = 2048, B = 64 and another did not,
++55-60 us a call; their rows differed after all: torch seeded each process at random. On an
+H200 (2026-11-28 17:2x UTC) no disturbance below changed a flag or a buffer; docs/
+performance.md, big10).
 
     python benchmarks/probes/flag_repro.py [--cells 2048x64,2048x128,2048x224]
         [--out-dir DIR]

@@ -1,4 +1,4 @@
-"""Single cells of a bench_sampling sweep on that sweep's own inputs, each of the day's
+"""Single cells of a bench_sampling sweep on its inputs (--data-seed 0), each of the day's
 levers set back one at a time, in one process (issue 38: the cells of the 14:49 H200 sweep
 that were slower in us than at 06:29).
 
@@ -7,19 +7,20 @@ that were slower in us than at 06:29).
 
 A cell is ``DxBxMODE`` (``p09`` top-p 0.9 alone, ``k50`` top-k 50, ``k50p09``, ``minp``
 min-p 0.1: bench_sampling's fused_topp09 / fused_topk50 / ... providers). Inputs as
-bench_sampling.py makes them in a fresh process (its torch generator stream: the copy
-bandwidth's 2**28 values, then per shape of D = 2048 / 4096 / 8192 the bf16 weight of std-5
-logits and one bf16 hidden per default batch size, in order), so a cell sees the very rows
-that sweep timed; ``*_other`` times the default on other rows (ab_rounds' generator, seeded
-0) beside them. Calls as its providers make them: logits rounded to bf16 (``logits_dtype``),
-a fixed 0-d seed. Per cell cuBLAS, the default, the default once more (``again``: the spread
-of one process) and each lever of ``LEVERS`` and ``EXTRA`` that applies set back to before
-(module flags around the call only, so the graph capture and every replay see them), and
-``before``: all of them at once. CUDA-graph medians round-robin (ab_rounds.time_rounds),
-tokens checked against the default's (``--levers``: only those levers). Also per provider
-the rows stage 2 sent to the exact fallback in one call (``sweep_cells_notes.txt``: full /
-patched), and with ``--profile`` the default's and ``before``'s kernels (torch.profiler).
-Needs a Hopper GPU (elsewhere it says so and exits 0).
+bench_sampling.py makes them with its default --data-seed 0 (its torch generator stream: the
+copy bandwidth's 2**28 values, then per shape of D = 2048 / 4096 / 8192 the bf16 weight of
+std-5 logits and one bf16 hidden per default batch size, in order), so a cell sees the very
+rows such a sweep times; ``*_other`` times the default on other rows (ab_rounds' generator,
+seeded 0) beside them. Calls as its providers make them: logits rounded to bf16
+(``logits_dtype``), a fixed 0-d seed. Per cell cuBLAS, the default, the default once more
+(``again``: the spread of one process) and each lever of ``LEVERS`` and ``EXTRA`` that
+applies set back to before (module flags around the call only, so the graph capture and
+every replay see them), and ``before``: all of them at once. CUDA-graph medians round-robin
+(ab_rounds.time_rounds), tokens checked against the default's (``--levers``: only those
+levers). Also per provider the rows stage 2 sent to the exact fallback in one call
+(``sweep_cells_notes.txt``: full / patched), and with ``--profile`` the default's and
+``before``'s kernels (torch.profiler). Needs a Hopper GPU (elsewhere it says so and exits
+0).
 """
 
 from __future__ import annotations
@@ -122,8 +123,11 @@ def flags(settings):
 
 
 def bench_inputs() -> dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]]:
-    """bench_sampling.py's weights and hidden states (--logit-std 5, default batches), drawn
-    in its order from the default generator of a fresh process: D -> (weight, {B: hidden})."""
+    """bench_sampling.py's weights and hidden states (--logit-std 5, default batches, its
+    default --data-seed 0), drawn in its order: D -> (weight, {B: hidden}). (Before that
+    seed, torch seeded each process at random: the rounds of 2026-11-28 16:25 / 16:44 / 17:2x
+    timed other rows each, and none the 14:49 sweep's.)"""
+    torch.manual_seed(0)  # (bench_sampling's --data-seed)
     torch.randn(2**28, device="cuda")  # (copy_bandwidth's source)
     drawn = {}
     for dim, vocab in BENCH_SHAPES:
