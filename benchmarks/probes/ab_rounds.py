@@ -9,6 +9,7 @@ are near."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import random
 import time
@@ -25,6 +26,20 @@ from flashsampling_inductor.launch import compile_ahead
 Timed = dict[str, Callable[[], torch.Tensor]]
 # (hidden_size, vocab, batches) -> the weight and one hidden per batch size
 Inputs = Callable[[int, int, Sequence[int]], tuple[torch.Tensor, list[torch.Tensor]]]
+
+
+@contextlib.contextmanager
+def flags(settings):
+    """Each (module, name, value) of ``settings`` set for the block, the old values back after
+    it: the module-level levers an A/B variant toggles."""
+    before = [(module, name, getattr(module, name)) for module, name, _ in settings]
+    for module, name, value in settings:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in before:
+            setattr(module, name, value)
 
 
 def check_tokens(timed: Timed, mode_of: Callable[[str], str]) -> list[str]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab_rounds import time_rounds  # noqa: E402  (this folder)
+from ab_rounds import flags, time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import (  # noqa: E402
     dispatch,
@@ -108,18 +107,6 @@ EXTRA = {
         [(truncation_kernel, "STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX", 256)],
     ),
 }
-
-
-@contextlib.contextmanager
-def flags(settings):
-    before = [(module, name, getattr(module, name)) for module, name, _ in settings]
-    for module, name, value in settings:
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for module, name, value in before:
-            setattr(module, name, value)
 
 
 def bench_inputs() -> dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]]:

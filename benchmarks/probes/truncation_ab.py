@@ -19,7 +19,6 @@ CUDA GPU (without one it says so and exits 0).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
-from ab_rounds import time_rounds  # noqa: E402  (this folder)
+from ab_rounds import flags, time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import (  # noqa: E402
     dispatch,
@@ -100,18 +99,6 @@ TOPP8_VARIANTS = {
     "nopatch": (("p09", "minp"), [NO_PATCH]),  # no tile-level fallback: one launch less
     "warps4": (("p09", "k50p09", "minp"), [(truncation_kernel, "STAGE2_WARPS", 4)]),
 }
-
-
-@contextlib.contextmanager
-def flags(settings):
-    before = [(module, name, getattr(module, name)) for module, name, _ in settings]
-    for module, name, value in settings:
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for module, name, value in before:
-            setattr(module, name, value)
 
 
 def providers(batch, hidden, weight, modes, seed, variants):
