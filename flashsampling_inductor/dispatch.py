@@ -54,6 +54,14 @@ _WARP_SPECIALIZED = os.environ.get("FLASHSAMPLING_WARP_SPECIALIZED", "1") != "0"
 _SPLIT_STAGE1 = os.environ.get("FLASHSAMPLING_SPLIT_STAGE1", "gluon")
 # Candidates per 64-wide tile for a per-row k tensor (``candidates_per_tile``; A/B runs).
 _TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDATES_64", "5"))
+# The Gluon kernel's split stage 1 (knob tensors that may be off, 33-64 rows and more:
+# ``_hopper_fused_sample``) with its halves as programmatic dependents: the first lets the
+# second be scheduled as its persistent programs start, and only the second's last program
+# waits for the first's end, so that when no row truncates the second's programs leave
+# without a launch gap after the first. (A/B runs; issue 35 item 2. Once in knobs10's round
+# 2, against the cap-less default, H200, B = 64: D = 2048 off +0.9 us, D = 4096 off -1.9,
+# top-k 50 -1.3 / +0.6, [B] knobs off / mixed / all -1.1 / -5.6 / -1.0.)
+GLUON_SPLIT_PDL = False
 
 
 def _split_stage1(kernel: str) -> bool:
@@ -961,15 +969,20 @@ def _hopper_fused_sample(
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_swap_kernel.disable(error)
+        # (its halves as programmatic dependents: GLUON_SPLIT_PDL)
+        split_pdl = split and GLUON_SPLIT_PDL and pdl_launch(hidden.device)["PDL"]
         if split and not _swap_plain_half(hidden, weight):  # the plain kernel's half, then ours
             hopper_kernel.launch_stage1(
-                *common, row_knobs=_row_knobs(params, True), batch_truncates=1
-            )
+                *common, row_knobs=_row_knobs(params, True), batch_truncates=1,
+                signal_dependents=split_pdl,
+            )  # fmt: skip
+        else:
+            split_pdl = False
         hopper_kernel.launch_stage1(
             *common, stage1=stage1, top_m=top_m, row_mass=row_mass, key_low_bits=key_low_bits,
             row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
             wide_mma=config.wide_mma, signal_dependents=signal_dependents,
-            wait_previous=wait_previous and not split,
+            wait_previous=wait_previous and not split, await_last=split_pdl,
         )  # fmt: skip
         if not params.truncates:
             if tile_candidates:

@@ -633,11 +633,19 @@ if AVAILABLE:
         # Let the next kernel, a programmatic dependent (the TP exchange with PDL), be
         # scheduled as this persistent grid's programs start: it waits for its end itself.
         SIGNAL_DEPENDENTS: gl.constexpr = False,
+        # Launched as the second half of a split stage 1 whose halves are programmatic
+        # dependents (dispatch.GLUON_SPLIT_PDL; the first half SIGNAL_DEPENDENTS): only the
+        # last program waits for the first half's end, so that this grid ends after it
+        # while the others leave at once where the batch wants none of their tiles.
+        AWAIT_LAST: gl.constexpr = False,
     ):  # fmt: skip
         if WAIT_PREVIOUS:  # (the default warps, before the partitions start: before any load)
             tl.extra.cuda.gdc_wait()
         if SIGNAL_DEPENDENTS:
             tl.extra.cuda.gdc_launch_dependents()
+        if AWAIT_LAST:
+            if gl.program_id(0) == gl.num_programs(0) - 1:
+                tl.extra.cuda.gdc_wait()
         num_tiles = gl.cdiv(B, h_desc.block_type.shape[0]) * gl.cdiv(V, w_desc.block_type.shape[0])
         if BATCH_TRUNCATES > 0:
             rows = gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
@@ -796,7 +804,7 @@ def launch_stage1(
     num_samples, logits_dtype, cand_score, cand_index, block_b, num_sms,
     temperature_mode, seed_mode, vocab_offset=0, stage1=None, top_m=0, row_mass=False,
     key_low_bits=0, row_knobs=None, batch_truncates=0, wide_mma=False,
-    signal_dependents=False, wait_previous=False,
+    signal_dependents=False, wait_previous=False, await_last=False,
 ):  # fmt: skip
     """Run stage 1 on a persistent grid of one program per SM; arguments as in
     ``dispatch.triton_fused_sample``, which calls this and then stage 2
@@ -806,7 +814,8 @@ def launch_stage1(
     the knobs' tensors and modes where both run (``dispatch._row_knobs``);
     ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES);
     ``signal_dependents`` / ``wait_previous`` as in ``sampling_kernel.launch_stage1``
-    (SIGNAL_DEPENDENTS; WAIT_PREVIOUS with ``launch_pdl``, passed only when on)."""
+    (SIGNAL_DEPENDENTS; WAIT_PREVIOUS with ``launch_pdl``, passed only when on); ``await_last``:
+    AWAIT_LAST (with ``launch_pdl``)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
@@ -842,6 +851,7 @@ def launch_stage1(
         WIDE_MMA=wide_mma if WIDE_MMA is None else WIDE_MMA,
         **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),
         **({"WAIT_PREVIOUS": True, "launch_pdl": True} if wait_previous else {}),
+        **({"AWAIT_LAST": True, "launch_pdl": True} if await_last else {}),
         num_warps=4,
     )  # fmt: skip
 

@@ -100,13 +100,20 @@ def test_gpu_off_valued_knobs_draw_the_plain_tokens_and_truncate_only_their_rows
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("batch", [1, 16, 64, 100])
-def test_gpu_split_stage1_follows_the_knobs_set_between_graph_replays(batch):
+@pytest.mark.parametrize(
+    "batch, levers",
+    [(64, "gluonpdl"), (100, "gluonpdl"), (1, "default"), (16, "default"), (64, "default"),
+     (100, "default")],
+)  # fmt: skip
+def test_gpu_split_stage1_follows_the_knobs_set_between_graph_replays(batch, levers,
+                                                                      monkeypatch):  # fmt: skip
     """Stage 1 of a call with per-row knobs that may be off is two launches, one of which
     runs its tiles, chosen on the device from the batch's knobs (``dispatch._split_stage1``).
     One CUDA graph, its knob tensors set in place between replays: all off (plain tokens),
     knobs on for greedy rows only (plain tokens), one row truncated, every row truncated
-    (the reference's tokens each time); [B] and 0-d knobs."""
+    (the reference's tokens each time); [B] and 0-d knobs. ``gluonpdl``: the Gluon kernel's
+    halves as programmatic dependents (``dispatch.GLUON_SPLIT_PDL``)."""
+    monkeypatch.setattr(dispatch, "GLUON_SPLIT_PDL", levers == "gluonpdl")
     hidden, weight = make_exact_problem(batch, VOCAB, 2048, device=CUDA)
     temperature = torch.tensor([0.7, 1.2, 0.0], device=CUDA).repeat(batch)[:batch]
     seed = torch.arange(batch, device=CUDA) * 7919 + 11

@@ -298,7 +298,7 @@ base = dict(
     HAS_BIAS=True, TEMPERATURE_MODE=2, SEED_MODE=2, LOGITS_DTYPE=hk.gl.bfloat16, EVEN_V=False,
     STAGES=hk.STAGES[64], CONSUMER_REGISTERS=hk.CONSUMER_REGISTERS,
     LOADER_REGISTERS=hk.LOADER_REGISTERS, BATCH_TRUNCATES=0, WIDE_MMA=False,
-    WAIT_PREVIOUS=False, SIGNAL_DEPENDENTS=False,
+    WAIT_PREVIOUS=False, SIGNAL_DEPENDENTS=False, AWAIT_LAST=False,
 )
 variants = [
     dict(PLAIN=False, TOP_M=4, ROW_MASS=False, KEY_LOW_BITS=16, **no_knobs),  # top-k 50
@@ -310,6 +310,11 @@ variants = [
          MIN_P_MODE=0, BATCH_TRUNCATES=1, TEMPERATURE_MODE=0),
     dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=16, TOP_K_MODE=1, TOP_P_MODE=1,
          MIN_P_MODE=1, BATCH_TRUNCATES=2),
+    # ... as programmatic dependents (dispatch.GLUON_SPLIT_PDL)
+    dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, TOP_K_MODE=1, TOP_P_MODE=1,
+         MIN_P_MODE=0, BATCH_TRUNCATES=1, TEMPERATURE_MODE=0, SIGNAL_DEPENDENTS=True),
+    dict(PLAIN=True, TOP_M=8, ROW_MASS=True, KEY_LOW_BITS=16, TOP_K_MODE=1, TOP_P_MODE=1,
+         MIN_P_MODE=1, BATCH_TRUNCATES=2, AWAIT_LAST=True),
     # greedy (the noise scale's zeros: a layout passed on, which Triton 3.6 once rejected)
     dict(PLAIN=True, TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, TEMPERATURE_MODE=3, SEED_MODE=0,
          **no_knobs),
@@ -346,7 +351,7 @@ for variant in variants:
         options={"num_warps": 4},
     ).asm["ptx"]
     wait = constants["WAIT_PREVIOUS"]
-    assert ("griddepcontrol.wait" in ptx) == wait
+    assert ("griddepcontrol.wait" in ptx) == (wait or constants["AWAIT_LAST"])
     assert ("griddepcontrol.launch_dependents" in ptx) == constants["SIGNAL_DEPENDENTS"]
     if wait:  # (before any load or copy: the kernel before it may write what it reads)
         first_read = min(ptx.find(op) for op in ("ld.global", "cp.async.bulk") if op in ptx)
