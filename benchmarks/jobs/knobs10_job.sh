@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # knobs10's device job (issue 35 item 2: what off-valued per-row knobs cost over plain
 # sampling), round 3, as it runs on main: one GPU, BUDGET seconds (first argument, default
-# 195). CUDA graphs, configurations interleaved in one process, tokens checked equal
+# 175). CUDA graphs, configurations interleaved in one process, tokens checked equal
 # (benchmarks/probes/off_knobs_parts.py, bench_off_knobs.py's variants):
 #   gsplit  dispatch.GLUON_SPLIT_PDL = True (the Gluon kernel's split stage 1, B = 64 here,
 #           with its halves as programmatic dependents), 3 rounds: 0-d knobs plain / off /
@@ -15,7 +15,7 @@
 # forms (branch knobs10-levers at 9afd0d2, d5f89f5: docs/performance.md, "(knobs10)").
 set -u
 cd "$(dirname "$0")/../.."
-budget=${1:-195}
+budget=${1:-175}
 source benchmarks/jobs/device_job_lib.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 O=${OUT:-/tmp/out}/knobs10; mkdir -p "$O"
@@ -42,7 +42,7 @@ bench() {  # bench LABEL LIMIT ARGS...: off_knobs_parts.py into $O/LABEL.log
 
 # 1. compile everything at once (a process per shape and batch, Triton's cache shared), the
 #    GPU tests beside it
-W=$(cap 85 105)
+W=$(cap 80 95)
 timed_step gpu_test "$O/gpu_test.log" 10 "$W" python3 -m pytest -q -p no:cacheprovider \
     tests/test_gpu_truncation.py -k "gluonpdl or (off_valued_knobs and not 100 and not 256)" &
 for b in 1 16 64; do
