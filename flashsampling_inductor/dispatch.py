@@ -58,10 +58,13 @@ _TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDA
 # ``_hopper_fused_sample``) with its halves as programmatic dependents: the first lets the
 # second be scheduled as its persistent programs start, and only the second's last program
 # waits for the first's end, so that when no row truncates the second's programs leave
-# without a launch gap after the first. (A/B runs; issue 35 item 2. Once in knobs10's round
-# 2, against the cap-less default, H200, B = 64: D = 2048 off +0.9 us, D = 4096 off -1.9,
-# top-k 50 -1.3 / +0.6, [B] knobs off / mixed / all -1.1 / -5.6 / -1.0.)
-GLUON_SPLIT_PDL = False
+# without a launch gap after the first. H200, B = 64, tokens equal in every cell, us: D =
+# 2048 0-d knobs off / top-k 50 / Qwen3's 170.0 / 209.2 / 218.8 -> 169.2 / 209.3 / 218.3, D =
+# 4096 317.3 / 350.9 / 360.4 -> 314.0 / 349.7 / 359.3, [B] knobs off / mixed / all 172.3 /
+# 278.5 / 234.5 -> 169.2 / 275.9 / 234.2 (3 rounds, bench_off_knobs_nvidia-h200_gsplit*_
+# 20261128-172*.csv); once before (with the fold, 2 rounds): D = 2048 off +0.9, D = 4096 off
+# -1.9, [B] mixed -5.6 (..._ab-*_20261128-164*.csv).
+GLUON_SPLIT_PDL = True
 
 
 def _split_stage1(kernel: str) -> bool:
