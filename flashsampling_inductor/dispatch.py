@@ -63,9 +63,8 @@ _TENSOR_K_CANDIDATES_NARROW = int(os.environ.get("FLASHSAMPLING_TENSOR_K_CANDIDA
 # 4096 317.3 / 350.9 / 360.4 -> 314.0 / 349.7 / 359.3, [B] knobs off / mixed / all 172.3 /
 # 278.5 / 234.5 -> 169.2 / 275.9 / 234.2 (3 rounds, bench_off_knobs_nvidia-h200_gsplit*_
 # 20261128-172*.csv); once before (with the fold, 2 rounds): D = 2048 off +0.9, D = 4096 off
-# -1.9, [B] mixed -5.6 (..._ab-*_20261128-164*.csv). Off until its GPU test (the split
-# test's gluonpdl arms, tests/test_gpu_truncation.py) has passed: no round reached it.
-GLUON_SPLIT_PDL = False
+# -1.9, [B] mixed -5.6 (..._ab-*_20261128-164*.csv).
+GLUON_SPLIT_PDL = True
 
 
 def _split_stage1(kernel: str) -> bool:
