@@ -709,13 +709,14 @@ def triton_fused_sample(
         logprobs = torch.empty((batch, num_samples), dtype=torch.float32, device=hidden.device)
     if batch == 0:
         return out if logprobs is None else (out, logprobs)
+    temperature_mode = _temperature_mode(temperature, scalar_temperature)
     chosen = config is None
     if chosen:
         config = default_config(
             batch, hidden_size, hidden.device, params.truncates, vocab_size,
             knobs_may_be_off(params, vocab_size), params.per_row_seed,
             writes_mass_partials(params, vocab_size),
-            _temperature_mode(params.temperature, params.scalar_temperature) == 3,
+            temperature_mode == 3,
         )  # fmt: skip
         config = _widen_truncation_tiles(config, params, vocab_size, hidden)
     if config.block_v % 4 or config.block_v < 16:
@@ -726,7 +727,6 @@ def triton_fused_sample(
             f" {config.epilogue_chunks} with block_v={config.block_v}"
         )
     seed_u64 = scalar_seed % 2**64
-    temperature_mode = _temperature_mode(temperature, scalar_temperature)
     seed_mode = 0 if seed is None else (1 if seed.dim() == 0 else 2)
     truncates = params.truncates
     if truncates and (vocab_offset or out_score is not None):

@@ -9,6 +9,7 @@ are near."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import csv
 import random
@@ -40,6 +41,21 @@ def flags(settings):
     finally:
         for module, name, value in before:
             setattr(module, name, value)
+
+
+def kernel_times(fn, calls: int = 5) -> list[tuple[str, float]]:
+    """(kernel name, mean us per call over ``calls`` calls of ``fn``, profiled), largest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals = collections.Counter()
+    for event in profile.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:90]] += event.device_time_total / calls
+    return totals.most_common()
 
 
 def check_tokens(timed: Timed, mode_of: Callable[[str], str]) -> list[str]:

@@ -15,7 +15,6 @@ so and exits 0).
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import large_batch_ab  # noqa: E402  (this folder)
+from ab_rounds import kernel_times  # noqa: E402  (this folder)
 
 from flashsampling_inductor import truncation_kernel  # noqa: E402
 
@@ -40,22 +40,6 @@ def flagged_rows(fn) -> int | None:
     with large_batch_ab.patched(truncation_kernel, "launch_fallback", counting):
         fn()
     return seen[0] if seen else None
-
-
-def kernel_times(fn, calls: int) -> list[tuple[str, float]]:
-    """(kernel name, mean us per call), largest first."""
-    fn()
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as profile:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    totals = collections.Counter()
-    for event in profile.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:90]] += event.device_time_total / calls
-    return totals.most_common()
 
 
 def main() -> None:

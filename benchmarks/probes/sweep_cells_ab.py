@@ -26,7 +26,6 @@ levers). Also per provider the rows stage 2 sent to the exact fallback in one ca
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab_rounds import flags, time_rounds  # noqa: E402  (this folder)
+from ab_rounds import flags, kernel_times, time_rounds  # noqa: E402  (this folder)
 
 from flashsampling_inductor import (  # noqa: E402
     dispatch,
@@ -182,21 +181,6 @@ def fallback_rows(fn) -> str:
     with flags([(truncation_kernel, "launch_fallback", counting)]):
         fn()
     return seen[0] if seen else "none"
-
-
-def kernel_times(fn, calls: int = 5) -> list[tuple[str, float]]:
-    """(kernel name, mean us per call), largest first."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    totals = collections.Counter()
-    for event in profile.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:80]] += event.device_time_total / calls
-    return totals.most_common()
 
 
 def main() -> None:
