@@ -23,7 +23,8 @@ Not in the default list (A/B runs of the TP step): ``fused_tp_pdl`` / ``fused_tp
 after every stage 1 / where stage 1 runs on a persistent grid (the default) / never,
 FLASHSAMPLING_TP_EXCHANGE_PDL=1 / auto / 0; the Triton and Gluon stage 1 signal it),
 ``fused_tp_stage1pdl`` (stage 1 a programmatic dependent of the seed's draw,
-FLASHSAMPLING_TP_STAGE1_PDL=1: opt-in),
+FLASHSAMPLING_TP_STAGE1_PDL=1: opt-in), ``fused_tp_bothpdl`` (both: stage 1 after the draw
+and the exchange after stage 1 programmatic dependents),
 ``fused_tp_seed`` / ``fused_tp_seed_scalar`` (an explicit int seed, made a 0-d tensor per
 call / passed to the kernels as it is (the default), FLASHSAMPLING_TP_SCALAR_SEED=0 / 1),
 ``fused_tp_assert`` (the exchange's verdict read by an assert kernel after it,
@@ -43,8 +44,11 @@ the whole step compiled).
 
 How it times: every rank runs the same fixed number of calls (a collective must be called
 the same number of times everywhere, so no adaptive do_bench), CUDA events around
-``--iters`` calls after a barrier, five repeats, median per step. Two modes: "events" (calls
-from Python) and "graph" (``--iters`` calls captured in one CUDA graph, the replay timed).
+``--iters`` calls after a barrier, five repeats, median per step. Every provider of a (shape,
+B) is built first (its graph captured), then timed over ``--rounds`` rounds in an order
+rotated a round, and a cell is the median of its rounds (the spread printed beside): drift
+between runs falls on every provider alike. Two modes: "events" (calls from Python) and
+"graph" (``--iters`` calls captured in one CUDA graph, the replay timed).
 
     python -m torch.distributed.run --nproc_per_node=2 benchmarks/bench_tp.py --out-dir DIR
 
@@ -177,8 +181,11 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         # is (=1, the default)
         seeded = provider in ("fused_tp_seed", "fused_tp_seed_scalar")
         scalar_seed = {"fused_tp_seed": "0", "fused_tp_seed_scalar": "1"}.get(provider)
-        # fused_tp_stage1pdl: the Triton stage 1 a programmatic dependent of the seed's draw
-        stage1_pdl = "1" if provider == "fused_tp_stage1pdl" else None
+        # fused_tp_stage1pdl: the Triton stage 1 a programmatic dependent of the seed's draw;
+        # fused_tp_bothpdl: that and the exchange after every stage 1
+        stage1_pdl = "1" if provider in ("fused_tp_stage1pdl", "fused_tp_bothpdl") else None
+        if provider == "fused_tp_bothpdl":
+            pdl_exchange = "1"
         # fused_tp_assert: the exchange's verdict read by an assert kernel after it (the
         # path before the exchange trapped in its own kernel), for an A/B in one process
         check = "assert" if provider == "fused_tp_assert" else "kernel"
@@ -281,8 +288,9 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
     raise ValueError(provider)
 
 
-def time_step(step, mode: str, iters: int, repeats: int = 5) -> float:
-    """Median us per step over ``repeats`` runs of ``iters`` steps (same count on all ranks)."""
+def prepare(step, mode: str, iters: int):
+    """Warm ``step`` up and return what one timed repeat runs: ``iters`` calls, from Python
+    ("events") or captured in one CUDA graph ("graph"), replayed once before it is timed."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -304,6 +312,11 @@ def time_step(step, mode: str, iters: int, repeats: int = 5) -> float:
                 step()
 
     run()
+    return run
+
+
+def time_run(run, iters: int, repeats: int = 5) -> float:
+    """Median us per step over ``repeats`` runs of ``run`` (same count on all ranks)."""
     samples = []
     for _ in range(repeats):
         dist.barrier()
@@ -315,6 +328,13 @@ def time_step(step, mode: str, iters: int, repeats: int = 5) -> float:
         stop.synchronize()
         samples.append(start.elapsed_time(stop) * 1e3 / iters)
     return statistics.median(samples)
+
+
+def round_orders(names: list, rounds: int) -> list[list]:
+    """The order ``names`` are timed in at each round: rotated by one a round, so that no
+    provider always runs first (after the warm-ups) or always right after the same one.
+    Every rank computes the same orders (a collective runs the same calls everywhere)."""
+    return [names[r % len(names) :] + names[: r % len(names)] for r in range(rounds)]
 
 
 def main() -> int:
@@ -339,6 +359,11 @@ def main() -> int:
         "--modes", default="events,graph", help="timing modes: events, graph or both"
     )
     parser.add_argument("--iters", type=int, default=20, help="calls per timed repeat")
+    parser.add_argument(
+        "--rounds", type=int, default=5,
+        help="rounds per (shape, B): each times every provider once (five repeats of --iters"
+        " calls), in an order rotated a round; a cell is the median of its rounds (default 5)",
+    )  # fmt: skip
     parser.add_argument(
         "--best-of", action="append", default=[],
         help="short_shard_stage1.py's JSON (repeatable): fused_tp_best's configurations",
@@ -390,18 +415,38 @@ def main() -> int:
             hidden = torch.randn(
                 batch, dim, device=device, dtype=torch.bfloat16, generator=generator
             )
+            # Every provider's step built (and its graph captured) first, then timed over
+            # rounds in rotated orders: run-to-run drift (clocks, power, the other ranks)
+            # falls on every provider alike instead of on whichever ran last.
+            runs, notes, samples = {}, {}, {}
             for provider in providers:
                 step = build(provider, hidden, weight_shard, weight_full, vocab_start, vocab, world)
                 for mode in args.modes.split(","):
-                    note = ""
                     try:
-                        us = time_step(step, mode, args.iters)
+                        runs[provider, mode] = prepare(step, mode, args.iters)
                     except Exception as error:  # noqa: BLE001 - recorded in the CSV
-                        us, note = float("nan"), f"{type(error).__name__}: {error}"[:200]
+                        notes[provider, mode] = f"{type(error).__name__}: {error}"[:200]
+            for order in round_orders(list(runs), args.rounds):
+                for key in order:
+                    if key not in runs:  # (failed in an earlier round)
+                        continue
+                    try:
+                        samples.setdefault(key, []).append(time_run(runs[key], args.iters))
+                    except Exception as error:  # noqa: BLE001 - recorded in the CSV
+                        notes[key] = f"{type(error).__name__}: {error}"[:200]
+                        del runs[key]
+            for provider in providers:
+                for mode in args.modes.split(","):
+                    key = (provider, mode)
+                    times = samples.get(key, [])
+                    us = statistics.median(times) if times and key not in notes else float("nan")
+                    note = notes.get(key, "")
                     rows.append((dim, vocab, batch, provider, mode, us, note))
                     if rank == 0:
+                        spread = f"(rounds {min(times):.1f}-{max(times):.1f})" if times else ""
                         print(f"D={dim} V={vocab} B={batch:<4d} {provider:<22s} {mode:<6s}"
-                              f" {us:8.1f} us {note}", flush=True)  # fmt: skip
+                              f" {us:8.1f} us {spread} {note}", flush=True)  # fmt: skip
+            del runs
             del hidden
         del weight_full, weight_shard
         torch.cuda.empty_cache()
