@@ -3,7 +3,7 @@ tokens of every choice checked against the first of its mode (they must not depe
 tiling).
 
     python benchmarks/probes/large_batch_ab.py
-        [--what variants|dispatch|diagnose|rounding|noise|truncating|swapped|wide]
+        [--what variants|dispatch|diagnose|rounding|noise|truncating|swapped|wide|mid]
         [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
@@ -40,6 +40,8 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   (``k50_swapcoop``), on the Gluon kernel's 64-row tiles with two m64n64 MMAs a step
   (``k50_g64``), its wide 128-row tiles (``k50_g128w``) and the Triton tiles
   (``k50_triton``: ``LARGE_BATCH_GLUON`` off);
+* ``mid``: 65-128 rows, plain sampling and the four truncating calls, the default against
+  the Gluon tiles (64 narrow / wide, 128 wide) and the swapped kernel (64- / 128-entry);
 * ``swapped``: plain sampling (T = 1) and greedy in the swapped kernel, ping-pong (the
   default), ping-pong on 128-entry tiles (``*_swapwide``), cooperative, and the staging
   swizzled or not (``hopper_swap_kernel.SWIZZLE_STAGING``): where the time of the plain
@@ -248,6 +250,34 @@ def truncating_providers(batch, hidden, weight):
     return timed
 
 
+def mid_providers(batch, hidden, weight):
+    """65-128 rows (issue 38's cells at 96 / 128, over 1.05 in every form at D = 2048): plain
+    sampling (T = 1) and bench_sampling's four truncating calls (bf16-rounded logits), each
+    with the default against the other stage-1 kernels that can take them: the Gluon
+    kernel's 64-row tiles (two m64n64 MMAs a step or one wide m64n128), its wide 128-row
+    tiles, and the swapped kernel (ping-pong on 64-entry tiles, "ping-pong-wide" on 128;
+    truncating calls with its top-m epilogue on whole keys)."""
+    device, hidden_size = hidden.device, hidden.shape[1]
+    seed = torch.tensor(7, device=device)
+    swap = swap_config(batch, hidden_size, device)
+    wide_tiles = dataclasses.replace(swap, warp_specialized_swap="ping-pong-wide")
+    modes = {"plain": SamplingParams(None, 1.0, seed, 0, 1)}
+    for mode, knobs in TRUNCATING_FORMS.items():
+        modes[mode] = SamplingParams(None, 1.0, seed, 0, 1, torch.bfloat16, **knobs)
+    timed = {"matmul": lambda: hidden @ weight.T}
+    for mode, params in modes.items():
+        truncating = mode != "plain"
+        timed[f"{mode}_default"] = call(hidden, weight, params)
+        timed[f"{mode}_g64"] = call(hidden, weight, params, gluon(64), wide=False)
+        timed[f"{mode}_g64w"] = call(hidden, weight, params, gluon(64), wide=True)
+        timed[f"{mode}_g128w"] = call(hidden, weight, params, gluon(128), wide=True)
+        swapped = call(hidden, weight, params, swap, swap_truncating=truncating)
+        wide = call(hidden, weight, params, wide_tiles, swap_truncating=truncating)
+        timed[f"{mode}_swap"] = swap_whole_keys(swapped) if truncating else swapped
+        timed[f"{mode}_swapwide"] = swap_whole_keys(wide) if truncating else wide
+    return timed
+
+
 def swapped_providers(batch, hidden, weight):
     """Plain sampling (T = 1) and greedy in the swapped kernel: ping-pong (the default, its
     staging swizzled per shape: ``hopper_swap_kernel.swizzled``), ping-pong on 128-entry
@@ -369,6 +399,7 @@ def main() -> None:
             "truncating",
             "swapped",
             "wide",
+            "mid",
         ],  # fmt: skip
         default="variants",
     )
@@ -382,6 +413,7 @@ def main() -> None:
         "noise": noise_providers,
         "truncating": truncating_providers,
         "swapped": swapped_providers,
+        "mid": mid_providers,
         "wide": functools.partial(
             dispatch_providers, flag="SWAP_WIDE_TILES", truncating_logits=torch.bfloat16
         ),
