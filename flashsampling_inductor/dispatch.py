@@ -133,6 +133,15 @@ TRUNCATING_SWAP_ROWS_MAX = 16
 TRUNCATING_TILE_ROWS_65_128 = 128
 MASS_TILE_ROWS_65_128 = 64
 TRUNCATING_WIDE_MMA_65_128 = True
+# Plain sampling (T > 0, one seed for the batch) at 65-128 rows on a whole vocabulary: the
+# Gluon kernel's 128-row tiles with its wide MMA, not the 64-row tiles with two m64n64 MMAs a
+# step. H200, one process, min over 4-5 rounds over cuBLAS alone, T = 1, 0-d seed, tokens
+# equal (large_batch_mid_h200_20261128-2054: benchmarks/probes/large_batch_ab.py --what mid),
+# B = 80 / 96 / 112 / 128, 64-row -> 128-row wide tiles: D = 2048 1.110 / 1.096 / 1.102 /
+# 1.099 -> 1.067 / 1.052 / 1.083 / 1.048; D = 4096 1.042 / 1.065 / 1.076 / 1.046 -> 1.024 /
+# 1.012 / 1.038 / 1.037; D = 8192 1.015 / 1.070 / 1.076 / 1.034 -> 0.989 / 1.045 / 1.032 /
+# 1.032. Not for per-row seeds (128-row tiles spill with them) nor greedy (not timed).
+PLAIN_WIDE_TILES_65_128 = True
 # The same at 193-256 rows, where the other truncating calls take 128-row tiles
 # (``_large_batch_gluon_rows``): H200, top-p 0.9 alone on bench_sampling's rows (bf16
 # logits), wide 128-row tiles -> 64-row ones, tokens equal: D = 2048 B = 224 384.2 -> 337.7
@@ -289,11 +298,17 @@ def default_config(
     truncates_65_128 = truncates_every_row and hopper_rows and batch <= 128 and whole_vocab
     if truncates_65_128:
         hopper_rows = MASS_TILE_ROWS_65_128 if mass_partials else TRUNCATING_TILE_ROWS_65_128
+    plain_65_128 = (
+        PLAIN_WIDE_TILES_65_128 and hopper_rows and batch <= 128 and whole_vocab
+        and not (truncates or knobs_per_row or per_row_seed or greedy)
+    )  # fmt: skip
+    if plain_65_128:
+        hopper_rows = 128
     # (the Triton tiles stay the fallback of calls the Gluon kernel cannot run: soft-cap, fp32)
     schedule = "ping-pong-wide" if wide_tiles and not knobs_per_row else "ping-pong"
     return dataclasses.replace(
         triton_config,
-        wide_mma=bool(truncates_65_128 and TRUNCATING_WIDE_MMA_65_128),
+        wide_mma=bool(truncates_65_128 and TRUNCATING_WIDE_MMA_65_128 or plain_65_128),
         warp_specialized_rows=hopper_rows,
         warp_specialized_swap=schedule if swap else "",
     )

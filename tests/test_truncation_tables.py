@@ -240,7 +240,7 @@ def test_truncating_calls_up_to_128_rows_on_hopper(batch, hidden_size, monkeypat
     knobs = dispatch.default_config(batch, hidden_size, cuda, True, 151936, True)
     assert knobs.swap_ab == (batch <= 32) and not knobs.wide_mma
     plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
-    assert plain.swap_ab == (batch <= 32) and not plain.wide_mma
+    assert plain.swap_ab == (batch <= 32) and plain.wide_mma == (batch > 64)  # (test below)
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
     elsewhere = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
     monkeypatch.setattr(dispatch, "TRUNCATING_SWAP_ROWS_MAX", 32)
@@ -249,6 +249,40 @@ def test_truncating_calls_up_to_128_rows_on_hopper(batch, hidden_size, monkeypat
     monkeypatch.setattr(dispatch, "TRUNCATING_WIDE_MMA_65_128", False)
     before = dispatch.default_config(batch, hidden_size, cuda, True, 151936)
     assert before.swap_ab == (batch <= 32) and not before.wide_mma
+
+
+@pytest.mark.parametrize("hidden_size", [2048, 4096, 8192])
+@pytest.mark.parametrize("batch", [64, 65, 96, 128, 129])
+def test_plain_sampling_at_65_128_rows_takes_128_row_wide_tiles_on_hopper(
+    batch, hidden_size, monkeypatch
+):
+    """On Hopper, plain sampling at 65-128 rows on a whole vocabulary with one seed for the
+    batch takes the Gluon kernel's 128-row tiles with its wide MMA (PLAIN_WIDE_TILES_65_128);
+    per-row seeds (128-row tiles spill with them), greedy, knob tensors, a tensor-parallel
+    shard, another GPU and the switch off keep the 64-row tiles with two MMAs a step."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: True)
+    in_range = 64 < batch <= 128
+    plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
+    if in_range:
+        assert (plain.warp_specialized_rows, plain.wide_mma) == (128, True)
+        assert not plain.swap_ab and not plain.warp_specialized_swap
+    narrow = (64, False)
+    for config in (
+        dispatch.default_config(batch, hidden_size, cuda, False, 151936, per_row_seed=True),
+        dispatch.default_config(batch, hidden_size, cuda, False, 151936, greedy=True),
+        dispatch.default_config(batch, hidden_size, cuda, True, 151936, True),
+        dispatch.default_config(batch, hidden_size, cuda, False, 37984),
+    ):
+        if in_range:
+            assert (config.warp_specialized_rows, config.wide_mma) == narrow
+    monkeypatch.setattr(dispatch, "PLAIN_WIDE_TILES_65_128", False)
+    before = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
+    if in_range:
+        assert (before.warp_specialized_rows, before.wide_mma) == narrow
+    monkeypatch.setattr(dispatch, "PLAIN_WIDE_TILES_65_128", True)
+    monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
+    assert not dispatch.default_config(batch, hidden_size, cuda, False, 151936).wide_mma
 
 
 @pytest.mark.parametrize("hidden_size", [2048, 4096, 8192])
@@ -280,11 +314,14 @@ def test_large_batches_take_the_wide_gluon_tiles_on_hopper(batch, hidden_size, m
         assert before == truncating
         monkeypatch.setattr(dispatch, "MASS_TILE_ROWS_193_256", 64)
     plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
-    plain_wide = hidden_size == 4096 and 192 < batch <= 256
+    plain_wide = hidden_size == 4096 and 192 < batch <= 256 or batch == 128  # (65-128: below)
     assert plain.wide_mma == plain_wide
     assert plain.warp_specialized_rows == (128 if plain_wide else plain.warp_specialized_rows)
     seeded = dispatch.default_config(batch, hidden_size, cuda, False, 151936, per_row_seed=True)
     assert not seeded.wide_mma
+    monkeypatch.setattr(dispatch, "PLAIN_WIDE_TILES_65_128", False)
+    plain = dispatch.default_config(batch, hidden_size, cuda, False, 151936)
+    assert plain.wide_mma == (hidden_size == 4096 and 192 < batch <= 256)
     for vocab_size in (75968, 37984):  # shards at TP = 2 and 4
         assert not dispatch.default_config(batch, hidden_size, cuda, True, vocab_size).wide_mma
     assert not dispatch.default_config(batch, hidden_size, cuda, True, 151936, True).wide_mma
@@ -329,8 +366,9 @@ def test_tensor_parallel_shards_take_their_measured_stage1_at_129_256_rows(batch
     # (the swapped kernel's 128-entry tiles: whole vocabularies only, swap_wide_tiles)
     assert "wide" not in route(4096, 75968)[0] and "wide" not in route(8192, 32064)[0]
     monkeypatch.setattr(dispatch, "SWAP_WIDE_TILES", False)
-    assert route(4096, 75968) == route(4096, 151936)
-    assert route(8192, 32064) == route(8192, 128256)
+    if batch > 128:  # (at 65-128 rows plain sampling's 128-row tiles: whole vocabularies only)
+        assert route(4096, 75968) == route(4096, 151936)
+        assert route(8192, 32064) == route(8192, 128256)
     assert route(8192, 32064)[0] == ("ping-pong" if 128 < batch <= 192 else "")
     monkeypatch.setattr(dispatch, "is_hopper", lambda device: False)
     assert route(4096, 37984) == ("", 0, False)

@@ -3,7 +3,8 @@ tokens of every choice checked against the first of its mode (they must not depe
 tiling).
 
     python benchmarks/probes/large_batch_ab.py
-        [--what variants|dispatch|diagnose|rounding|noise|truncating|swapped|wide|mid]
+        [--what variants|dispatch|diagnose|rounding|noise|truncating|swapped|wide|mid|
+         plain_mid]
         [--budget 180]
         [--rounds 2] [--out-dir DIR] [--batches 128,144,160,192,224,256]
         [--shapes 2048x151936,8192x128256,4096x151936]
@@ -42,6 +43,8 @@ Per shape and batch size, cuBLAS ``hidden @ W.T`` and:
   (``k50_triton``: ``LARGE_BATCH_GLUON`` off);
 * ``mid``: 65-128 rows, plain sampling and the four truncating calls, the default against
   the Gluon tiles (64 narrow / wide, 128 wide) and the swapped kernel (64- / 128-entry);
+* ``plain_mid``: the default before and after ``dispatch.PLAIN_WIDE_TILES_65_128``, where
+  they differ (plain sampling at 65-128 rows);
 * ``swapped``: plain sampling (T = 1) and greedy in the swapped kernel, ping-pong (the
   default), ping-pong on 128-entry tiles (``*_swapwide``), cooperative, and the staging
   swizzled or not (``hopper_swap_kernel.SWIZZLE_STAGING``): where the time of the plain
@@ -400,6 +403,7 @@ def main() -> None:
             "swapped",
             "wide",
             "mid",
+            "plain_mid",
         ],  # fmt: skip
         default="variants",
     )
@@ -414,6 +418,7 @@ def main() -> None:
         "truncating": truncating_providers,
         "swapped": swapped_providers,
         "mid": mid_providers,
+        "plain_mid": functools.partial(dispatch_providers, flag="PLAIN_WIDE_TILES_65_128"),
         "wide": functools.partial(
             dispatch_providers, flag="SWAP_WIDE_TILES", truncating_logits=torch.bfloat16
         ),
