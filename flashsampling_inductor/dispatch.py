@@ -140,7 +140,11 @@ TRUNCATING_WIDE_MMA_65_128 = True
 # B = 80 / 96 / 112 / 128, 64-row -> 128-row wide tiles: D = 2048 1.110 / 1.096 / 1.102 /
 # 1.099 -> 1.067 / 1.052 / 1.083 / 1.048; D = 4096 1.042 / 1.065 / 1.076 / 1.046 -> 1.024 /
 # 1.012 / 1.038 / 1.037; D = 8192 1.015 / 1.070 / 1.076 / 1.034 -> 0.989 / 1.045 / 1.032 /
-# 1.032. Not for per-row seeds (128-row tiles spill with them) nor greedy (not timed).
+# 1.032. Not for per-row seeds (128-row tiles spill with them) nor greedy, which these
+# tiles did not speed up: T = 0, switch off -> on, B = 65 / 96 / 128, D = 2048 1.017 / 0.994 /
+# 0.957 -> 1.018 / 0.999 / 0.964, D = 4096 1.030 / 1.019 / 0.998 -> 1.044 / 1.034 / 1.007,
+# D = 8192 1.017 / 1.080 / 1.053 -> 1.016 / 1.079 / 1.033 (large_batch_greedy_mid_h200_
+# 20261128-2107: the rule with greedy in it for that run).
 PLAIN_WIDE_TILES_65_128 = True
 # The same at 193-256 rows, where the other truncating calls take 128-row tiles
 # (``_large_batch_gluon_rows``): H200, top-p 0.9 alone on bench_sampling's rows (bf16
