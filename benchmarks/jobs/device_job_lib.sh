@@ -60,3 +60,11 @@ tp_bench() {
         --providers "$providers" --out-dir "$O" "$@"
     grep -E "^D=" "$O/bench_tp.log" | awk '!seen[$0]++' | head -64 >> "$S"
 }
+
+# tp_test LABEL LOG MIN LIMIT EXPRESSION: tests/test_tp_gpu.py's multi-GPU tests matching -k
+# EXPRESSION under LIMIT seconds (when >= MIN) into $O/LOG, their verdict lines into $S
+tp_test() {
+    timed_step "$1" "$O/$2" "$3" "$4" python3 -m pytest -v -s -rA -p no:cacheprovider \
+        -m multigpu tests/test_tp_gpu.py -k "$5"
+    grep -E "ranks seeded apart|passed|failed|PASSED|FAILED" "$O/$2" | tail -6 >> "$S"
+}

@@ -59,22 +59,17 @@ bench_shape "A1 bench_tp TP=$GPUS D=4096" d4096 "$(cap 100 120)" 4096x151936:256
 bench_shape "A2 bench_tp TP=$GPUS D=8192" d8192 "$(cap 80 60)" 8192x128256:256/64/16/1
 
 # B
-pytest_step() {  # LABEL LOG MIN LIMIT -k EXPRESSION
-    timed_step "$1" "$O/$2" "$3" "$4" python3 -m pytest -v -s -rA -p no:cacheprovider \
-        -m multigpu tests/test_tp_gpu.py -k "$5"
-    grep -E "ranks seeded apart|passed|failed|PASSED|FAILED" "$O/$2" | tail -6 >> "$S"
-}
-pytest_step "B benchmark shapes (world 4)" tp_gpu_benchmark_shapes.log 30 "$(cap 55 15)" \
+tp_test "B benchmark shapes (world 4)" tp_gpu_benchmark_shapes.log 30 "$(cap 55 15)" \
     "benchmarks_shapes and 4"
 
 # C
-FLASHSAMPLING_TP_STAGE1_PDL=1 pytest_step "C graph replays (stage 1 PDL)" \
+FLASHSAMPLING_TP_STAGE1_PDL=1 tp_test "C graph replays (stage 1 PDL)" \
     tp_gpu_graph_stage1pdl.log 12 "$(cap 25 0)" "cuda_graph_replays"
 
 # D
-pytest_step "D1 seeded apart (default)" tp_gpu_seeded_apart.log 12 "$(cap 20 0)" \
+tp_test "D1 seeded apart (default)" tp_gpu_seeded_apart.log 12 "$(cap 20 0)" \
     "seeded_apart and default"
-pytest_step "D2 skewed steps (default)" tp_gpu_skewed_default.log 40 "$(cap 60 0)" \
+tp_test "D2 skewed steps (default)" tp_gpu_skewed_default.log 40 "$(cap 60 0)" \
     "10000_skewed and default"
 echo "total $(elapsed) s" >> "$S"
 cat "$S"
