@@ -7,7 +7,7 @@
 #     fused_tp_stage1pdl, fused_tp_pdl, fused_tp_bothpdl, fused_tp_seed_scalar (an int seed),
 #     shard_matmul (the bound) and tp1_fused (the scaling)
 #   --final (<= 300 s): the committed table: both shapes at B = 1, 16, 64, 256, the default
-#     against the bound, TP = 1 and the peers that gather the logits, then the world-4 tests
+#     against the bound, TP = 1 and the bare gather of the logits, then the world-4 tests
 #     (benchmark shapes, seeded apart, the 10,000 skewed steps) as time allows
 set -u
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,8 @@ if [ "$mode" = --levers ]; then
     tp_bench "A bench_tp TP=$GPUS" "$(cap 220 0)" 4096x151936:64/256/16/1,8192x128256:64/256 \
         "$P" --rounds 5
 else
-    P=shard_matmul,fused_tp,fused_tp_seed_scalar,tp1_fused,shard_allgather,allgather_compiled
+    # (the peers that compile nothing: a compiled peer costs 15-30 s a cell at its first call)
+    P=shard_matmul,fused_tp,fused_tp_seed_scalar,tp1_fused,shard_allgather
     tp_bench "A bench_tp TP=$GPUS" "$(cap 170 100)" 4096x151936,8192x128256 "$P" --rounds 5
     tp_test "B benchmark shapes (world 4)" tp_gpu_benchmark_shapes.log 30 "$(cap 60 40)" \
         "benchmarks_shapes and 4"
