@@ -172,9 +172,12 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         if "topp90" in provider:
             top_k["top_p"] = 0.9
 
-        # FLASHSAMPLING_TP_EXCHANGE_PDL: fused_tp_pdl after every stage 1, fused_tp_auto where
+        # FLASHSAMPLING_TP_EXCHANGE_PDL: fused_tp_pdl / _bothpdl after every stage 1, _auto where
         # stage 1 runs on a persistent grid, fused_tp_nopdl never, else the default (auto)
-        pdl_exchange = {"fused_tp_pdl": "1", "fused_tp_auto": "auto", "fused_tp_nopdl": "0"}
+        pdl_exchange = {
+            "fused_tp_pdl": "1", "fused_tp_bothpdl": "1", "fused_tp_auto": "auto",
+            "fused_tp_nopdl": "0",
+        }  # fmt: skip
         pdl_exchange = pdl_exchange.get(provider)
         # fused_tp_seed: an explicit int seed made a 0-d tensor per call
         # (FLASHSAMPLING_TP_SCALAR_SEED=0); fused_tp_seed_scalar: passed to the kernels as it
@@ -184,8 +187,6 @@ def build(provider, hidden, weight_shard, weight_full, vocab_start, vocab_size, 
         # fused_tp_stage1pdl: the Triton stage 1 a programmatic dependent of the seed's draw;
         # fused_tp_bothpdl: that and the exchange after every stage 1
         stage1_pdl = "1" if provider in ("fused_tp_stage1pdl", "fused_tp_bothpdl") else None
-        if provider == "fused_tp_bothpdl":
-            pdl_exchange = "1"
         # fused_tp_assert: the exchange's verdict read by an assert kernel after it (the
         # path before the exchange trapped in its own kernel), for an A/B in one process
         check = "assert" if provider == "fused_tp_assert" else "kernel"
