@@ -24,7 +24,7 @@ top_p 0.95) and now (``k50off``, ``qwen3off``: the off knobs added at their off 
 knob setting but ``plain`` again as ``off@split`` ... with those attributes of
 ``flashsampling_inductor.dispatch`` (or of another of its modules: ``truncation_kernel.NAME``)
 set while the call is captured (A/B of such switches in one process, interleaved); its
-tokens must equal the setting's own.
+tokens must equal the setting's own. ``--variant-plain`` adds ``plain@split`` ... too.
 
 Each call is captured in a CUDA graph and timed by ``triton.testing.do_bench_cudagraph``
 (median), the configurations interleaved over --rounds rounds. ``--label`` names the code
@@ -163,6 +163,10 @@ def main() -> None:
         "--variants", default="",
         help="label:ATTR=VALUE;... of flashsampling_inductor.dispatch, comma-separated",
     )  # fmt: skip
+    parser.add_argument(
+        "--variant-plain", action="store_true",
+        help="--variants for plain too (a switch that changes plain calls as well)",
+    )  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results", help="folder of the CSV")
     args = parser.parse_args()
     variants = parse_variants(args.variants)
@@ -213,7 +217,7 @@ def main() -> None:
             pairs.append(("k50int", "k50off"))
             for label, settings in variants.items():
                 for name in names:
-                    if name != "plain" and name not in PYTHON_KNOBS:
+                    if (name != "plain" or args.variant_plain) and name not in PYTHON_KNOBS:
                         calls[f"{name}@{label}"] = with_settings(calls[name], settings)
                         pairs.append((name, f"{name}@{label}"))
             tokens = {name: call() for name, call in calls.items()}

@@ -5,7 +5,9 @@ or the eager call runs. Written with torch ops that is two to five small kernels
 (the comparisons, ``.all()``, the assert): with top-k, top-p, min-p and the temperature
 as tensors, 16 launches, about 25 us of a CUDA-graph replay on an H200, more than the
 sampling kernels' own difference between plain and off-valued knobs. This kernel checks
-them all in one launch, and one ``_assert_async`` reads its verdict.
+them all in one launch, whose own device-side assert (compiled in with Triton's ``debug``
+option) stops the call with the call's message: one launch where a kernel and
+``_assert_async`` were two (``FUSED_ASSERT``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ __all__ = ["assert_knobs_valid"]
 
 _BLOCK = 1024
 _NAMES = ("temperature", "top_k", "top_p", "min_p")
+# The verdict asserted inside the checking kernel (``tl.device_assert``, its message a
+# constexpr): one launch a call. False: the kernel writes it and ``torch._assert_async``
+# reads it, two launches (A/B runs; the CUDA assert then prints no message of ours).
+FUSED_ASSERT = True
 
 
 @triton.jit
@@ -28,10 +34,12 @@ def _all_in_range(
     temperature_count, top_k_count, top_p_count, min_p_count,
     temperature_stride, top_k_stride, top_p_stride, min_p_stride, longest,
     BLOCK: tl.constexpr,
+    MESSAGE: tl.constexpr = "",
 ):  # fmt: skip
-    """ok_ptr[0] = 1 if every given knob value is in its range (op.py's PerRowKnob rules:
-    temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]; NaN is out),
-    else 0. A knob whose pointer is None is not read."""
+    """Whether every given knob value is in its range (op.py's PerRowKnob rules: temperature
+    finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]; NaN is out): with a
+    MESSAGE a device-side assert with it (compiled in only with Triton's ``debug`` option),
+    else ok_ptr[0] = 1 or 0. A knob whose pointer is None is not read."""
     bad = tl.zeros((BLOCK,), tl.int32)
     offs = tl.arange(0, BLOCK)
     for start in range(0, longest, BLOCK):
@@ -52,21 +60,27 @@ def _all_in_range(
             mask = index < min_p_count
             p = tl.load(min_p_ptr + index * min_p_stride, mask=mask, other=0.0)
             bad |= (mask & ~((p >= 0) & (p <= 1))).to(tl.int32)
-    tl.store(ok_ptr, 1 - tl.max(bad))
+    if MESSAGE != "":
+        tl.device_assert(tl.max(bad) == 0, MESSAGE)
+    else:
+        tl.store(ok_ptr, 1 - tl.max(bad))
 
 
 def assert_knobs_valid(knobs: dict[str, torch.Tensor], message: str) -> None:
-    """A device-side assert (``torch._assert_async``) that every value of the CUDA tensors
-    ``knobs`` (0-d or [B], of the names temperature, top_k, top_p, min_p) is in range, in two
-    launches whatever their number; no host sync."""
+    """A device-side assert, with ``message``, that every value of the CUDA tensors
+    ``knobs`` (0-d or [B], of the names temperature, top_k, top_p, min_p) is in range, in one
+    launch whatever their number (two without FUSED_ASSERT); no host sync."""
     device = next(iter(knobs.values())).device
-    ok = torch.empty(1, dtype=torch.int32, device=device)
     tensors = [knobs.get(name) for name in _NAMES]
     counts = [0 if t is None else t.numel() for t in tensors]
     strides = [0 if t is None or t.dim() == 0 else t.stride(0) for t in tensors]
+    fused = FUSED_ASSERT
+    ok = torch.empty(1, dtype=torch.int32, device=device)  # (unwritten where fused)
     with torch.cuda.device(device):
         launch(
             _all_in_range, (1,), *tensors, ok, *counts, *strides, max(counts), BLOCK=_BLOCK,
-            num_warps=4,
+            MESSAGE=message if fused else "",
+            num_warps=4, **({"debug": True} if fused else {}),
         )  # fmt: skip
-    torch._assert_async(ok, message)
+    if not fused:
+        torch._assert_async(ok, message)
