@@ -1,6 +1,6 @@
 """What one block-wide step of a stage-2 search costs inside one program (CUDA only): a
 loop of R dependent steps over a row of N int32 keys in registers, per kind of step, at
-8 and 16 warps; the kernel's device time (CUDA events around 200 launches, one program) over
+8 and 16 warps; the kernel's device time (CUDA events around 20 launches, one program) over
 R, us. Tells a search's passes apart from the rest of stage 2 (benchmarks/probes/
 stage2_phases.py) and prices the alternatives to a bit-by-bit search.
 
@@ -100,7 +100,7 @@ def main() -> None:
         print("reduction_cost.py needs a CUDA GPU: nothing to run here")
         return
     out = torch.empty(1, device="cuda")
-    print(f"{torch.cuda.get_device_name()}: us per step (one program; R = 64 and 16 steps)")
+    print(f"{torch.cuda.get_device_name()}: us per step (one program; R = 1024 and 256 steps)")
     print("N     warps " + " ".join(f"{k:>8s}" for k in KINDS))
     for n in (1024, 2048):
         keys = torch.randint(0, 2**20, (n,), dtype=torch.int32, device="cuda")
@@ -109,17 +109,17 @@ def main() -> None:
             for kind in range(len(KINDS)):
                 times = []
                 try:
-                    for steps in (64, 16):
+                    for steps in (1024, 256):
                         _steps[(1,)](keys, out, steps, N=n, KIND=kind, num_warps=warps)
                         torch.cuda.synchronize()
                         start, end = torch.cuda.Event(True), torch.cuda.Event(True)
                         start.record()
-                        for _ in range(200):
+                        for _ in range(20):
                             _steps[(1,)](keys, out, steps, N=n, KIND=kind, num_warps=warps)
                         end.record()
                         torch.cuda.synchronize()
-                        times.append(start.elapsed_time(end) * 1e3 / 200)
-                    row.append(f"{(times[0] - times[1]) / 48:8.3f}")
+                        times.append(start.elapsed_time(end) * 1e3 / 20)
+                    row.append(f"{(times[0] - times[1]) / 768:8.3f}")
                 except Exception as error:  # (a kind this Triton cannot compile)
                     row.append(f"{'err':>8s}")
                     print(f"  {KINDS[kind]}: {type(error).__name__}: {str(error)[:200]}")
