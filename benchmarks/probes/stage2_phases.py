@@ -58,11 +58,15 @@ def _insert_before(source: str, anchor: str, line: str) -> str:
     return source.replace(anchor, line + anchor)
 
 
-def probe_module(stamps_holder: dict):
-    """truncation_kernel with stamps, imported from a file of its own."""
+def probe_module(stamps_holder: dict, patches: tuple[tuple[str, str], ...] = ()):
+    """truncation_kernel with stamps (and each (old, new) text of ``patches`` replaced: an
+    A/B of a change inside a phase), imported from a file of its own."""
     from flashsampling_inductor import truncation_kernel
 
     source = open(truncation_kernel.__file__).read()
+    for old, new in patches:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
     source = source.replace("from .", "from flashsampling_inductor.")
     source = re.sub(r"_stage2_row\(\n(\s*)row,", r"_stage2_row(\n\1stamp_ptr, row,", source)
     for kernel in ("_truncated_stage2", "_fallback_stage2"):
@@ -123,6 +127,10 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument(
+        "--patch", action="append", default=[],
+        help="OLD=>NEW: a text of truncation_kernel.py replaced in the probe's copy (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("stage2_phases.py needs a CUDA GPU: nothing to run here")
@@ -130,7 +138,10 @@ def main() -> None:
     from flashsampling_inductor import dispatch, fused_sample
 
     holder: dict = {}
-    dispatch.truncation_kernel = probe_module(holder)
+    patches = tuple(tuple(patch.split("=>", 1)) for patch in args.patch)
+    dispatch.truncation_kernel = probe_module(holder, patches)
+    if patches:
+        print("patched:", "; ".join(f"{old!r} -> {new!r}" for old, new in patches))
     torch.manual_seed(0)
     weight = torch.randn(args.vocab, args.hidden, device="cuda", dtype=torch.bfloat16)
     print(f"{torch.cuda.get_device_name()}, D = {args.hidden}, V = {args.vocab}; us, median")
