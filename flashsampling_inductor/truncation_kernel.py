@@ -99,11 +99,14 @@ PATCH_TILES = 16
 PREFETCH_PLAIN = True
 # Top-p's nucleus bound: searched from the weighed candidates' key range, two bits a pass
 # (``_nucleus_bound``'s NARROW), or one bit a pass over all the bits the logits' dtype leaves.
-# Narrowed only after a Python top-k (``_narrow_nucleus``), whose few survivors weigh: H200,
-# D = 2048, whole calls over cuBLAS, top-k 50 + top-p 0.9 B = 1 / 16 / 64 / 96 / 128 1.073 /
-# 1.065 / 1.073 / 1.208 / 1.208 -> 1.061 / 1.055 / 1.064 / 1.196 / 1.203. Not for top-p alone,
-# whose 2048 merged candidates all weigh: 0.5-1.0% slower there at every one of those B
-# (1.124 -> 1.132 at B = 1; truncation_ab_h200_20261128-1214).
+# First narrowed only after a Python top-k, whose few survivors weigh: H200, D = 2048, whole
+# calls over cuBLAS, top-k 50 + top-p 0.9 B = 1 / 16 / 64 / 96 / 128 1.073 / 1.065 / 1.073 /
+# 1.208 / 1.208 -> 1.061 / 1.055 / 1.064 / 1.196 / 1.203; top-p alone, whose 2048 merged
+# candidates all weigh, was 0.5-1.0% slower (truncation_ab_h200_20261128-1214), its pairs of
+# bits then unrolled in straight-line code. Since the pairs run as a loop (``_pair_passes``)
+# every call narrows it (``_narrow_nucleus``): top-p 0.9 alone, H200, D = 2048, B = 1 / 16,
+# 169.7 / 176.7 -> 168.4 / 175.3 us; 0-d knob tensors off / top-k 50 even (stage2_loops_ab_
+# h200_20261129-0114.txt, tokens equal; B = 64 not timed).
 NUCLEUS_NARROW = True
 # Stage 2's warps on up to 4096 lanes (merged candidates: 1024 or 2048). Four instead of eight
 # were 4-6% slower (whole calls: top-p alone, top-k 50 + top-p, min-p at the B above; same
@@ -231,9 +234,15 @@ def _search_start(lo, hi, LOW_BITS: tl.constexpr):
 def _pair_passes(top, LOW_BITS: tl.constexpr):
     """(the first pair's lower bit, how many pairs) of a two-bits-a-pass search from bit
     ``top`` down to LOW_BITS: the pairs (bit + 1, bit), bit = LOW_BITS + 2 j, at or below
-    top, from the highest. (A runtime loop over them: each pass's code once, not once per
-    pair it might run. A stage-2 program runs its code once, so straight-line code waits on
-    instruction fetch; H200, D = 2048, B = 1-64: top-k 50's k-th key search 4.5 us a row.)"""
+    top, from the highest. A runtime loop over them: each pass's code once, not once per
+    pair it might run. A stage-2 program runs its code once, so its straight-line code
+    waits on instruction fetch: with the loops (and _search_start's scan of the bits gone)
+    top-k 50's kernel is 1376 SASS instructions instead of 2864, and a row's draw after the
+    search took 1.1 us instead of 3.1-3.9 (benchmarks/probes/stage2_phases.py, H200). Whole
+    calls, H200, D = 2048, B = 1 / 16 / 64, us: top-k 50 160.9 / 170.3 / 173.0 -> 157.8 /
+    162.8 / 168.3, top-k 50 + top-p 0.9 166.7 / 177.0 / 179.3 -> 162.4 / 167.6 / 171.1;
+    top-p alone, min-p, off-valued knobs even; tokens equal (stage2_loops_ab_h200_
+    20261129-*.txt)."""
     NUM_PAIRS: tl.constexpr = (33 - LOW_BITS) // 2
     first = tl.minimum(tl.maximum(top - LOW_BITS, 0) // 2, NUM_PAIRS - 1)
     return LOW_BITS + 2 * first, tl.where(top >= LOW_BITS, first + 1, 0)
@@ -1612,9 +1621,10 @@ def _stage2_warps(params: SamplingParams, vocab_size: int, batch: int) -> int:
 
 
 def _narrow_nucleus(params: SamplingParams, vocab_size: int) -> bool:
-    """Whether stage 2 narrows top-p's nucleus search (NUCLEUS_NARROW): where a Python k is
-    on for every row, so that only its survivors weigh and their keys span few bits."""
-    return NUCLEUS_NARROW and params.top_k is None and 0 < params.scalar_top_k < vocab_size
+    """Whether stage 2 narrows top-p's nucleus search (NUCLEUS_NARROW; every call since its
+    pairs of bits run as a loop; ``params`` and ``vocab_size`` kept for the launchers' A/B
+    switches)."""
+    return NUCLEUS_NARROW
 
 
 def raw_logit_later(params: SamplingParams) -> bool:

@@ -122,8 +122,8 @@ def test_merged_groups_match_the_contract_for_top_k(logits_dtype, merged, overfl
 
 
 @pytest.mark.parametrize(
-    "compact_slots, narrow", [(None, False), (16, False), (16, True)],
-    ids=["default", "compact16", "compact16-narrow"],
+    "compact_slots, narrow", [(None, True), (16, False), (16, True)],
+    ids=["default", "compact16-one-bit", "compact16-narrow"],
 )  # fmt: skip
 def test_merged_groups_match_the_contract_for_top_p_and_min_p(
     compact_slots, narrow, merged, overflowed, monkeypatch
@@ -131,14 +131,13 @@ def test_merged_groups_match_the_contract_for_top_p_and_min_p(
     """Top-p alone and min-p (per row, over the whole row: the groups' merged mass partials
     give top-p its total) with a soft-cap, per-row temperatures with greedy rows: the
     contract's tokens from every row, through the merged candidates or the fallback.
-    "compact16": 16 slots for the 32 merged candidates (``MERGED_COMPACT_SLOTS``), so top-p
+    "compact16-": 16 slots for the 32 merged candidates (``MERGED_COMPACT_SLOTS``), so top-p
     searches and draws on the heaviest ones where they hold p of the mass, min-p on its
     kept ones where they fit; "-narrow": the nucleus searched from the candidates' key
-    range (``_narrow_nucleus``, by default only after a Python k)."""
+    range (``_narrow_nucleus``, the default), else one bit a pass."""
     if compact_slots:
         monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", compact_slots)
-    if narrow:
-        monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: True)
+    monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: narrow)
     softcap = 2.0
     _, top_p, min_p, temperature = min_p_grid()
     batch = len(top_p)
