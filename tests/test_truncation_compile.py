@@ -259,21 +259,18 @@ compile_kernel(
 # Every knob tensor of a call checked in one kernel (op.py, knob_check.py).
 from flashsampling_inductor import knob_check
 
+knob_check_signature = {
+    "temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
+    "ok_ptr": "*i32", "temperature_count": "i32", "top_k_count": "i32", "top_p_count": "i32",
+    "min_p_count": "i32", "temperature_stride": "i32", "top_k_stride": "i32",
+    "top_p_stride": "i32", "min_p_stride": "i32", "longest": "i32",
+}
 compile_kernel(
-    knob_check._all_in_range,
-    {"temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
-     "ok_ptr": "*i32", "temperature_count": "i32", "top_k_count": "i32", "top_p_count": "i32",
-     "min_p_count": "i32", "temperature_stride": "i32", "top_k_stride": "i32",
-     "top_p_stride": "i32", "min_p_stride": "i32", "longest": "i32"},
-    dict(BLOCK=1024, MESSAGE=""), num_warps=4,
+    knob_check._all_in_range, knob_check_signature, dict(BLOCK=1024, MESSAGE=""), num_warps=4
 )
 # ... with the verdict asserted in the kernel (knob_check.FUSED_ASSERT, Triton's debug option)
 compile_kernel(
-    knob_check._all_in_range,
-    {"temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
-     "ok_ptr": "*i32", "temperature_count": "i32", "top_k_count": "i32", "top_p_count": "i32",
-     "min_p_count": "i32", "temperature_stride": "i32", "top_k_stride": "i32",
-     "top_p_stride": "i32", "min_p_stride": "i32", "longest": "i32"},
+    knob_check._all_in_range, knob_check_signature,
     dict(BLOCK=1024, MESSAGE="flashsampling: top_p must be in (0, 1] in every row"),
     num_warps=4, debug=True,
 )

@@ -24,6 +24,22 @@ parse_budget_batches() {
     done
 }
 
+# job_start NAME: a single-GPU job's output folder ($O = $OUT/NAME, summary $S headed by the
+# job's name and commit), the machine in env.txt (and the summary), and an exit (0) without
+# a CUDA GPU.
+job_start() {
+    export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+    O=${OUT:-/tmp/out}/$1; mkdir -p "$O"
+    S=$O/summary.txt
+    { echo "$1 job, $(cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null)"; nvidia-smi -L; } > "$S" 2>&1
+    if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        echo "no CUDA GPU: nothing run" | tee -a "$S"; exit 0
+    fi
+    { nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv,noheader
+      python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > "$O/env.txt" 2>&1
+    cat "$O/env.txt" >> "$S"
+}
+
 # tp_job_start DIR MIN_GPUS: the TP jobs' output folder ($O, summary $S), the machine in
 # env.txt, and an exit (0) when fewer than MIN_GPUS GPUs are present. Never NVLink multicast.
 tp_job_start() {

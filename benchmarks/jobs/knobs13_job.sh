@@ -11,16 +11,7 @@ set -u
 cd "$(dirname "$0")/../.."
 budget=${1:-200}
 source benchmarks/jobs/device_job_lib.sh
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-O=${OUT:-/tmp/out}/knobs13; mkdir -p "$O"
-S=$O/summary.txt
-{ echo "knobs13 job, $(cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null)"; nvidia-smi -L; } > "$S" 2>&1
-if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "no CUDA GPU: nothing run" | tee -a "$S"; exit 0
-fi
-{ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > "$O/env.txt" 2>&1
-cat "$O/env.txt" >> "$S"
+job_start knobs13
 
 TWO="two:knob_check.FUSED_ASSERT=False"
 bench() {  # bench LABEL LIMIT ARGS...: bench_off_knobs.py into $O/LABEL.log
