@@ -5,6 +5,7 @@ per call; CUDA-graph medians over interleaved rounds, us, and each form's new / 
 
     python benchmarks/probes/module_ab.py --old /path/to/old/truncation_kernel.py \\
         --module truncation_kernel --shapes 2048x151936 --batches 1,16,64
+    python benchmarks/probes/module_ab.py --old-patch "SWITCH = False=>SWITCH = True"
 
 Forms: plain (T = 0.7), k50 (top_k=50), k50p09 (+ top_p=0.9), p09, minp (min_p=0.1), and
 off / k50off (0-d tensors at their off values, top-k 50 as a 0-d tensor: generate's), each
@@ -36,8 +37,11 @@ FORMS = {
 }
 
 
-def load_as(path: str, name: str):
+def load_as(path: str, name: str, patches: tuple[tuple[str, str], ...] = ()):
     source = open(path).read().replace("from .", "from flashsampling_inductor.")
+    for old, new in patches:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
     target = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"_ab_{name}.py")
     with open(target, "w") as handle:  # (Triton reads a kernel's source from its file)
         handle.write(source)
@@ -61,7 +65,11 @@ def knobs(form: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--old", required=True, help="the other version's file")
+    parser.add_argument("--old", help="the other version's file (default: this one's own)")
+    parser.add_argument(
+        "--old-patch", action="append", default=[],
+        help="OLD=>NEW: a text replaced in the other version (repeatable): a switch's A/B",
+    )  # fmt: skip
     parser.add_argument("--module", default="truncation_kernel")
     parser.add_argument("--shapes", default="2048x151936")
     parser.add_argument("--batches", default="1,16,64")
@@ -80,7 +88,9 @@ def main() -> None:
     new = getattr(flashsampling_inductor, args.module, None) or importlib.import_module(
         f"flashsampling_inductor.{args.module}"
     )
-    old = load_as(args.old, args.module)
+    patches = tuple(tuple(patch.split("=>", 1)) for patch in args.old_patch)
+    old = load_as(args.old or new.__file__, args.module, patches)
+    args.old = args.old or f"{args.module}.py with {patches}"
     owners = [m for m in (dispatch,) if getattr(m, args.module, None) is new]
     print(f"{torch.cuda.get_device_name()}: {args.module} new vs {args.old}; graph us (median)")
     for shape in args.shapes.split(","):
