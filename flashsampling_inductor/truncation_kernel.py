@@ -105,7 +105,7 @@ PREFETCH_PLAIN = True
 # 1.208 / 1.208 -> 1.061 / 1.055 / 1.064 / 1.196 / 1.203; top-p alone, whose 2048 merged
 # candidates all weigh, was 0.5-1.0% slower (truncation_ab_h200_20261128-1214), its pairs of
 # bits then unrolled in straight-line code. Since the pairs run as a loop (``_pair_passes``)
-# every call narrows it (``_narrow_nucleus``): top-p 0.9 alone, H200, D = 2048, B = 1 / 16,
+# every call narrows it: top-p 0.9 alone, H200, D = 2048, B = 1 / 16,
 # 169.7 / 176.7 -> 168.4 / 175.3 us; 0-d knob tensors off / top-k 50 even (stage2_loops_ab_
 # h200_20261129-0114.txt, tokens equal; B = 64 not timed).
 NUCLEUS_NARROW = True
@@ -1621,7 +1621,7 @@ def _stage2_arguments(
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
         PREFETCH_PLAIN=PREFETCH_PLAIN and stage1.get("plain_score") is not None,
         MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
-        NUCLEUS_NARROW=_narrow_nucleus(params, vocab_size),
+        NUCLEUS_NARROW=NUCLEUS_NARROW,
     )  # fmt: skip
     warps = 16 if block >= 8192 else _stage2_warps(params, vocab_size, batch)
     return runtime, constexprs, warps
@@ -1635,13 +1635,6 @@ def _stage2_warps(params: SamplingParams, vocab_size: int, batch: int) -> int:
     top_k_off = not 0 < params.scalar_top_k < vocab_size
     few_rows = batch <= STAGE2_WARPS_WITHOUT_TOP_K_ROWS_MAX
     return STAGE2_WARPS_WITHOUT_TOP_K if python_knobs and top_k_off and few_rows else STAGE2_WARPS
-
-
-def _narrow_nucleus(params: SamplingParams, vocab_size: int) -> bool:
-    """Whether stage 2 narrows top-p's nucleus search (NUCLEUS_NARROW; every call since its
-    pairs of bits run as a loop; ``params`` and ``vocab_size`` kept for the launchers' A/B
-    switches)."""
-    return NUCLEUS_NARROW
 
 
 def raw_logit_later(params: SamplingParams) -> bool:

@@ -210,7 +210,7 @@ def test_gpu_scalar_top_p_min_p_match_reference_pathwise(batch, knobs, levers, m
         monkeypatch.setattr(dispatch, "TRUNCATING_TILE_ROWS_65_128", 64)
     if levers == "topp9-opt-ins":
         monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 256)
-        monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: True)
+        monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", True)
         monkeypatch.setattr(dispatch, "MASS_TILE_ROWS_65_128", 128)
     _assert_scalar_knobs_pathwise(batch, knobs, seed_offset=13)
 

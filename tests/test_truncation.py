@@ -183,8 +183,8 @@ def test_narrow_nucleus_search_draws_the_contract_tokens(logits_dtype, monkeypat
     (``truncation_kernel.NUCLEUS_NARROW``): the per-row (k, p) grid with greedy rows, and a
     Python p alone (the whole row's mass from stage 1's partials), draw the contract's
     tokens, as the one-bit search does (narrowed on every path here, as by default:
-    ``_narrow_nucleus``)."""
-    monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab_size: True)
+    ``NUCLEUS_NARROW``)."""
+    monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", True)
     top_k, top_p, temperature = per_row_grid()
     batch = len(top_k)
     hidden, weight = make_exact_problem(batch, 1000, 64)

@@ -134,10 +134,10 @@ def test_merged_groups_match_the_contract_for_top_p_and_min_p(
     "compact16-": 16 slots for the 32 merged candidates (``MERGED_COMPACT_SLOTS``), so top-p
     searches and draws on the heaviest ones where they hold p of the mass, min-p on its
     kept ones where they fit; "-narrow": the nucleus searched from the candidates' key
-    range (``_narrow_nucleus``, the default), else one bit a pass."""
+    range (``NUCLEUS_NARROW``, the default), else one bit a pass."""
     if compact_slots:
         monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", compact_slots)
-    monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: narrow)
+    monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", narrow)
     softcap = 2.0
     _, top_p, min_p, temperature = min_p_grid()
     batch = len(top_p)
@@ -166,7 +166,7 @@ def test_merged_top_p_alone_on_the_heaviest_candidates(narrow, merged, overflowe
     the nucleus and draws on them alone (``_top_p_bound``'s pruning), with the narrowed
     search or one bit a pass; every row draws the contract's tokens."""
     monkeypatch.setattr(truncation_kernel, "MERGED_COMPACT_SLOTS", 16)
-    monkeypatch.setattr(truncation_kernel, "_narrow_nucleus", lambda params, vocab: narrow)
+    monkeypatch.setattr(truncation_kernel, "NUCLEUS_NARROW", narrow)
     batch = 6
     hidden, weight, bias, seed = masked_problem(batch)
     params = SamplingParams(None, 0.25, seed, 0, 2, None, None, 0, None, 0.9)

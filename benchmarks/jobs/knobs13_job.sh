@@ -15,12 +15,9 @@ job_start knobs13
 
 TWO="two:knob_check.FUSED_ASSERT=False"
 bench() {  # bench LABEL LIMIT ARGS...: bench_off_knobs.py into $O/LABEL.log
-    local label=$1 limit=$2 t
+    local label=$1 limit=$2
     shift 2
-    if [ "$limit" -lt 5 ]; then echo "$label: no time left" >> "$S"; return; fi
-    t=$(date +%s)
-    timeout -k 5 "$limit" python3 benchmarks/bench_off_knobs.py --out "$O" "$@" > "$O/$label.log" 2>&1
-    echo "$label: rc=$? wall $(($(date +%s) - t)) s (limit $limit, at $(elapsed) s)" >> "$S"
+    timed_step "$label" "$O/$label.log" 5 "$limit" python3 benchmarks/bench_off_knobs.py --out "$O" "$@"
 }
 
 # 1. compile everything at once (a process per batch, Triton's cache shared), the GPU test

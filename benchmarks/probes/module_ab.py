@@ -38,10 +38,23 @@ FORMS = {
 
 
 def load_as(path: str, name: str, patches: tuple[tuple[str, str], ...] = ()):
-    source = open(path).read().replace("from .", "from flashsampling_inductor.")
+    """The module of flashsampling_inductor in ``path``, each (old, new) text of ``patches``
+    replaced, imported as ``_ab_<name>`` (``import_source``)."""
+    return import_source(patched(open(path).read(), patches), name)
+
+
+def patched(source: str, patches: tuple[tuple[str, str], ...]) -> str:
+    """``source`` with each (old, new) text of ``patches`` replaced (each old found once)."""
     for old, new in patches:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
+    return source
+
+
+def import_source(source: str, name: str):
+    """A module of flashsampling_inductor's ``source`` (its relative imports made absolute)
+    imported as ``_ab_<name>`` from a file beside this script (git ignores them)."""
+    source = source.replace("from .", "from flashsampling_inductor.")
     target = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"_ab_{name}.py")
     with open(target, "w") as handle:  # (Triton reads a kernel's source from its file)
         handle.write(source)

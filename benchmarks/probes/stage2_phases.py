@@ -20,14 +20,13 @@ Phases (a row's consecutive stamps; a phase a row skips is left out of its media
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import statistics
 import sys
-import tempfile
 
 import torch
+from module_ab import import_source, patched  # (this folder)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -60,14 +59,10 @@ def _insert_before(source: str, anchor: str, line: str) -> str:
 
 def probe_module(stamps_holder: dict, patches: tuple[tuple[str, str], ...] = ()):
     """truncation_kernel with stamps (and each (old, new) text of ``patches`` replaced: an
-    A/B of a change inside a phase), imported from a file of its own."""
+    A/B of a change inside a phase), imported from a file of its own (module_ab.py's)."""
     from flashsampling_inductor import truncation_kernel
 
-    source = open(truncation_kernel.__file__).read()
-    for old, new in patches:
-        assert source.count(old) == 1, old
-        source = source.replace(old, new)
-    source = source.replace("from .", "from flashsampling_inductor.")
+    source = patched(open(truncation_kernel.__file__).read(), patches)
     source = re.sub(r"_stage2_row\(\n(\s*)row,", r"_stage2_row(\n\1stamp_ptr, row,", source)
     for kernel in ("_truncated_stage2", "_fallback_stage2"):
         source = source.replace(
@@ -109,13 +104,7 @@ def probe_module(stamps_holder: dict, patches: tuple[tuple[str, str], ...] = ())
     )
     source = source.replace("_FALLBACK_SHARED = (\n", '_FALLBACK_SHARED = (\n    "stamp_ptr",\n')
     source += "\n_STAMPS = {}\n"
-    path = os.path.join(tempfile.mkdtemp(), "truncation_kernel_probe.py")
-    with open(path, "w") as handle:
-        handle.write(source)
-    spec = importlib.util.spec_from_file_location("truncation_kernel_probe", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["truncation_kernel_probe"] = module
-    spec.loader.exec_module(module)
+    module = import_source(source, "truncation_kernel_stamped")
     module._STAMPS = stamps_holder
     return module
 

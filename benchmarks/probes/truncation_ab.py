@@ -81,7 +81,7 @@ ROUND_1_VARIANTS = {
         ("p09",),
         [
             (truncation_kernel, "MERGED_COMPACT_SLOTS", 256),
-            (truncation_kernel, "_narrow_nucleus", lambda params, vocab_size: True),
+            (truncation_kernel, "NUCLEUS_NARROW", True),
         ],
     ),
     "warps16": (("k50p09",), [(truncation_kernel, "STAGE2_WARPS", 16)]),
