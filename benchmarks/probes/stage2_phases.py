@@ -15,6 +15,11 @@ Phases (a row's consecutive stamps; a phase a row skips is left out of its media
   topp->flag    min-p's bound and the completeness check (hidden keys of every tile / group)
   flag->kept    the kept candidates packed (where that shrinks the noise's lanes)
   kept->drawn   the noise and the Gumbel-max (and the token's store)
+
+--hot: each stage-2 program runs its row twice (a runtime loop around the kernel's body, so
+its code is the same instructions both times) and the stamps are the second run's: the
+phases with the program's code already fetched into its SM's instruction caches. The gap
+between the two tables is what a cold start costs each phase.
 """
 
 from __future__ import annotations
@@ -57,7 +62,31 @@ def _insert_before(source: str, anchor: str, line: str) -> str:
     return source.replace(anchor, line + anchor)
 
 
-def probe_module(stamps_holder: dict, patches: tuple[tuple[str, str], ...] = ()):
+def _run_twice(source: str, kernel: str) -> str:
+    """``kernel``'s body moved into a function of its own, called twice in a runtime loop."""
+    start = source.index(f"def {kernel}(")
+    end = source.index("\n\n\n@triton.jit", start)
+    text = source[start:end]
+    head, body = text.split("\n):  # fmt: skip\n", 1)
+    params = head[len(f"def {kernel}(") :]
+    names = []
+    for line in params.splitlines():
+        line = line.split("#", 1)[0]
+        for part in line.split(","):
+            name = part.split(":")[0].split("=")[0].strip()
+            if name:
+                names.append(name)
+    body = body.split('"""', 2)[2] if body.lstrip().startswith('"""') else body
+    inner = f"@triton.jit\ndef {kernel}_body({params}\n):  # fmt: skip{body}\n\n\n"
+    outer = (
+        f"def {kernel}({params}\n):  # fmt: skip\n"
+        f"    for _hot in range(1 + (V > 0)):\n        {kernel}_body({', '.join(names)})\n"
+    )
+    decorator = source.rindex("\n\n\n", 0, start) + 3
+    return source[:decorator] + inner + source[decorator:start] + outer + source[end:]
+
+
+def probe_module(stamps_holder: dict, patches: tuple[tuple[str, str], ...] = (), hot=False):
     """truncation_kernel with stamps (and each (old, new) text of ``patches`` replaced: an
     A/B of a change inside a phase), imported from a file of its own (module_ab.py's)."""
     from flashsampling_inductor import truncation_kernel
@@ -103,6 +132,8 @@ def probe_module(stamps_holder: dict, patches: tuple[tuple[str, str], ...] = ())
         " _STAMPS.get('first'), key_ptr=keys,",
     )
     source = source.replace("_FALLBACK_SHARED = (\n", '_FALLBACK_SHARED = (\n    "stamp_ptr",\n')
+    if hot:
+        source = _run_twice(source, "_truncated_stage2")
     source += "\n_STAMPS = {}\n"
     module = import_source(source, "truncation_kernel_stamped")
     module._STAMPS = stamps_holder
@@ -120,6 +151,7 @@ def main() -> None:
         "--patch", action="append", default=[],
         help="OLD=>NEW: a text of truncation_kernel.py replaced in the probe's copy (repeatable)",
     )  # fmt: skip
+    parser.add_argument("--hot", action="store_true", help="stamps of each row's second run")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("stage2_phases.py needs a CUDA GPU: nothing to run here")
@@ -128,7 +160,9 @@ def main() -> None:
 
     holder: dict = {}
     patches = tuple(tuple(patch.split("=>", 1)) for patch in args.patch)
-    dispatch.truncation_kernel = probe_module(holder, patches)
+    dispatch.truncation_kernel = probe_module(holder, patches, args.hot)
+    if args.hot:
+        print("hot: the stamps of each row's second run in its program")
     if patches:
         print("patched:", "; ".join(f"{old!r} -> {new!r}" for old, new in patches))
     torch.manual_seed(0)
