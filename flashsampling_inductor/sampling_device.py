@@ -509,23 +509,12 @@ def await_previous_kernel(PDL: tl.constexpr):
     previous kernel writes, so the launch only overlaps this kernel's scheduling with the
     previous one's last programs. PDL == 2: the next one's programs may be scheduled first
     (they wait in turn for this one's end), so a chain of small kernels after a long one has
-    its programs resident, waiting, by the time the long one ends. PDL == 3: wait only; the
-    kernel lets the next one's programs be scheduled at its end (``signal_next_kernel``)."""
+    its programs resident, waiting, by the time the long one ends."""
     if PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    elif PDL == 3:
-        tl.extra.cuda.gdc_wait()
     elif PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def signal_next_kernel(PDL: tl.constexpr):
-    """With PDL == 3 (``await_previous_kernel``): let the next kernel's programs be scheduled
-    now, at this program's end, not while it works."""
-    if PDL == 3:
         tl.extra.cuda.gdc_launch_dependents()
 
 

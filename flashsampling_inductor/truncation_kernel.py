@@ -61,7 +61,6 @@ from .sampling_device import (
     round_logits,
     row_mass,
     row_seeds,
-    signal_next_kernel,
     softcap_logits,
     token_gumbel,
     truncates,
@@ -147,12 +146,6 @@ TAIL_TRIGGER_FIRST = True
 # cost top-k 50 4.3 us there. Above 64 rows the kernels' programs are many more, and
 # stage 2 does real work while the fallback's would wait beside it: not measured.)
 TAIL_TRIGGER_FIRST_ROWS_MAX = 64
-# Stage 2's first pass lets the fallback's programs be scheduled at its programs' end
-# (PDL 3: ``signal_next_kernel``), not at their start, so that none are resident, waiting,
-# beside its searches. Off: not measured yet. (Why it may pay: inside stage 2 a search's
-# block-wide step took 2-3x what it takes alone in a hot loop, H200, 2026-11-29:
-# benchmarks/probes/stage2_phases.py and reduction_cost.py, docs/performance.md.)
-STAGE2_TRIGGER_LAST = False
 
 
 def _tail_pdl(device: torch.device, batch: int) -> dict:
@@ -1105,8 +1098,8 @@ def _truncated_stage2(
     NUCLEUS_NARROW: tl.constexpr = False,
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates. The
-    arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL (3: the
-    next kernel's programs scheduled at this one's end) and the merged route's."""
+    arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL and the
+    merged route's."""
     await_previous_kernel(PDL)
     row = tl.program_id(0)
     prefetched = _prefetch_plain(
@@ -1129,7 +1122,6 @@ def _truncated_stage2(
                 PATCH_TILES, PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK,
                 PREFETCH_PLAIN, NUCLEUS_NARROW,
             )  # fmt: skip
-            signal_next_kernel(PDL)
             return
     _stage2_row(
         row, prefetched, key_ptr, index_ptr, hidden_key_ptr, mass_ptr, plain_score_ptr,
@@ -1144,7 +1136,6 @@ def _truncated_stage2(
         COMPLETE, SINGLE, FAST_MATH, BLOCK, COMPACT, PACK, PATCHED, PATCH_TILES, PATCH_V,
         KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK, PREFETCH_PLAIN, NUCLEUS_NARROW,
     )  # fmt: skip
-    signal_next_kernel(PDL)
 
 
 @triton.jit(do_not_specialize=["scalar_temperature", "seed_lo", "seed_hi", "scalar_top_k",
@@ -1515,24 +1506,16 @@ def launch_stage2(
         patched=patched, patch=patch, merge=merge, route_k_max=route_k_max,
         fast_math=fast_math, logprobs=logprobs,
     )  # fmt: skip
-    trigger_last = STAGE2_TRIGGER_LAST and not (complete or patched)
-    _launch_by_name(
-        _truncated_stage2, (out.shape[0],), runtime, constexprs, num_warps, trigger_last
-    )
+    _launch_by_name(_truncated_stage2, (out.shape[0],), runtime, constexprs, num_warps)
 
 
-def _launch_by_name(
-    kernel, grid, runtime: dict, constexprs: dict, num_warps: int, trigger_last: bool = False
-) -> None:
+def _launch_by_name(kernel, grid, runtime: dict, constexprs: dict, num_warps: int) -> None:
     """``launch`` with the runtime arguments by name (they come first in the kernel's
-    signature: passed positionally, as ``launch`` binds them fastest) and the constexprs;
-    ``trigger_last``: PDL 3 where PDL is on (``STAGE2_TRIGGER_LAST``)."""
+    signature: passed positionally, as ``launch`` binds them fastest) and the constexprs."""
     names = kernel.arg_names[: len(runtime)]
     assert set(names) == set(runtime), sorted(set(names) ^ set(runtime))
-    pdl = _tail_pdl(runtime["out_ptr"].device, runtime["out_ptr"].shape[0])
-    if trigger_last and pdl["PDL"]:
-        pdl["PDL"] = 3
-    launch(kernel, grid, *(runtime[name] for name in names), **constexprs, **pdl,
+    launch(kernel, grid, *(runtime[name] for name in names), **constexprs,
+           **_tail_pdl(runtime["out_ptr"].device, runtime["out_ptr"].shape[0]),
            num_warps=num_warps)  # fmt: skip
 
 

@@ -85,11 +85,6 @@ for narrow, low_bits in ((False, 16), (True, 16), (True, 0)):
         **first_pass, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64,
         KEY_LOW_BITS=low_bits, NUCLEUS_NARROW=narrow, num_warps=8,
     )
-# ... letting the fallback's programs be scheduled at its end (STAGE2_TRIGGER_LAST: PDL 3)
-compile_stage2(
-    **{**first_pass, "PDL": 3}, BLOCK=2048, PATCHED=False, PATCH_TILES=16, PATCH_V=64,
-    KEY_LOW_BITS=16, NUCLEUS_NARROW=True, num_warps=8,
-)
 # Per-row knobs that may be off (continuous batching: every knob a [B] tensor): untruncated
 # rows drawn from stage 1's plain candidates first, then top-k per row; also with the
 # processed log-probabilities transformers' return_logprobs asks for.

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The next stage-2 experiment (issues 38 / 35; prepared 2026-11-29, not run yet): does
+# The stage-2 experiment of 2026-11-29 (issues 38 / 35; ran 02:46 UTC at 19fe09d: slower, and
+# the switch was removed after; docs/performance.md, "Stage 2's searches: not the instruction
+# caches"). It asked: does
 # letting the fallback's programs be scheduled at stage 2's end (truncation_kernel.
 # STAGE2_TRIGGER_LAST, PDL 3) speed stage 2's searches, whose block-wide steps took 2-3x
 # their cost alone in a hot loop (docs/performance.md, "Stage 2 per phase")? One GPU,
