@@ -249,6 +249,18 @@ def _pair_passes(top, LOW_BITS: tl.constexpr):
 
 
 @triton.jit
+def _least_at_or_above(keys, exact, bound):
+    """``bound`` unless a search met a trial ``exact`` that exactly k keys reach: then the
+    least of those keys, which is the k-th largest (and the bound the passes left would have
+    settled, low bits included), so the search stops there. (A tie at the k-th key never
+    counts exactly k, so ties run every pass.) Distinct keys part after a few passes: fp32
+    logits' 24 searched bits (12 two-bit passes) end after ~5 on std-5 rows."""
+    if exact != KEY_PAD:
+        bound = tl.min(tl.where(keys >= exact, keys, _INT32_MAX))
+    return bound
+
+
+@triton.jit
 def _kth_key(keys, k, LOW_BITS: tl.constexpr, NARROW: tl.constexpr):
     """The largest key T with at least k of ``keys`` >= T: the k-th largest key (KEY_PAD when
     fewer than k are real), settled down to bit LOW_BITS, below which every key's bits are
@@ -273,28 +285,39 @@ def _kth_key(keys, k, LOW_BITS: tl.constexpr, NARROW: tl.constexpr):
         # Pairs of bits (bit + 1, bit), from the highest down to LOW_BITS; those above top
         # stay lo's (and hi's).
         first_bit, num_pairs = _pair_passes(top, LOW_BITS)
-        for pair in range(num_pairs):
+        exact = tl.full((), KEY_PAD, tl.int32)  # (a trial that exactly k keys reach)
+        pair = tl.zeros((), tl.int32)
+        while (pair < num_pairs) & (exact == KEY_PAD):
             bit = (first_bit - 2 * pair).to(tl.int64)
             # (a trial past the int32 range, bit 32 set, is clamped above every key)
-            trial = tl.minimum(bound + (one << bit) - (one << 31), _INT32_MAX)
-            trial2 = tl.minimum(bound + (one << (bit + 1)) - (one << 31), _INT32_MAX)
-            trial3 = tl.minimum(bound + 3 * (one << bit) - (one << 31), _INT32_MAX)
+            trial = tl.minimum(bound + (one << bit) - (one << 31), _INT32_MAX).to(tl.int32)
+            trial2 = tl.minimum(bound + (one << (bit + 1)) - (one << 31), _INT32_MAX).to(tl.int32)
+            trial3 = tl.minimum(bound + 3 * (one << bit) - (one << 31), _INT32_MAX).to(tl.int32)
             counts = tl.sum(
-                (keys >= trial.to(tl.int32)).to(tl.int64)
-                + ((keys >= trial2.to(tl.int32)).to(tl.int64) << 16)
-                + ((keys >= trial3.to(tl.int32)).to(tl.int64) << 32)
+                (keys >= trial).to(tl.int64)
+                + ((keys >= trial2).to(tl.int64) << 16)
+                + ((keys >= trial3).to(tl.int64) << 32)
             )
-            digit = ((counts & 0xFFFF) >= k).to(tl.int64)
-            digit += (((counts >> 16) & 0xFFFF) >= k).to(tl.int64)
-            digit += (((counts >> 32) & 0xFFFF) >= k).to(tl.int64)
-            bound += digit << bit
+            count, count2, count3 = counts & 0xFFFF, (counts >> 16) & 0xFFFF, counts >> 32
+            digit = (count >= k).to(tl.int64) + (count2 >= k).to(tl.int64)
+            bound += (digit + (count3 >= k).to(tl.int64)) << bit
+            exact = tl.where(count == k, trial, exact)
+            exact = tl.where(count2 == k, trial2, exact)
+            exact = tl.where(count3 == k, trial3, exact)
+            pair += 1
         bound = tl.where(num_real >= k, bound - (one << 31), KEY_PAD).to(tl.int32)
+        bound = _least_at_or_above(keys, exact, bound)
     else:
         bound = tl.full((), KEY_PAD, tl.int32)
-        for i in range(32 - LOW_BITS):
-            trial = (bound.to(tl.int64) + (one << (31 - i))).to(tl.int32)
+        exact = tl.full((), KEY_PAD, tl.int32)
+        i = tl.zeros((), tl.int32)
+        while (i < 32 - LOW_BITS) & (exact == KEY_PAD):
+            trial = (bound.to(tl.int64) + (one << (31 - i).to(tl.int64))).to(tl.int32)
             count = tl.sum((keys >= trial).to(tl.int32))
             bound = tl.where(count >= k, trial, bound)
+            exact = tl.where(count == k, trial, exact)
+            i += 1
+        bound = _least_at_or_above(keys, exact, bound)
     return restore_low_bits(bound, LOW_BITS)
 
 

@@ -10,7 +10,7 @@ per call; CUDA-graph medians over interleaved rounds, us, and each form's new / 
 Forms: plain (T = 0.7), k50 (top_k=50), k50p09 (+ top_p=0.9), p09, minp (min_p=0.1), and
 off / k50off (0-d tensors at their off values, top-k 50 as a 0-d tensor: generate's), each
 as ``form`` (this checkout) and ``form@old``. Rows: std-5 logits (bench_sampling's
-``--logit-std 5``), a fixed seed.
+``--logit-std 5``), a fixed seed; fp32 logits unless ``--bf16-logits``.
 """
 
 from __future__ import annotations
@@ -89,6 +89,10 @@ def main() -> None:
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rep", type=int, default=25, help="ms of replays per timing")
+    parser.add_argument(
+        "--bf16-logits", action="store_true",
+        help="logits rounded to bf16 (logits_dtype=torch.bfloat16), as bench_sampling's calls",
+    )  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("module_ab.py needs a CUDA GPU: nothing to run here")
@@ -105,7 +109,9 @@ def main() -> None:
     old = load_as(args.old or new.__file__, args.module, patches)
     args.old = args.old or f"{args.module}.py with {patches}"
     owners = [m for m in (dispatch,) if getattr(m, args.module, None) is new]
-    print(f"{torch.cuda.get_device_name()}: {args.module} new vs {args.old}; graph us (median)")
+    logits = "bf16" if args.bf16_logits else "fp32"
+    print(f"{torch.cuda.get_device_name()}: {args.module} new vs {args.old}; {logits} logits;"
+          " graph us (median)")  # fmt: skip
     for shape in args.shapes.split(","):
         hidden_size, vocab = map(int, shape.split("x"))
         torch.manual_seed(0)
@@ -116,6 +122,8 @@ def main() -> None:
             calls = {}
             for form in args.forms.split(","):
                 arguments = knobs(form)  # (made outside the graphs' capture)
+                if args.bf16_logits:
+                    arguments["logits_dtype"] = torch.bfloat16
                 for label, module in (("", new), ("@old", old)):
 
                     def call(module=module, hidden=hidden, weight=weight, arguments=arguments):

@@ -152,6 +152,11 @@ def main() -> None:
         help="OLD=>NEW: a text of truncation_kernel.py replaced in the probe's copy (repeatable)",
     )  # fmt: skip
     parser.add_argument("--hot", action="store_true", help="stamps of each row's second run")
+    parser.add_argument(
+        "--bf16-logits", action="store_true",
+        help="logits rounded to bf16 (bench_sampling's calls; the default fp32 logits search"
+        " 24 key bits where bf16's search 8)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("stage2_phases.py needs a CUDA GPU: nothing to run here")
@@ -167,7 +172,9 @@ def main() -> None:
         print("patched:", "; ".join(f"{old!r} -> {new!r}" for old, new in patches))
     torch.manual_seed(0)
     weight = torch.randn(args.vocab, args.hidden, device="cuda", dtype=torch.bfloat16)
-    print(f"{torch.cuda.get_device_name()}, D = {args.hidden}, V = {args.vocab}; us, median")
+    logits_dtype = torch.bfloat16 if args.bf16_logits else None
+    print(f"{torch.cuda.get_device_name()}, D = {args.hidden}, V = {args.vocab},"
+          f" {'bf16' if args.bf16_logits else 'fp32'} logits; us, median")  # fmt: skip
     names = [f"{a}->{b}"[:13].rjust(13) for a, b in zip(SLOTS, SLOTS[1:], strict=False)]
     print("form   B  " + " ".join(names) + "  plain-end  total")
     for batch in map(int, args.batches.split(",")):
@@ -188,7 +195,9 @@ def main() -> None:
             plain_end, totals = [], []
             for call in range(args.calls + 2):
                 stamps.zero_()
-                fused_sample(hidden, weight, temperature=0.7, seed=call, **knobs)
+                fused_sample(
+                    hidden, weight, temperature=0.7, seed=call, logits_dtype=logits_dtype, **knobs
+                )
                 torch.cuda.synchronize()
                 if call < 2:
                     continue  # (compiles)
