@@ -3,8 +3,9 @@ runs the search R times in a loop over a row's merged candidates in registers (e
 k depends on the one before, so they cannot overlap), at stage 2's lanes and warps; the
 kernel's device time (CUDA events around 20 launches) for R = 65 less R = 1, over 64, us a
 search. Beside it the same loop with ``reduction_cost.py``'s two-bit step only, 5 of them a
-search. Tells whether the search's 4.5 us inside stage 2 (stage2_phases.py) is the search's
-own code or its place in the kernel.
+search. Asked whether the search's 4.5 us inside stage 2 (stage2_phases.py) was the search's
+own code or its place in the kernel: neither, those calls had fp32 logits, 12 passes where
+these bf16 keys take 4 (docs/performance.md, "Stage 2's searches").
 
     python benchmarks/probes/kth_key_cost.py
 """
