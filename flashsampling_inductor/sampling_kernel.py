@@ -162,6 +162,58 @@ def _tile_values(logits, v_mask, EVEN_V: tl.constexpr):
 
 
 @triton.jit
+def _exchange(x, y):
+    """(the larger, the smaller) of two lists' entries."""
+    return tl.maximum(x, y), tl.minimum(x, y)
+
+
+@triton.jit
+def _merge4(a0, a1, a2, a3, b0, b1, b2, b3):
+    """The 4 largest of two descending 4-lists, descending: their bitonic merge (each entry
+    against the other list's reversed, then two half-cleaners)."""
+    c0, c1 = tl.maximum(a0, b3), tl.maximum(a1, b2)
+    c2, c3 = tl.maximum(a2, b1), tl.maximum(a3, b0)
+    c0, c2 = _exchange(c0, c2)
+    c1, c3 = _exchange(c1, c3)
+    c0, c1 = _exchange(c0, c1)
+    c2, c3 = _exchange(c2, c3)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _merge8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+    """``_merge4`` for two descending 8-lists."""
+    c0, c1, c2, c3 = tl.maximum(a0, b7), tl.maximum(a1, b6), tl.maximum(a2, b5), tl.maximum(a3, b4)
+    c4, c5, c6, c7 = tl.maximum(a4, b3), tl.maximum(a5, b2), tl.maximum(a6, b1), tl.maximum(a7, b0)
+    c0, c4 = _exchange(c0, c4)
+    c1, c5 = _exchange(c1, c5)
+    c2, c6 = _exchange(c2, c6)
+    c3, c7 = _exchange(c3, c7)
+    c0, c2 = _exchange(c0, c2)
+    c1, c3 = _exchange(c1, c3)
+    c4, c6 = _exchange(c4, c6)
+    c5, c7 = _exchange(c5, c7)
+    c0, c1 = _exchange(c0, c1)
+    c2, c3 = _exchange(c2, c3)
+    c4, c5 = _exchange(c4, c5)
+    c6, c7 = _exchange(c6, c7)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
+def _top_m_keys(packed, TOP_M: tl.constexpr):
+    """The TOP_M + 1 largest of each row's distinct ``packed`` keys [ROWS, COLS], descending
+    (a tuple of [ROWS]): one reduction whose values are sorted lists, merged pairwise, where
+    TOP_M + 1 reductions of the largest key left would each cross the warps (the vocabulary
+    is the MMA's M, split over them) through shared memory and a barrier."""
+    pad = tl.full(packed.shape, KEY_PAD, tl.int32)
+    if TOP_M < 4:
+        return tl.reduce((packed, pad, pad, pad), 1, _merge4)
+    else:
+        return tl.reduce((packed, pad, pad, pad, pad, pad, pad, pad), 1, _merge8)
+
+
+@triton.jit
 def _top_m_epilogue(
     logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
     top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
@@ -178,10 +230,31 @@ def _top_m_epilogue(
         keys = tl.where(v_mask[None, :], keys, KEY_PAD)
     tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
     columns = tl.arange(0, BLOCK_V)[None, :]
-    if KEY_LOW_BITS > 0:
+    if KEY_LOW_BITS > 0 and TOP_M < 8:
         # The key's low bits are its sign's (rounded logits, restore_low_bits): they
-        # carry the reversed column instead, so one int32 max finds the largest key
-        # and, among equal ones, the lowest column (an argmax reduces two values).
+        # carry the reversed column instead, so the tile's keys are distinct and its
+        # TOP_M + 1 largest come from one reduction of sorted lists (_top_m_keys).
+        low = (1 << KEY_LOW_BITS) - 1
+        packed = (keys & -(1 << KEY_LOW_BITS)) | (BLOCK_V - 1 - columns)
+        tops = _top_m_keys(packed, TOP_M)
+        # The TOP_M slots as one [ROWS, SLOTS] tile, stored at once (each store of a row
+        # vector moves it to the store's layout through shared memory first).
+        SLOTS: tl.constexpr = 4 if TOP_M < 4 else 8
+        slots = tl.arange(0, SLOTS)[None, :]
+        top_slots = tl.zeros((packed.shape[0], SLOTS), tl.int32)
+        for slot in tl.static_range(TOP_M):
+            top_slots = tl.where(slots == slot, tops[slot][:, None], top_slots)
+        top_key = restore_low_bits(tops[0] & -(1 << KEY_LOW_BITS), KEY_LOW_BITS)
+        slot_keys = restore_low_bits(top_slots & -(1 << KEY_LOW_BITS), KEY_LOW_BITS)
+        slot_mask = b_mask[:, None] & (slots < TOP_M)
+        slot_ptrs = tile_slot[:, None] * TOP_M + slots
+        tl.store(top_m_key_ptr + slot_ptrs, slot_keys, mask=slot_mask)
+        tl.store(top_m_index_ptr + slot_ptrs, v_start + BLOCK_V - 1 - (top_slots & low),
+                 mask=slot_mask)  # fmt: skip
+        left_out = tops[TOP_M] & -(1 << KEY_LOW_BITS)
+        tl.store(hidden_key_ptr + tile_slot, restore_low_bits(left_out, KEY_LOW_BITS),
+                 mask=b_mask)  # fmt: skip
+    elif KEY_LOW_BITS > 0:
         low = (1 << KEY_LOW_BITS) - 1
         packed = (keys & -(1 << KEY_LOW_BITS)) | (BLOCK_V - 1 - columns)
         for slot in tl.static_range(TOP_M):

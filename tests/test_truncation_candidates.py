@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from flashsampling_inductor import dispatch, fused_sample, truncation_kernel
+from flashsampling_inductor import dispatch, fused_sample, sampling_kernel, truncation_kernel
 from flashsampling_inductor.dispatch import SampleConfig, triton_fused_sample
 from flashsampling_inductor.params import SamplingParams
 
@@ -212,3 +214,110 @@ def test_fewest_candidates_draw_the_reference_tokens(top_k, m, monkeypatch):
         logits_dtype=torch.bfloat16, impl="torch",
     )  # fmt: skip
     assert torch.equal(tokens, expected)
+
+
+def _ranked_tile_keys(logits: torch.Tensor, block_v: int, low_bits: int) -> torch.Tensor:
+    """Each (row, ``block_v``-wide tile)'s ordered keys as stage 1 ranks them, largest first,
+    [B, tiles, block_v] int64: the key (its low ``low_bits`` cleared) then the lowest column;
+    the columns past V as KEY_PAD. Each entry is key * 2**16 + (block_v - 1 - column)."""
+    batch, vocab = logits.shape
+    tiles = -(-vocab // block_v)
+    values = logits.masked_fill(logits.isnan(), float("-inf"))
+    values = torch.where(values == 0, torch.zeros_like(values), values)
+    bits = values.view(torch.int32).long()
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    keys = keys & -(1 << low_bits)
+    padded = torch.full((batch, tiles * block_v), -(2**31), dtype=torch.int64)
+    padded[:, :vocab] = keys.cpu()
+    reversed_columns = block_v - 1 - torch.arange(block_v)
+    ranked = padded.view(batch, tiles, block_v) * 2**16 + reversed_columns
+    return ranked.sort(dim=-1, descending=True).values
+
+
+@pytest.mark.parametrize(
+    "m, logits_dtype",
+    [pytest.param(m, torch.bfloat16, id=f"bf16-{m}") for m in (1, 3, 5, 7, 8)]
+    + [pytest.param(3, None, id="fp32-3")],
+)
+def test_stage1_keeps_each_tiles_largest_keys(m, logits_dtype, monkeypatch):
+    """Stage 1's top-m buffers hold each tile's m largest keys, ties to the lowest column, and
+    the largest it left out, whichever way the kernel ranks them (bf16 logits up to 7 slots:
+    one reduction of sorted lists; fp32 logits and 8 slots: a reduction a slot): ties (the
+    exact problem's integer logits), -inf and NaN bias entries, a tile past V."""
+    monkeypatch.setattr(dispatch, "candidates_per_tile", lambda *a: m)
+    stage1 = {}
+    launch = dispatch.sampling_kernel.launch_stage1
+    monkeypatch.setattr(
+        dispatch.sampling_kernel, "launch_stage1",
+        lambda *a, **k: launch(*a, **k) or stage1.update(a[5]),
+    )  # fmt: skip
+    hidden, weight = make_exact_problem(5, 1000, 64)
+    bias = torch.zeros(1000, device=DEVICE)
+    bias[5::17] = float("-inf")
+    bias[9::23] = float("nan")
+    params = SamplingParams(
+        None, 0.8, torch.tensor(3, device=DEVICE), 0, 1, logits_dtype, scalar_top_k=50
+    )
+    triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 64, 32))
+    low_bits = 16 if logits_dtype is torch.bfloat16 else 0
+    logits = exact_logits(hidden, weight, bias)
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).float()
+    ranked = _ranked_tile_keys(logits, 64, low_bits)
+    keys, columns = ranked >> 16, 63 - (ranked & 0xFFFF)
+    if low_bits:  # (the stored keys' low bits are their sign's again)
+        keys = keys | torch.where((keys < 0) & (keys != -(2**31)), (1 << low_bits) - 1, 0)
+    tiles = ranked.shape[1]
+    index = columns + 64 * torch.arange(tiles)[:, None]
+    assert torch.equal(stage1["top_m_key"].cpu().view(5, tiles, m).long(), keys[..., :m])
+    assert torch.equal(stage1["top_m_index"].cpu().view(5, tiles, m).long(), index[..., :m])
+    assert torch.equal(stage1["hidden_key"].cpu().view(5, tiles).long(), keys[..., m])
+
+
+@triton.jit
+def _merge_lists_kernel(a_ptr, b_ptr, out_ptr, N: tl.constexpr, LENGTH: tl.constexpr):
+    a = a_ptr + tl.arange(0, N) * LENGTH
+    b = b_ptr + tl.arange(0, N) * LENGTH
+    out = out_ptr + tl.arange(0, N) * LENGTH
+    if LENGTH == 4:
+        c0, c1, c2, c3 = sampling_kernel._merge4(
+            tl.load(a), tl.load(a + 1), tl.load(a + 2), tl.load(a + 3),
+            tl.load(b), tl.load(b + 1), tl.load(b + 2), tl.load(b + 3),
+        )  # fmt: skip
+        tl.store(out, c0)
+        tl.store(out + 1, c1)
+        tl.store(out + 2, c2)
+        tl.store(out + 3, c3)
+    else:
+        c0, c1, c2, c3, c4, c5, c6, c7 = sampling_kernel._merge8(
+            tl.load(a), tl.load(a + 1), tl.load(a + 2), tl.load(a + 3),
+            tl.load(a + 4), tl.load(a + 5), tl.load(a + 6), tl.load(a + 7),
+            tl.load(b), tl.load(b + 1), tl.load(b + 2), tl.load(b + 3),
+            tl.load(b + 4), tl.load(b + 5), tl.load(b + 6), tl.load(b + 7),
+        )  # fmt: skip
+        tl.store(out, c0)
+        tl.store(out + 1, c1)
+        tl.store(out + 2, c2)
+        tl.store(out + 3, c3)
+        tl.store(out + 4, c4)
+        tl.store(out + 5, c5)
+        tl.store(out + 6, c6)
+        tl.store(out + 7, c7)
+
+
+@pytest.mark.parametrize("length", [4, 8])
+def test_sorted_list_merges_keep_the_largest(length):
+    """The merges of stage 1's top-m reduction on whole lists (the interpreter's reduction
+    merges one key at a time into a list, a GPU's whole lists: lanes' and warps'): the
+    ``length`` largest of two descending lists, descending, duplicates kept."""
+    gen = torch.Generator().manual_seed(length)
+    n = 64
+    a = torch.randint(-50, 50, (n, length), generator=gen, dtype=torch.int32)
+    b = torch.randint(-50, 50, (n, length), generator=gen, dtype=torch.int32)
+    b[: n // 4] += 60  # (one list wholly above the other, and below)
+    a[n // 4 : n // 2] += 60
+    a, b = (x.sort(dim=1, descending=True).values.contiguous().to(DEVICE) for x in (a, b))
+    out = torch.empty_like(a)
+    _merge_lists_kernel[(1,)](a, b, out, n, length)
+    expected = torch.cat([a, b], dim=1).sort(dim=1, descending=True).values[:, :length]
+    assert torch.equal(out, expected)
