@@ -65,6 +65,9 @@ __all__ = ["launch_stage1", "launch_stage2"]
 # top-p 0.9 alone, whole calls over cuBLAS: B = 1 1.124 -> 1.118, B = 16 1.123 -> 1.113
 # (truncation_ab_h200_20261128-1214; the Gluon kernel above 32 rows has its own epilogue).
 MASS_MAX_FROM_TOP_KEY = True
+# Stage 1's top-m epilogue on swap-AB tiles (``_top_m_keys``): 5 or 6 keys as the largest
+# four from 4-lists and one reduction each after (1: 5 keys, 2: both), else from 8-lists.
+FOUR_LISTS_THEN = tl.constexpr(2)
 # (The sum reduced in one tuple reduction with the largest key left out, one cross-warp
 # reduction fewer again, timed even: B = 1 / 16 1.084 / 1.078, truncation_ab_h200_20261128-
 # 1416; removed after 1f9cd07.)
@@ -209,6 +212,16 @@ def _top_m_keys(packed, TOP_M: tl.constexpr):
     pad = tl.full(packed.shape, KEY_PAD, tl.int32)
     if TOP_M < 4:
         return tl.reduce((packed, pad, pad, pad), 1, _merge4)
+    elif TOP_M < 4 + FOUR_LISTS_THEN:
+        # The largest four from 4-lists, the rest a reduction each (8-lists cost registers
+        # and merges that one or two keys more do not repay).
+        t0, t1, t2, t3 = tl.reduce((packed, pad, pad, pad), 1, _merge4)
+        rest = tl.where(packed < t3[:, None], packed, KEY_PAD)
+        t4 = tl.max(rest, axis=1)
+        t5 = t4
+        if TOP_M > 4:
+            t5 = tl.max(tl.where(rest < t4[:, None], rest, KEY_PAD), axis=1)
+        return t0, t1, t2, t3, t4, t5
     else:
         return tl.reduce((packed, pad, pad, pad, pad, pad, pad, pad), 1, _merge8)
 
@@ -218,7 +231,7 @@ def _top_m_epilogue(
     logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
     top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
     EVEN_V: tl.constexpr, BLOCK_V: tl.constexpr, TOP_M: tl.constexpr,
-    ROW_MASS: tl.constexpr, KEY_LOW_BITS: tl.constexpr,
+    ROW_MASS: tl.constexpr, KEY_LOW_BITS: tl.constexpr, SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     """Stage 1's truncating epilogue (``_sample_stage1`` with TOP_M; the mass partials with
     ROW_MASS where ``mass_wanted``: ROW_MASS 2 takes the tile's maximum from its largest key,
@@ -230,10 +243,16 @@ def _top_m_epilogue(
         keys = tl.where(v_mask[None, :], keys, KEY_PAD)
     tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
     columns = tl.arange(0, BLOCK_V)[None, :]
-    if KEY_LOW_BITS > 0 and TOP_M < 8:
+    if KEY_LOW_BITS > 0 and TOP_M < 8 and SWAP_AB:
         # The key's low bits are its sign's (rounded logits, restore_low_bits): they
         # carry the reversed column instead, so the tile's keys are distinct and its
-        # TOP_M + 1 largest come from one reduction of sorted lists (_top_m_keys).
+        # TOP_M + 1 largest come from one reduction of sorted lists (_top_m_keys). Only
+        # where the vocabulary is the MMA's M, split over the warps: with the batch on M a
+        # row's keys lie in one warp, and a reduction a slot crosses no warps. H200, D =
+        # 2048, bf16 logits, whole calls, B = 1 / 16, us: top-k 50 153.3 / 156.3 -> 152.2 /
+        # 154.7, with top-p 0.9 155.2 / 158.3 -> 153.6 / 156.7, generate's top-k 50 as 0-d
+        # tensors 169.3 / 169.2 -> 165.9 / 166.9; top-p alone, min-p (8-lists for their 5
+        # keys) and off-valued knobs even; tokens equal (topm_lists_ab_h200_20261129-0455.txt).
         low = (1 << KEY_LOW_BITS) - 1
         packed = (keys & -(1 << KEY_LOW_BITS)) | (BLOCK_V - 1 - columns)
         tops = _top_m_keys(packed, TOP_M)
@@ -527,7 +546,7 @@ def _sample_stage1(
                     _top_m_epilogue(
                         logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
                         top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
-                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, SWAP_AB,
                     )  # fmt: skip
                     _plain_epilogue(
                         logits, logprob_values, noise_start, noise_stop, noise_scale,
@@ -539,7 +558,7 @@ def _sample_stage1(
                     _top_m_epilogue(
                         logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
                         top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
-                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, SWAP_AB,
                     )  # fmt: skip
             else:
                 _plain_epilogue(
@@ -554,7 +573,7 @@ def _sample_stage1(
                 _top_m_epilogue(
                     logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
                     top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, True,
-                    EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS,
+                    EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, SWAP_AB,
                 )  # fmt: skip
             if PLAIN:
                 _plain_epilogue(
