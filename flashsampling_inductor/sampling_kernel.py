@@ -67,6 +67,9 @@ __all__ = ["launch_stage1", "launch_stage2"]
 MASS_MAX_FROM_TOP_KEY = True
 # Stage 1's top-m epilogue on swap-AB tiles (``_top_m_keys``): 5 or 6 keys as the largest
 # four from 4-lists and one reduction each after (1: 5 keys, 2: both), else from 8-lists.
+# Against 8-lists, H200, D = 2048, B = 1 / 16: top-p 0.9 (5 keys) 164.1 / 168.1 -> 161.7 /
+# 166.0 us, min-p 0.1 156.3 / 161.2 -> 154.5 / 159.3, generate's top-k 50 (6 keys) 168.3 /
+# 170.1 -> 166.2 / 168.9 (topm_lists_vs_8lists_ab_h200_20261129-0500.txt).
 FOUR_LISTS_THEN = tl.constexpr(2)
 # (The sum reduced in one tuple reduction with the largest key left out, one cross-warp
 # reduction fewer again, timed even: B = 1 / 16 1.084 / 1.078, truncation_ab_h200_20261128-
@@ -249,10 +252,10 @@ def _top_m_epilogue(
         # TOP_M + 1 largest come from one reduction of sorted lists (_top_m_keys). Only
         # where the vocabulary is the MMA's M, split over the warps: with the batch on M a
         # row's keys lie in one warp, and a reduction a slot crosses no warps. H200, D =
-        # 2048, bf16 logits, whole calls, B = 1 / 16, us: top-k 50 153.3 / 156.3 -> 152.2 /
-        # 154.7, with top-p 0.9 155.2 / 158.3 -> 153.6 / 156.7, generate's top-k 50 as 0-d
-        # tensors 169.3 / 169.2 -> 165.9 / 166.9; top-p alone, min-p (8-lists for their 5
-        # keys) and off-valued knobs even; tokens equal (topm_lists_ab_h200_20261129-0455.txt).
+        # 2048, bf16 logits, whole calls against a reduction a slot, B = 1 / 16, us: top-k 50
+        # 155.6 / 159.3 -> 154.5 / 158.2, top-p 0.9 163.6 / 168.6 -> 161.5 / 166.3, min-p 0.1
+        # 156.7 / 162.3 -> 154.7 / 159.4, generate's top-k 50 as 0-d tensors 171.2 / 172.5
+        # -> 166.5 / 169.3; tokens equal (topm_lists_ab_h200_20261129-0500.txt).
         low = (1 << KEY_LOW_BITS) - 1
         packed = (keys & -(1 << KEY_LOW_BITS)) | (BLOCK_V - 1 - columns)
         tops = _top_m_keys(packed, TOP_M)
