@@ -71,6 +71,11 @@ MASS_MAX_FROM_TOP_KEY = True
 # 166.0 us, min-p 0.1 156.3 / 161.2 -> 154.5 / 159.3, generate's top-k 50 (6 keys) 168.3 /
 # 170.1 -> 166.2 / 168.9 (topm_lists_vs_8lists_ab_h200_20261129-0500.txt).
 FOUR_LISTS_THEN = tl.constexpr(2)
+# ... on tiles of at most this many rows: at 32 (knob tensors at 17-32 rows), where the lists'
+# registers rise from 168 to 211 a thread (sm_90a, Triton 3.9), off-valued knobs were 2.7%
+# slower (162.9 -> 167.2 us; generate's top-k 50 187.0 -> 184.4; H200, D = 2048,
+# topm_lists_b32_ab_h200_20261129-0506.txt).
+TOP_M_LISTS_ROWS_MAX = tl.constexpr(16)
 # (The sum reduced in one tuple reduction with the largest key left out, one cross-warp
 # reduction fewer again, timed even: B = 1 / 16 1.084 / 1.078, truncation_ab_h200_20261128-
 # 1416; removed after 1f9cd07.)
@@ -246,7 +251,7 @@ def _top_m_epilogue(
         keys = tl.where(v_mask[None, :], keys, KEY_PAD)
     tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
     columns = tl.arange(0, BLOCK_V)[None, :]
-    if KEY_LOW_BITS > 0 and TOP_M < 8 and SWAP_AB:
+    if KEY_LOW_BITS > 0 and TOP_M < 8 and SWAP_AB and logits.shape[0] <= TOP_M_LISTS_ROWS_MAX:
         # The key's low bits are its sign's (rounded logits, restore_low_bits): they
         # carry the reversed column instead, so the tile's keys are distinct and its
         # TOP_M + 1 largest come from one reduction of sorted lists (_top_m_keys). Only
