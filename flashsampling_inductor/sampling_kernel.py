@@ -65,6 +65,10 @@ __all__ = ["launch_stage1", "launch_stage2"]
 # top-p 0.9 alone, whole calls over cuBLAS: B = 1 1.124 -> 1.118, B = 16 1.123 -> 1.113
 # (truncation_ab_h200_20261128-1214; the Gluon kernel above 32 rows has its own epilogue).
 MASS_MAX_FROM_TOP_KEY = True
+# (The sum reduced in one tuple reduction with the largest key left out, one cross-warp
+# reduction fewer again, timed even: B = 1 / 16 1.084 / 1.078, truncation_ab_h200_20261128-
+# 1416; removed after 1f9cd07.)
+
 # Stage 1's top-m epilogue on swap-AB tiles (``_top_m_keys``): 5 or 6 keys as the largest
 # four from 4-lists and one reduction each after (1: 5 keys, 2: both), else from 8-lists.
 # Against 8-lists, H200, D = 2048, B = 1 / 16: top-p 0.9 (5 keys) 164.1 / 168.1 -> 161.7 /
@@ -72,13 +76,11 @@ MASS_MAX_FROM_TOP_KEY = True
 # 170.1 -> 166.2 / 168.9 (topm_lists_vs_8lists_ab_h200_20261129-0500.txt).
 FOUR_LISTS_THEN = tl.constexpr(2)
 # ... on tiles of at most this many rows: at 32 (knob tensors at 17-32 rows), where the lists'
-# registers rise from 168 to 211 a thread (sm_90a, Triton 3.9), off-valued knobs were 2.7%
-# slower (162.9 -> 167.2 us; generate's top-k 50 187.0 -> 184.4; H200, D = 2048,
-# topm_lists_b32_ab_h200_20261129-0506.txt).
+# registers rise from 168 to 211 a thread (sm_90a, Triton 3.9), off-valued knobs were 2.0-2.7%
+# slower (H200, D = 2048, two runs: 162.9 -> 167.2 us, 162.4 -> 165.7; generate's top-k 50
+# 1.4% faster, 187.0 -> 184.4, 186.2 -> 183.6; topm_lists_b32_ab_h200_20261129-0506.txt,
+# topm_lists_rows32_ab_h200_20261129-0512.txt).
 TOP_M_LISTS_ROWS_MAX = tl.constexpr(16)
-# (The sum reduced in one tuple reduction with the largest key left out, one cross-warp
-# reduction fewer again, timed even: B = 1 / 16 1.084 / 1.078, truncation_ab_h200_20261128-
-# 1416; removed after 1f9cd07.)
 
 
 @triton.jit
@@ -239,11 +241,12 @@ def _top_m_epilogue(
     logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
     top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
     EVEN_V: tl.constexpr, BLOCK_V: tl.constexpr, TOP_M: tl.constexpr,
-    ROW_MASS: tl.constexpr, KEY_LOW_BITS: tl.constexpr, SWAP_AB: tl.constexpr,
+    ROW_MASS: tl.constexpr, KEY_LOW_BITS: tl.constexpr, LISTS: tl.constexpr,
 ):  # fmt: skip
     """Stage 1's truncating epilogue (``_sample_stage1`` with TOP_M; the mass partials with
     ROW_MASS where ``mass_wanted``: ROW_MASS 2 takes the tile's maximum from its largest key,
-    which the first slot finds, instead of a reduction of its own)."""
+    which the first slot finds, instead of a reduction of its own; LISTS: the slots from
+    sorted lists, where the keys allow it)."""
     # Truncation needs no noise here: the tile's TOP_M largest scores (ties to the
     # lowest index), then the largest one left out, which bounds what it hides.
     keys = ordered_key(logits)
@@ -251,12 +254,10 @@ def _top_m_epilogue(
         keys = tl.where(v_mask[None, :], keys, KEY_PAD)
     tile_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
     columns = tl.arange(0, BLOCK_V)[None, :]
-    if KEY_LOW_BITS > 0 and TOP_M < 8 and SWAP_AB and logits.shape[0] <= TOP_M_LISTS_ROWS_MAX:
+    if KEY_LOW_BITS > 0 and TOP_M < 8 and LISTS:
         # The key's low bits are its sign's (rounded logits, restore_low_bits): they
         # carry the reversed column instead, so the tile's keys are distinct and its
-        # TOP_M + 1 largest come from one reduction of sorted lists (_top_m_keys). Only
-        # where the vocabulary is the MMA's M, split over the warps: with the batch on M a
-        # row's keys lie in one warp, and a reduction a slot crosses no warps. H200, D =
+        # TOP_M + 1 largest come from one reduction of sorted lists (_top_m_keys). H200, D =
         # 2048, bf16 logits, whole calls against a reduction a slot, B = 1 / 16, us: top-k 50
         # 155.6 / 159.3 -> 154.5 / 158.2, top-p 0.9 163.6 / 168.6 -> 161.5 / 166.3, min-p 0.1
         # 156.7 / 162.3 -> 154.7 / 159.4, generate's top-k 50 as 0-d tensors 171.2 / 172.5
@@ -534,6 +535,16 @@ def _sample_stage1(
             mass_slot = offs_b.to(tl.int64) * num_v_tiles + pid_v
             tl.store(log_mass_ptr + mass_slot * 2, tile_max, mask=b_mask)
             tl.store(log_mass_ptr + mass_slot * 2 + 1, tile_sum, mask=b_mask)
+        # The top-m epilogue's slots from sorted lists (``_top_m_keys``) where the vocabulary
+        # is the MMA's M, split over the warps, so that a reduction a slot crossed them (with
+        # the batch on M a row's keys lie in one warp), on tiles of up to TOP_M_LISTS_ROWS_MAX
+        # rows; under the interpreter, which runs a reduction with a combine function one
+        # element at a time in Python (~100 s a call on its 16 x 256 tiles), only on tiles of
+        # up to 1024 entries, the CPU tests' (test_truncation_candidates.py).
+        TOP_M_LISTS: tl.constexpr = (
+            SWAP_AB and BLOCK_B <= TOP_M_LISTS_ROWS_MAX
+            and (not INTERPRETER or BLOCK_B * BLOCK_V <= 1024)
+        )  # fmt: skip
         if PLAIN and TOP_M > 0 and TOP_K_MODE + TOP_P_MODE + MIN_P_MODE > 0:
             # Per-row knobs that may be off, read here: each epilogue only where a row of the
             # tile needs it; a tile that needs both runs them in one region.
@@ -554,7 +565,7 @@ def _sample_stage1(
                     _top_m_epilogue(
                         logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
                         top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
-                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, SWAP_AB,
+                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, TOP_M_LISTS,
                     )  # fmt: skip
                     _plain_epilogue(
                         logits, logprob_values, noise_start, noise_stop, noise_scale,
@@ -566,7 +577,7 @@ def _sample_stage1(
                     _top_m_epilogue(
                         logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
                         top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, mass_wanted,
-                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, SWAP_AB,
+                        EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, TOP_M_LISTS,
                     )  # fmt: skip
             else:
                 _plain_epilogue(
@@ -581,7 +592,7 @@ def _sample_stage1(
                 _top_m_epilogue(
                     logits, v_mask, offs_b, b_mask, v_start, pid_v, num_v_tiles, noise_scale,
                     top_m_key_ptr, top_m_index_ptr, hidden_key_ptr, mass_ptr, True,
-                    EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, SWAP_AB,
+                    EVEN_V, BLOCK_V, TOP_M, ROW_MASS, KEY_LOW_BITS, TOP_M_LISTS,
                 )  # fmt: skip
             if PLAIN:
                 _plain_epilogue(
