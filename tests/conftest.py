@@ -105,14 +105,18 @@ def pytest_collection_modifyitems(config, items):
 def overflowed(monkeypatch):
     """The overflow code of every row, per fused call, as stage 2 left them for the
     fallback: 0 (stage 2 drew the row), OVERFLOW_FULL or OVERFLOW_PATCH."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     from flashsampling_inductor import truncation_kernel
 
     codes = []
     launch = truncation_kernel.launch_fallback
 
     def record(hidden, weight, bias, params, temperature_mode, out, overflow, *rest):
-        # (a CUDA-graph capture cannot copy to the host: its flags are not recorded)
-        if not (overflow.is_cuda and torch.cuda.is_current_stream_capturing()):
+        # (a CUDA-graph capture cannot copy to the host: its flags are not recorded; nor
+        # are a compile-ahead dry run's, whose tensors are fake: ahead.py)
+        capturing = overflow.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not (capturing or isinstance(overflow, FakeTensor)):
             codes.append(overflow.clone().cpu())
         return launch(hidden, weight, bias, params, temperature_mode, out, overflow, *rest)
 
