@@ -181,11 +181,9 @@ def _exchange(x, y):
 
 
 @triton.jit
-def _merge4(a0, a1, a2, a3, b0, b1, b2, b3):
-    """The 4 largest of two descending 4-lists, descending: their bitonic merge (each entry
-    against the other list's reversed, then two half-cleaners)."""
-    c0, c1 = tl.maximum(a0, b3), tl.maximum(a1, b2)
-    c2, c3 = tl.maximum(a2, b1), tl.maximum(a3, b0)
+def _sort_bitonic4(c0, c1, c2, c3):
+    """A bitonic 4-list (one that rises then falls, or falls then rises) sorted descending:
+    two half-cleaners."""
     c0, c2 = _exchange(c0, c2)
     c1, c3 = _exchange(c1, c3)
     c0, c1 = _exchange(c0, c1)
@@ -194,22 +192,24 @@ def _merge4(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
+def _merge4(a0, a1, a2, a3, b0, b1, b2, b3):
+    """The 4 largest of two descending 4-lists, descending: their bitonic merge (each entry
+    against the other list's reversed keeps the 4 largest, a bitonic list, then sorted)."""
+    return _sort_bitonic4(
+        tl.maximum(a0, b3), tl.maximum(a1, b2), tl.maximum(a2, b1), tl.maximum(a3, b0)
+    )
+
+
+@triton.jit
 def _merge8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
-    """``_merge4`` for two descending 8-lists."""
-    c0, c1, c2, c3 = tl.maximum(a0, b7), tl.maximum(a1, b6), tl.maximum(a2, b5), tl.maximum(a3, b4)
-    c4, c5, c6, c7 = tl.maximum(a4, b3), tl.maximum(a5, b2), tl.maximum(a6, b1), tl.maximum(a7, b0)
-    c0, c4 = _exchange(c0, c4)
-    c1, c5 = _exchange(c1, c5)
-    c2, c6 = _exchange(c2, c6)
-    c3, c7 = _exchange(c3, c7)
-    c0, c2 = _exchange(c0, c2)
-    c1, c3 = _exchange(c1, c3)
-    c4, c6 = _exchange(c4, c6)
-    c5, c7 = _exchange(c5, c7)
-    c0, c1 = _exchange(c0, c1)
-    c2, c3 = _exchange(c2, c3)
-    c4, c5 = _exchange(c4, c5)
-    c6, c7 = _exchange(c6, c7)
+    """``_merge4`` for two descending 8-lists (a third half-cleaner first, which leaves each
+    half bitonic and the first half's entries the larger)."""
+    c0, c4 = _exchange(tl.maximum(a0, b7), tl.maximum(a4, b3))
+    c1, c5 = _exchange(tl.maximum(a1, b6), tl.maximum(a5, b2))
+    c2, c6 = _exchange(tl.maximum(a2, b5), tl.maximum(a6, b1))
+    c3, c7 = _exchange(tl.maximum(a3, b4), tl.maximum(a7, b0))
+    c0, c1, c2, c3 = _sort_bitonic4(c0, c1, c2, c3)
+    c4, c5, c6, c7 = _sort_bitonic4(c4, c5, c6, c7)
     return c0, c1, c2, c3, c4, c5, c6, c7
 
 
