@@ -237,15 +237,16 @@ def _ranked_tile_keys(logits: torch.Tensor, block_v: int, low_bits: int) -> torc
 @pytest.mark.parametrize(
     "m, logits_dtype, swap_ab",
     [pytest.param(m, torch.bfloat16, True, id=f"bf16-{m}") for m in (1, 3, 4, 5, 7, 8)]
-    + [pytest.param(3, None, True, id="fp32-3"),
+    + [pytest.param(3, torch.float16, True, id="fp16-3"),
+       pytest.param(3, None, True, id="fp32-3"),
        pytest.param(3, torch.bfloat16, False, id="bf16-3-batch-on-M")],
 )  # fmt: skip
 def test_stage1_keeps_each_tiles_largest_keys(m, logits_dtype, swap_ab, monkeypatch):
     """Stage 1's top-m buffers hold each tile's m largest keys, ties to the lowest column, and
-    the largest it left out, whichever way the kernel ranks them (bf16 logits up to 7 slots
-    on swap-AB tiles: one reduction of sorted lists; fp32 logits, 8 slots and the batch on
-    the MMA's M: a reduction a slot): ties (the exact problem's integer logits), -inf and NaN
-    bias entries, a tile past V."""
+    the largest it left out, whichever way the kernel ranks them (bf16 / fp16 logits up to 7
+    slots on swap-AB tiles: one reduction of sorted lists; fp32 logits, 8 slots and the batch
+    on the MMA's M: a reduction a slot): ties (the exact problem's integer logits), -inf and
+    NaN bias entries, a tile past V."""
     monkeypatch.setattr(dispatch, "candidates_per_tile", lambda *a: m)
     stage1 = {}
     launch = dispatch.sampling_kernel.launch_stage1
@@ -261,7 +262,7 @@ def test_stage1_keeps_each_tiles_largest_keys(m, logits_dtype, swap_ab, monkeypa
         None, 0.8, torch.tensor(3, device=DEVICE), 0, 1, logits_dtype, scalar_top_k=50
     )
     triton_fused_sample(hidden, weight, bias, params, SampleConfig(16, 64, 32, swap_ab=swap_ab))
-    low_bits = 16 if logits_dtype is torch.bfloat16 else 0
+    low_bits = {torch.bfloat16: 16, torch.float16: 13}.get(logits_dtype, 0)
     logits = exact_logits(hidden, weight, bias)
     if logits_dtype is not None:
         logits = logits.to(logits_dtype).float()
