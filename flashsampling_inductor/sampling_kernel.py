@@ -175,8 +175,8 @@ def _tile_values(logits, v_mask, EVEN_V: tl.constexpr):
 
 
 @triton.jit
-def _exchange(x, y):
-    """(the larger, the smaller) of two lists' entries."""
+def _order_pair(x, y):
+    """(the larger, the smaller) of two entries: a sorting network's compare-exchange."""
     return tl.maximum(x, y), tl.minimum(x, y)
 
 
@@ -184,10 +184,10 @@ def _exchange(x, y):
 def _sort_bitonic4(c0, c1, c2, c3):
     """A bitonic 4-list (one that rises then falls, or falls then rises) sorted descending:
     two half-cleaners."""
-    c0, c2 = _exchange(c0, c2)
-    c1, c3 = _exchange(c1, c3)
-    c0, c1 = _exchange(c0, c1)
-    c2, c3 = _exchange(c2, c3)
+    c0, c2 = _order_pair(c0, c2)
+    c1, c3 = _order_pair(c1, c3)
+    c0, c1 = _order_pair(c0, c1)
+    c2, c3 = _order_pair(c2, c3)
     return c0, c1, c2, c3
 
 
@@ -204,10 +204,10 @@ def _merge4(a0, a1, a2, a3, b0, b1, b2, b3):
 def _merge8(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
     """``_merge4`` for two descending 8-lists (a third half-cleaner first, which leaves each
     half bitonic and the first half's entries the larger)."""
-    c0, c4 = _exchange(tl.maximum(a0, b7), tl.maximum(a4, b3))
-    c1, c5 = _exchange(tl.maximum(a1, b6), tl.maximum(a5, b2))
-    c2, c6 = _exchange(tl.maximum(a2, b5), tl.maximum(a6, b1))
-    c3, c7 = _exchange(tl.maximum(a3, b4), tl.maximum(a7, b0))
+    c0, c4 = _order_pair(tl.maximum(a0, b7), tl.maximum(a4, b3))
+    c1, c5 = _order_pair(tl.maximum(a1, b6), tl.maximum(a5, b2))
+    c2, c6 = _order_pair(tl.maximum(a2, b5), tl.maximum(a6, b1))
+    c3, c7 = _order_pair(tl.maximum(a3, b4), tl.maximum(a7, b0))
     c0, c1, c2, c3 = _sort_bitonic4(c0, c1, c2, c3)
     c4, c5, c6, c7 = _sort_bitonic4(c4, c5, c6, c7)
     return c0, c1, c2, c3, c4, c5, c6, c7
