@@ -7,10 +7,14 @@ as tensors, 16 launches, about 25 us of a CUDA-graph replay on an H200, more tha
 sampling kernels' own difference between plain and off-valued knobs. This kernel checks
 them all in one launch, whose own device-side assert (compiled in with Triton's ``debug``
 option) stops the call with the call's message: one launch where a kernel and
-``_assert_async`` were two (``FUSED_ASSERT``).
+``_assert_async`` were two (``FUSED_ASSERT``). Under CUDA graph capture the call's kernels run
+inside ``checking``, which puts that launch on a branch of the graph beside them
+(``CHECK_BESIDE``).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
@@ -18,7 +22,7 @@ import triton.language as tl
 
 from .launch import launch
 
-__all__ = ["assert_knobs_valid"]
+__all__ = ["assert_knobs_valid", "checking"]
 
 _BLOCK = 1024
 _NAMES = ("temperature", "top_k", "top_p", "min_p")
@@ -29,6 +33,15 @@ _NAMES = ("temperature", "top_k", "top_p", "min_p")
 # 148.4 / 150.2 / 153.3 -> 145.3 / 147.6 / 151.0 us, off-valued knobs 156.5 / 158.2 / 168.0
 # -> 153.5 / 155.9 / 166.2 (bench_off_knobs_nvidia-h200_fused-assert_20261129-0036.csv).
 FUSED_ASSERT = True
+# Under CUDA graph capture ``checking`` launches the check on a stream of its own, forked before
+# the call's kernels and joined after them: in the graph a branch beside stage 1, not a node
+# before it, so the call's path loses the check's launch and its own time. Its assert still
+# stops the context before anything after the call runs (the join waits for it), and long
+# before stage 1 ends; the kernels take any knob value without reading out of bounds. Eager
+# calls check first, as before (their time is the host's).
+CHECK_BESIDE = True
+
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
 @triton.jit
@@ -87,3 +100,30 @@ def assert_knobs_valid(knobs: dict[str, torch.Tensor], message: str) -> None:
         )  # fmt: skip
     if not fused:
         torch._assert_async(ok, message)
+
+
+@contextlib.contextmanager
+def checking(knobs: dict[str, torch.Tensor], message: str):
+    """The context in which a call's kernels run after ``assert_knobs_valid(knobs, message)``:
+    that check first or, under CUDA graph capture (``CHECK_BESIDE``), on a side stream forked
+    at entry and joined at exit, beside the kernels."""
+    device = next(iter(knobs.values())).device
+    with torch.cuda.device(device):
+        capturing = torch.cuda.is_current_stream_capturing()
+        if CHECK_BESIDE and FUSED_ASSERT and device not in _side_streams and not capturing:
+            # (made before any capture: a stream is not something to create inside one)
+            _side_streams[device] = torch.cuda.Stream(device)
+        beside = CHECK_BESIDE and FUSED_ASSERT and capturing and device in _side_streams
+        main = torch.cuda.current_stream()
+        if beside:
+            side = _side_streams[device]
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                assert_knobs_valid(knobs, message)
+        else:
+            assert_knobs_valid(knobs, message)
+    try:
+        yield
+    finally:
+        if beside:
+            main.wait_stream(side)

@@ -14,6 +14,7 @@ every graph that holds them, stay as they were.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import ahead
+from . import ahead, knob_check
 from .params import SamplingParams
 from .reference import reference_fused_sample, reference_sample_logits
 
@@ -124,22 +125,23 @@ def fused_sample(
     )
     if knobs is None:
         return _empty_result(hidden, num_samples, return_logprobs)
-    temperature, seed, top_k, top_p, min_p, softcap = knobs
+    temperature, seed, top_k, top_p, min_p, softcap, checked = knobs
     args = (
         hidden, weight, bias, *temperature, *seed, num_samples, logits_dtype, impl,
         *top_k, *top_p, *min_p, softcap,
     )  # fmt: skip
     tensors = (temperature[0], seed[0], top_k[0], top_p[0], min_p[0])
-    if _plain_eager_call(hidden, weight, bias, *tensors):
-        # The dispatcher's custom-op layers cost more host time per call than both kernel
-        # launches together (benchmarks/results/stagger_and_host_h200_20261121.txt); plain
-        # eager tensors need none of them, so they go straight to the implementation.
+    with checked:
+        if _plain_eager_call(hidden, weight, bias, *tensors):
+            # The dispatcher's custom-op layers cost more host time per call than both kernel
+            # launches together (benchmarks/results/stagger_and_host_h200_20261121.txt); plain
+            # eager tensors need none of them, so they go straight to the implementation.
+            if return_logprobs is None:
+                return _fused_sample_impl(*args)
+            return _fused_sample_logprobs_impl(*args, return_logprobs)
         if return_logprobs is None:
-            return _fused_sample_impl(*args)
-        return _fused_sample_logprobs_impl(*args, return_logprobs)
-    if return_logprobs is None:
-        return torch.ops.flashsampling.fused_sample(*args)
-    return torch.ops.flashsampling.fused_sample_logprobs(*args, return_logprobs)
+            return torch.ops.flashsampling.fused_sample(*args)
+        return torch.ops.flashsampling.fused_sample_logprobs(*args, return_logprobs)
 
 
 def sample_logits(
@@ -188,15 +190,16 @@ def sample_logits(
     )
     if knobs is None:
         return _empty_result(logits, num_samples, return_logprobs)
-    temperature, seed, top_k, top_p, min_p, softcap = knobs
+    temperature, seed, top_k, top_p, min_p, softcap, checked = knobs
     args = (logits, *temperature, *seed, num_samples, *top_k, *top_p, impl, *min_p, softcap)
-    if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0], min_p[0]):
+    with checked:
+        if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0], min_p[0]):
+            if return_logprobs is None:
+                return _sample_logits_impl(*args)
+            return _sample_logits_logprobs_impl(*args, return_logprobs)
         if return_logprobs is None:
-            return _sample_logits_impl(*args)
-        return _sample_logits_logprobs_impl(*args, return_logprobs)
-    if return_logprobs is None:
-        return torch.ops.flashsampling.sample_logits(*args)
-    return torch.ops.flashsampling.sample_logits_logprobs(*args, return_logprobs)
+            return torch.ops.flashsampling.sample_logits(*args)
+        return torch.ops.flashsampling.sample_logits_logprobs(*args, return_logprobs)
 
 
 LOGPROB_MODES = ("raw", "processed")
@@ -222,7 +225,9 @@ def _normalize_call(
     """The checks both public functions share. ``rows`` is the [B, ...] tensor whose device
     and batch the knobs follow. -> None for an empty batch, else the (tensor or None, scalar)
     pairs of temperature, seed, top_k, top_p and min_p, with a seed drawn on the device if
-    none was given, and the softcap as a float (0.0: off)."""
+    none was given, the softcap as a float (0.0: off) and the context in which the call's
+    kernels are to run: the eager CUDA knob tensors' check (``knob_check.checking``) or
+    none."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
     if impl not in IMPLS:
@@ -236,19 +241,19 @@ def _normalize_call(
     top_k = _to_tensor_scalar(top_k, TOP_K, rows, deferred)
     top_p = _to_tensor_scalar(top_p, TOP_P, rows, deferred)
     min_p = _to_tensor_scalar(min_p, MIN_P, rows, deferred)
+    checked = contextlib.nullcontext()
     if deferred:
-        from .knob_check import assert_knobs_valid
-
         message = "; ".join(
             f"{knob.name} must be {knob.rule} in every row"
             for knob in (TEMPERATURE, TOP_K, TOP_P, MIN_P)
             if knob.name in deferred
         )
-        assert_knobs_valid(deferred, f"flashsampling: {message}")
+        checked = knob_check.checking(deferred, f"flashsampling: {message}")
     softcap = _normalize_softcap(softcap)
     seed_tensor, scalar_seed = _to_tensor_scalar(seed, SEED, rows)
     if rows.shape[0] == 0:
-        return None
+        with checked:
+            return None
     if seed is None:
         # Drawn on the device (62 random bits), so no host sync; under CUDA graph capture the
         # generator hands every replay a fresh offset, and under torch.compile Inductor draws
@@ -256,7 +261,7 @@ def _normalize_call(
         seed_tensor = torch.randint(
             0, 2**62, (), dtype=torch.int64, device=rows.device, generator=generator
         )
-    return temperature, (seed_tensor, scalar_seed), top_k, top_p, min_p, softcap
+    return temperature, (seed_tensor, scalar_seed), top_k, top_p, min_p, softcap, checked
 
 
 def _normalize_softcap(softcap) -> float:

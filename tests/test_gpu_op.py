@@ -272,6 +272,46 @@ def test_gpu_bad_knob_tensor_fails_loudly(knob):
     assert f"{bad} must be" in child.stderr, child.stderr[-2000:]
 
 
+@pytest.mark.parametrize("bad", [None, "temperature", "top_p"])
+def test_gpu_knob_check_beside_a_captured_call(bad):
+    """Under CUDA graph capture the knob tensors' check is a branch of the graph beside the
+    call's kernels (knob_check.CHECK_BESIDE): a replay draws the eager call's tokens, and a
+    bad value trips the check's assert with its message, before anything after the call
+    (the graph's last kernel reads the tokens). In a child process (the assert poisons the
+    CUDA context)."""
+    top_p = {"top_p": "0.0", "temperature": "0.9"}.get(bad, "0.9")
+    temperature = "-1.0" if bad == "temperature" else "0.7"
+    script = f"""
+import torch
+from flashsampling_inductor import fused_sample, knob_check
+assert knob_check.CHECK_BESIDE
+h = torch.randn(16, 256, device='cuda', dtype=torch.bfloat16)
+w = torch.randn(4000, 256, device='cuda', dtype=torch.bfloat16)
+knobs = dict(temperature=torch.tensor(0.7, device='cuda'),
+             top_k=torch.tensor([0, 50] * 8, device='cuda'),
+             top_p=torch.full((16,), 0.9, device='cuda'), min_p=torch.zeros(16, device='cuda'))
+def call():
+    return fused_sample(h, w, seed=3, **knobs) + 0
+eager = call()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    tokens = call()
+knobs['temperature'].fill_({temperature})
+knobs['top_p'][1] = {top_p}
+graph.replay()
+torch.cuda.synchronize()
+assert torch.equal(tokens, eager), (tokens, eager)
+print('replayed')
+"""
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if bad is None:
+        assert child.returncode == 0 and "replayed" in child.stdout, child.stderr[-3000:]
+        return
+    assert child.returncode != 0 and "replayed" not in child.stdout
+    assert "device-side assert" in child.stderr, child.stderr[-3000:]
+    assert f"{bad} must be" in child.stderr, child.stderr[-3000:]
+
+
 def _warp_specialized_runs() -> bool:
     from flashsampling_inductor import hopper_kernel
 

@@ -100,7 +100,7 @@ def main() -> None:
     import triton
 
     import flashsampling_inductor
-    from flashsampling_inductor import dispatch, fused_sample
+    from flashsampling_inductor import dispatch, fused_sample, op
 
     new = getattr(flashsampling_inductor, args.module, None) or importlib.import_module(
         f"flashsampling_inductor.{args.module}"
@@ -108,7 +108,7 @@ def main() -> None:
     patches = tuple(tuple(patch.split("=>", 1)) for patch in args.old_patch)
     old = load_as(args.old or new.__file__, args.module, patches)
     args.old = args.old or f"{args.module}.py with {patches}"
-    owners = [m for m in (dispatch,) if getattr(m, args.module, None) is new]
+    owners = [m for m in (dispatch, op) if getattr(m, args.module, None) is new]
     logits = "bf16" if args.bf16_logits else "fp32"
     print(f"{torch.cuda.get_device_name()}: {args.module} new vs {args.old}; {logits} logits;"
           " graph us (median)")  # fmt: skip
