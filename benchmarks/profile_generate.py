@@ -6,7 +6,7 @@ compiled (GPU kernel time per token, host API calls per token, wall per token), 
 Needs a CUDA GPU (without one it says so and exits 0) and transformers; about 2 minutes.
 Prints the per-token figures and the profiler's tables; writes nothing.
 
-    python benchmarks/profile_generate.py [--batch 8] [--new-tokens 64] [--syncs]
+    python benchmarks/profile_generate.py [--batch 8] [--new-tokens 64] [--syncs] [--rows 8]
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="rows per generate (default 8)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per call (default 64)")
     parser.add_argument("--syncs", action="store_true", help="list the host-device syncs")
+    parser.add_argument(
+        "--rows", type=int, default=8, help="kernels listed by GPU time (default 8)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("profile_generate.py profiles generate on a CUDA GPU; there is none here")
@@ -63,7 +66,11 @@ def main() -> None:
             flush=True,
         )
         print(events.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
-        print(events.table(sort_by="self_device_time_total", row_limit=8, max_name_column_width=60))
+        print(
+            events.table(
+                sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60
+            )
+        )
 
 
 def print_syncs(config: str, call) -> None:

@@ -58,8 +58,8 @@ def _all_in_range(
 ):  # fmt: skip
     """Whether every given knob value is in its range (op.py's PerRowKnob rules: temperature
     finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]; NaN is out): with a
-    MESSAGE a device-side assert with it (compiled in only with Triton's ``debug`` option),
-    else ok_ptr[0] = 1 or 0. A knob whose pointer is None is not read."""
+    MESSAGE a device-side assert with it (compiled in only with Triton's ``debug`` option;
+    ok_ptr None), else ok_ptr[0] = 1 or 0. A knob whose pointer is None is not read."""
     bad = tl.zeros((BLOCK,), tl.int32)
     offs = tl.arange(0, BLOCK)
     for start in range(0, longest, BLOCK):
@@ -95,7 +95,9 @@ def assert_knobs_valid(knobs: dict[str, torch.Tensor], message: str) -> None:
     counts = [0 if t is None else t.numel() for t in tensors]
     strides = [0 if t is None or t.dim() == 0 else t.stride(0) for t in tensors]
     fused = FUSED_ASSERT
-    ok = torch.empty(1, dtype=torch.int32, device=device)  # (unwritten where fused)
+    # (where fused, nothing is written and nothing allocated: ``checking`` launches it on a
+    # side stream during a capture, whose pool takes only the capturing stream's allocations)
+    ok = None if fused else torch.empty(1, dtype=torch.int32, device=device)
     with torch.cuda.device(device):
         launch(
             _all_in_range, (1,), *tensors, ok, *counts, *strides, max(counts), BLOCK=_BLOCK,

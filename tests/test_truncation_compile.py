@@ -270,8 +270,8 @@ compile_kernel(
 )
 # ... with the verdict asserted in the kernel (knob_check.FUSED_ASSERT, Triton's debug option)
 compile_kernel(
-    knob_check._all_in_range, knob_check_signature,
-    dict(BLOCK=1024, MESSAGE="flashsampling: top_p must be in (0, 1] in every row"),
+    knob_check._all_in_range, {k: v for k, v in knob_check_signature.items() if k != "ok_ptr"},
+    dict(ok_ptr=None, BLOCK=1024, MESSAGE="flashsampling: top_p must be in (0, 1] in every row"),
     num_warps=4, debug=True,
 )
 print("compiled")
