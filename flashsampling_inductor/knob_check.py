@@ -37,8 +37,9 @@ FUSED_ASSERT = True
 # the call's kernels and joined after them: in the graph a branch beside stage 1, not a node
 # before it, so the call's path loses the check's launch and its own time. Its assert still
 # stops the context before anything after the call runs (the join waits for it), and long
-# before stage 1 ends; the kernels take any knob value without reading out of bounds. Eager
-# calls check first, as before (their time is the host's). H200, bf16 logits, D = 2048, B = 1 /
+# before stage 1 ends; the fused kernels take any knob value without reading out of bounds
+# (calls on the reference check first). Eager calls check first too (their time is the
+# host's). H200, bf16 logits, D = 2048, B = 1 /
 # 16 / 64, us, before -> beside: 0-d knob tensors at their off values 153.6 / 154.5 / 167.8 ->
 # 151.6 / 153.3 / 168.6 (plain 146.0 / 147.6 / 153.3), top-k 50 as a 0-d tensor 165.3 / 168.2 /
 # 198.9 -> 163.5 / 167.1 / 197.0; D = 4096 0.2-0.6% faster in every cell
@@ -109,17 +110,20 @@ def assert_knobs_valid(knobs: dict[str, torch.Tensor], message: str) -> None:
 
 
 @contextlib.contextmanager
-def checking(knobs: dict[str, torch.Tensor], message: str):
+def checking(knobs: dict[str, torch.Tensor], message: str, beside: bool = True):
     """The context in which a call's kernels run after ``assert_knobs_valid(knobs, message)``:
-    that check first or, under CUDA graph capture (``CHECK_BESIDE``), on a side stream forked
-    at entry and joined at exit, beside the kernels."""
+    that check first or, with ``beside`` under CUDA graph capture (``CHECK_BESIDE``), on a
+    side stream forked at entry and joined at exit, beside the kernels (which must then take
+    any knob value without reading out of bounds: the fused kernels, not the reference's
+    torch ops, whose own index asserts could fire first)."""
     device = next(iter(knobs.values())).device
     with torch.cuda.device(device):
         capturing = torch.cuda.is_current_stream_capturing()
         if CHECK_BESIDE and FUSED_ASSERT and device not in _side_streams and not capturing:
             # (made before any capture: a stream is not something to create inside one)
             _side_streams[device] = torch.cuda.Stream(device)
-        beside = CHECK_BESIDE and FUSED_ASSERT and capturing and device in _side_streams
+        beside = beside and CHECK_BESIDE and FUSED_ASSERT and capturing
+        beside = beside and device in _side_streams
         main = torch.cuda.current_stream()
         if beside:
             side = _side_streams[device]

@@ -121,8 +121,9 @@ def fused_sample(
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
     _check_logprobs(return_logprobs)
     knobs = _normalize_call(
-        hidden, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
-    )
+        hidden, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl,
+        check_beside=impl != "torch",  # (CUDA knob tensors: the fused kernels)
+    )  # fmt: skip
     if knobs is None:
         return _empty_result(hidden, num_samples, return_logprobs)
     temperature, seed, top_k, top_p, min_p, softcap, checked = knobs
@@ -220,14 +221,15 @@ def _empty_result(rows: torch.Tensor, num_samples: int, return_logprobs: str | N
 
 
 def _normalize_call(
-    rows, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
-):
+    rows, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl,
+    check_beside=False,
+):  # fmt: skip
     """The checks both public functions share. ``rows`` is the [B, ...] tensor whose device
     and batch the knobs follow. -> None for an empty batch, else the (tensor or None, scalar)
     pairs of temperature, seed, top_k, top_p and min_p, with a seed drawn on the device if
     none was given, the softcap as a float (0.0: off) and the context in which the call's
-    kernels are to run: the eager CUDA knob tensors' check (``knob_check.checking``) or
-    none."""
+    kernels are to run: the eager CUDA knob tensors' check (``knob_check.checking``, beside
+    the kernels under capture with ``check_beside``) or none."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
     if impl not in IMPLS:
@@ -248,7 +250,7 @@ def _normalize_call(
             for knob in (TEMPERATURE, TOP_K, TOP_P, MIN_P)
             if knob.name in deferred
         )
-        checked = knob_check.checking(deferred, f"flashsampling: {message}")
+        checked = knob_check.checking(deferred, f"flashsampling: {message}", check_beside)
     softcap = _normalize_softcap(softcap)
     seed_tensor, scalar_seed = _to_tensor_scalar(seed, SEED, rows)
     if rows.shape[0] == 0:
