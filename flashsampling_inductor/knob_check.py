@@ -117,13 +117,13 @@ def checking(knobs: dict[str, torch.Tensor], message: str, beside: bool = True):
     any knob value without reading out of bounds: the fused kernels, not the reference's
     torch ops, whose own index asserts could fire first)."""
     device = next(iter(knobs.values())).device
+    beside = beside and CHECK_BESIDE and FUSED_ASSERT
     with torch.cuda.device(device):
         capturing = torch.cuda.is_current_stream_capturing()
-        if CHECK_BESIDE and FUSED_ASSERT and device not in _side_streams and not capturing:
+        if beside and not capturing and device not in _side_streams:
             # (made before any capture: a stream is not something to create inside one)
             _side_streams[device] = torch.cuda.Stream(device)
-        beside = beside and CHECK_BESIDE and FUSED_ASSERT and capturing
-        beside = beside and device in _side_streams
+        beside = beside and capturing and device in _side_streams
         main = torch.cuda.current_stream()
         if beside:
             side = _side_streams[device]
