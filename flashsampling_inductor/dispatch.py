@@ -695,6 +695,7 @@ def triton_fused_sample(
     tile_candidates: bool = False,
     signal_dependents: bool = False,
     wait_previous: bool = False,
+    logits_in: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Launch both stages; arguments as validated by ``op.fused_sample``.
 
@@ -711,6 +712,8 @@ def triton_fused_sample(
     it (the exchange with PDL) be scheduled as its programs start (the swapped kernel ignores
     it). ``wait_previous``: those two are launched as a programmatic dependent of the kernel
     before it (the TP step's seed draw; PDL where ``sampling_device.pdl_launch`` allows it).
+    ``logits_in``: ``hidden`` is written logits and ``weight`` a stand-in
+    (``triton_sample_logits``).
     """
     if vocab_offset % 4:
         raise ValueError(f"vocab_offset must be a multiple of 4, got {vocab_offset}")
@@ -730,7 +733,9 @@ def triton_fused_sample(
         return out if logprobs is None else (out, logprobs)
     temperature_mode = _temperature_mode(temperature, scalar_temperature)
     chosen = config is None
-    if chosen:
+    if chosen and logits_in:
+        config = _logits_in_config(batch)
+    elif chosen:
         config = default_config(
             batch, hidden_size, hidden.device, params.truncates, vocab_size,
             knobs_may_be_off(params, vocab_size), params.per_row_seed,
@@ -752,7 +757,8 @@ def triton_fused_sample(
         raise ValueError("top-k / top-p on a tensor-parallel shard is not supported")
     # The Gluon kernels have no soft-cap and no log-probabilities: those calls take this kernel.
     if (
-        config.warp_specialized_swap
+        not logits_in
+        and config.warp_specialized_swap
         and 128 < batch <= 256
         and not (temperature_mode == 3 and batch > SWAP_GREEDY_ROWS_MAX)
         and (not truncates or config.swap_truncating or swap_serves_knobs(params, vocab_size))
@@ -769,7 +775,7 @@ def triton_fused_sample(
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_swap_kernel.disable(error)
-    if config.warp_specialized_rows and not params.softcap and not logprobs_code:
+    if not logits_in and config.warp_specialized_rows and not params.softcap and not logprobs_code:
         from . import hopper_kernel
 
         if hopper_kernel.supported(hidden, weight):
@@ -782,7 +788,7 @@ def triton_fused_sample(
                 )  # fmt: skip
             except CompilationError as error:  # raised before anything is launched
                 hopper_kernel.disable(error)
-    if chosen and batch <= 32 and not config.swap_ab:
+    if chosen and batch <= 32 and not config.swap_ab and not logits_in:
         # (17-32 rows take the Gluon kernel's tiles only where it runs: TRUNCATING_SWAP_ROWS_MAX)
         config = _widen_truncation_tiles(_swap_ab_config(batch), params, vocab_size, hidden)
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
@@ -830,6 +836,7 @@ def triton_fused_sample(
             row_knobs=_row_knobs(params, per_row_knobs), batch_truncates=2 if split else 0,
             signal_dependents=signal_dependents and tile_candidates and not truncates,
             wait_previous=wait_previous and not split and pdl_launch(hidden.device)["PDL"],
+            **({"logits_in": True} if logits_in else {}),
         )  # fmt: skip
         if tile_candidates and not truncates:
             return cand_score, cand_index
@@ -841,9 +848,42 @@ def triton_fused_sample(
         else:
             _finish_truncation(
                 hidden, weight, bias, params, stage1, config.block_v, temperature_mode, out,
-                dot_precision, logprobs,
+                dot_precision, logprobs, logits_in,
             )  # fmt: skip
     return out if logprobs is None else (out, logprobs)
+
+
+# Stage 1's tiles on written logits (``triton_sample_logits``): at most this many rows x
+# vocabulary entries (the noise of a tile in one chunk), warps. Against 16 x 512 in two
+# chunks and 8 x 1024 in four, H200, V = 151936, 96-256 rows, whole calls of cuBLAS's matmul
+# and stage 1 on its logits: the fastest in 41 of 42 sampling cells (T = 1 on fp32 and bf16
+# logits, D = 2048 / 4096 / 8192), 14 of 21 greedy ones (matmul_first_h200_20261129-1057).
+# Fewer rows take tiles of their own power of two: the noise is drawn for every row a tile
+# spans.
+LOGITS_IN_TILE = (32, 256, 1, 4)  # block_b, block_v, epilogue_chunks, num_warps
+
+
+def triton_sample_logits(logits: torch.Tensor, params: SamplingParams):
+    """``sample_logits`` on the kernels: stage 1 reads the tiles of the written ``logits``
+    [B, V] (LOGITS_IN) instead of computing them; stage 2, the truncation's stage 2 and its
+    fallback as for ``triton_fused_sample``, whose result this returns."""
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    return triton_fused_sample(logits, weight_stand_in(logits), None, params, logits_in=True)
+
+
+def weight_stand_in(logits: torch.Tensor) -> torch.Tensor:
+    """What the kernels take for the weight of written logits [B, V]: V rows (the vocabulary
+    size they read from it) of one element, all the same (a real address: Triton's launcher
+    refuses the null pointer of an empty tensor)."""
+    return logits.new_zeros((1, 1)).expand(logits.shape[1], 1)
+
+
+def _logits_in_config(batch: int) -> SampleConfig:
+    block_b, block_v, chunks, warps = LOGITS_IN_TILE
+    block_b = min(block_b, triton.next_power_of_2(batch))
+    return SampleConfig(block_b, block_v, 16, swap_ab=False, num_warps=warps,
+                        num_stages=1, epilogue_chunks=chunks)  # fmt: skip
 
 
 def _truncation_buffers(
@@ -900,11 +940,12 @@ def _row_knobs(params: SamplingParams, per_row: bool) -> dict:
 
 def _finish_truncation(
     hidden, weight, bias, params, stage1, block_v, temperature_mode, out, dot_precision,
-    logprobs=None,
+    logprobs=None, logits_in=False,
 ):  # fmt: skip
     """Stage 2 of a truncating call over stage 1's candidates (``stage1``, on ``block_v``-wide
     tiles), then the exact fallback's kernels, which return at once for rows stage 2 did not
-    flag (truncation_kernel.py); with ``logprobs`` also the drawn tokens'."""
+    flag (truncation_kernel.py); with ``logprobs`` also the drawn tokens'. ``logits_in`` as
+    in ``triton_fused_sample``."""
     batch, vocab_size = hidden.shape[0], weight.shape[0]
     interpreter = hidden.device.type == "cpu"
     logits_dtype = params.logits_dtype
@@ -923,9 +964,13 @@ def _finish_truncation(
     truncation_kernel.launch_fallback(
         hidden, weight, bias, params, temperature_mode, out, overflow,
         tl_logits_dtype, dot_precision, not interpreter, floor, stage1, patch, logprobs,
+        logits_in,
     )  # fmt: skip
     if logprobs is not None and truncation_kernel.raw_logit_later(params):
-        logprobs += _token_logits(hidden, weight, bias, out, logits_dtype)
+        if logits_in:  # (the written logits: no bias, no rounding)
+            logprobs += hidden.gather(1, out).float()
+        else:
+            logprobs += _token_logits(hidden, weight, bias, out, logits_dtype)
 
 
 def _token_logits(hidden, weight, bias, tokens, logits_dtype) -> torch.Tensor:

@@ -341,9 +341,12 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     kw = model._update_model_kwargs_for_generation(outputs, kw)
     # (its knobs as Python numbers, checked on the host: as device tensors a kernel of their
     # own would check them, compiled and its launcher built during the first call's prefill;
-    # the tokens are the same, the op reads both forms as the same per-row values)
+    # the tokens are the same, the op reads both forms as the same per-row values. The
+    # reference draws it: the kernels would draw the same token in tens of us instead of
+    # 0.7-5 ms, but their first call compiles them, seconds that no compile ahead hides yet.)
     prompt_knobs = dataclasses.asdict(sampling)
-    next_tokens = sample_logits(outputs.logits[:, -1, :], **prompt_knobs).squeeze(1).to(device)
+    prompt_logits = outputs.logits[:, -1, :]
+    next_tokens = sample_logits(prompt_logits, **prompt_knobs, impl="torch").squeeze(1).to(device)
     del outputs  # the prompt's logits
     # The stop decision read one step late lets the host queue a step while the device runs
     # the previous one; the late read costs one step past the stop, which is dropped. That

@@ -676,8 +676,10 @@ def _sample_logits_run(
         top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
         _schema_softcap(softcap), logprobs,
     )  # fmt: skip
-    # The reference on every device for now: the logits are already written, so sorting
-    # them costs a pass over [B, V] that a dedicated kernel would save.
+    if _use_triton(impl, logits.device, params):
+        from .dispatch import triton_sample_logits
+
+        return triton_sample_logits(logits, params)
     return reference_sample_logits(logits, params)
 
 

@@ -401,6 +401,9 @@ def _sample_stage1(
     # Launched as a programmatic dependent of the kernel before it (the TP step's seed draw):
     # wait for that kernel's end and writes before any load.
     WAIT_PREVIOUS: tl.constexpr = False,
+    # hidden_ptr holds written logits [B, V] (row stride stride_hb, unit column stride):
+    # each tile's logits are loaded, not computed (``sample_logits``); weight_ptr is unused.
+    LOGITS_IN: tl.constexpr = False,
 ):  # fmt: skip
     """Per (batch tile, vocab tile): logits on chip, then per row and sample the best
     perturbed score and its global index (PLAIN), and / or per row the TOP_M largest
@@ -441,45 +444,51 @@ def _sample_stage1(
 
         # Logits [BLOCK_B, BLOCK_V] in fp32. Decode batches are far smaller than the 64 rows a
         # Hopper MMA wants, so small batches put the vocabulary on M (swap-AB).
-        if SWAP_AB:
-            acc = tl.zeros((BLOCK_V, BLOCK_B), tl.float32)
+        # With LOGITS_IN they are loaded: hidden_ptr holds written logits.
+        if LOGITS_IN:
+            logit_ptrs = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb + offs_v[None, :]
+            logits = tl.load(logit_ptrs, mask=b_mask[:, None] & v_mask[None, :], other=0.0)
+            logits = logits.to(tl.float32)
         else:
-            acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
-        # 64-bit row offsets: V * D can pass 2**31 (262144 x 8192).
-        w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
-        h_rows = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb
-        for d_start in range(0, D, BLOCK_D):
-            if USE_TMA:
-                # The copy engine fetches the tiles (zero-filled past the edges): no address
-                # math in the threads.
-                w = weight_desc.load([v_start, d_start])
-                h = hidden_desc.load([b_start, d_start])
-            else:
-                w_ptrs = w_rows + (d_start + offs_d)[None, :] * stride_wd
-                h_ptrs = h_rows + (d_start + offs_d)[None, :] * stride_hd
-                w_mask = v_mask[:, None]
-                h_mask = b_mask[:, None]
-                if not EVEN_D:
-                    w_mask = w_mask & ((d_start + offs_d) < D)[None, :]
-                    h_mask = h_mask & ((d_start + offs_d) < D)[None, :]
-                if EVEN_V and EVEN_D:
-                    w = tl.load(w_ptrs)
-                else:
-                    w = tl.load(w_ptrs, mask=w_mask, other=0.0)
-                h = tl.load(h_ptrs, mask=h_mask, other=0.0)
-            if INTERPRETER:
-                # The interpreter multiplies bf16 as raw uint16; products of bf16/fp16 values are
-                # exact in fp32, so this changes nothing but the speed.
-                w = w.to(tl.float32)
-                h = h.to(tl.float32)
             if SWAP_AB:
-                acc = tl.dot(w, tl.trans(h), acc, input_precision=DOT_PRECISION)
+                acc = tl.zeros((BLOCK_V, BLOCK_B), tl.float32)
             else:
-                acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
-        if SWAP_AB:
-            logits = tl.trans(acc)
-        else:
-            logits = acc
+                acc = tl.zeros((BLOCK_B, BLOCK_V), tl.float32)
+            # 64-bit row offsets: V * D can pass 2**31 (262144 x 8192).
+            w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
+            h_rows = hidden_ptr + offs_b.to(tl.int64)[:, None] * stride_hb
+            for d_start in range(0, D, BLOCK_D):
+                if USE_TMA:
+                    # The copy engine fetches the tiles (zero-filled past the edges): no address
+                    # math in the threads.
+                    w = weight_desc.load([v_start, d_start])
+                    h = hidden_desc.load([b_start, d_start])
+                else:
+                    w_ptrs = w_rows + (d_start + offs_d)[None, :] * stride_wd
+                    h_ptrs = h_rows + (d_start + offs_d)[None, :] * stride_hd
+                    w_mask = v_mask[:, None]
+                    h_mask = b_mask[:, None]
+                    if not EVEN_D:
+                        w_mask = w_mask & ((d_start + offs_d) < D)[None, :]
+                        h_mask = h_mask & ((d_start + offs_d) < D)[None, :]
+                    if EVEN_V and EVEN_D:
+                        w = tl.load(w_ptrs)
+                    else:
+                        w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+                    h = tl.load(h_ptrs, mask=h_mask, other=0.0)
+                if INTERPRETER:
+                    # The interpreter multiplies bf16 as raw uint16; products of bf16/fp16 values
+                    # are exact in fp32, so this changes nothing but the speed.
+                    w = w.to(tl.float32)
+                    h = h.to(tl.float32)
+                if SWAP_AB:
+                    acc = tl.dot(w, tl.trans(h), acc, input_precision=DOT_PRECISION)
+                else:
+                    acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            if SWAP_AB:
+                logits = tl.trans(acc)
+            else:
+                logits = acc
         if HAS_BIAS:
             logits += tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)[None, :]
         logits = round_logits(logits, LOGITS_DTYPE)
@@ -659,6 +668,7 @@ def launch_stage1(
     batch_truncates: int = 0,
     signal_dependents: bool = False,
     wait_previous: bool = False,
+    logits_in: bool = False,
 ) -> None:
     """Launch ``_sample_stage1`` with ``config``'s tiles (``dispatch.SampleConfig``) on the
     current device. ``stage1``: the buffers it writes (``dispatch._truncation_buffers``):
@@ -670,13 +680,15 @@ def launch_stage1(
     their compiled variants); ``wait_previous``: launched as a programmatic dependent of the
     kernel before it (WAIT_PREVIOUS and ``launch_pdl``, sm_90 and later only). ``seed_u64``,
     ``vocab_offset`` as in ``dispatch.triton_fused_sample``; ``dot_precision`` is also the
-    fallback's, so it is the caller's."""
+    fallback's, so it is the caller's. ``logits_in``: ``hidden`` is written logits [B, V]
+    (unit column stride) and ``weight`` a stand-in (``dispatch.weight_stand_in``): no
+    matmul (LOGITS_IN)."""
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
     num_v_tiles = triton.cdiv(vocab_size, config.block_v)
     cand_score, cand_index = stage1.get("plain_score"), stage1.get("plain_index")
     hidden_desc = weight_desc = None
-    if config.tma and tma_compatible(hidden, weight):
+    if config.tma and not logits_in and tma_compatible(hidden, weight):
         hidden_desc = TensorDescriptor.from_tensor(
             rows_for_tma(hidden, config.block_b), [config.block_b, config.block_d]
         )
@@ -716,6 +728,7 @@ def launch_stage1(
         **row_knobs, BATCH_TRUNCATES=batch_truncates,
         **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),
         **({"WAIT_PREVIOUS": True, "launch_pdl": True} if wait_previous else {}),
+        **({"LOGITS_IN": True} if logits_in else {}),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip

@@ -1261,26 +1261,31 @@ def _tile_logits(
     stride_hb, stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS: tl.constexpr,
     LOGITS_DTYPE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
     INTERPRETER: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, LOGITS_IN: tl.constexpr = False,
 ):  # fmt: skip
     """[BLOCK_ROWS, BLOCK_V] logits of hidden rows ``rows`` (those in ``row_mask``; the
     others are zero vectors) against vocabulary entries ``offs_v``, as stage 1 computes them:
-    one MMA chain over D with stage 1's precision, then bias, rounding, soft-cap."""
+    one MMA chain over D with stage 1's precision, then bias, rounding, soft-cap. LOGITS_IN:
+    hidden_ptr holds written logits [B, V] (stage 1's LOGITS_IN), loaded instead."""
     h_rows = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hb
-    w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
-    acc = tl.zeros((BLOCK_ROWS, BLOCK_V), tl.float32)
-    for d_start in range(0, D, BLOCK_D):
-        offs_d = d_start + tl.arange(0, BLOCK_D)
-        d_mask = offs_d < D
-        h = tl.load(h_rows + offs_d[None, :] * stride_hd,
-                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-        w = tl.load(w_rows + offs_d[None, :] * stride_wd,
-                    mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
-        if INTERPRETER:
-            # (the interpreter multiplies bf16 as raw uint16, as in stage 1)
-            h = h.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    if LOGITS_IN:
+        acc = tl.load(h_rows + offs_v[None, :], mask=row_mask[:, None] & v_mask[None, :],
+                      other=0.0).to(tl.float32)  # fmt: skip
+    else:
+        w_rows = weight_ptr + offs_v.to(tl.int64)[:, None] * stride_wv
+        acc = tl.zeros((BLOCK_ROWS, BLOCK_V), tl.float32)
+        for d_start in range(0, D, BLOCK_D):
+            offs_d = d_start + tl.arange(0, BLOCK_D)
+            d_mask = offs_d < D
+            h = tl.load(h_rows + offs_d[None, :] * stride_hd,
+                        mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+            w = tl.load(w_rows + offs_d[None, :] * stride_wd,
+                        mask=v_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+            if INTERPRETER:
+                # (the interpreter multiplies bf16 as raw uint16, as in stage 1)
+                h = h.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision=DOT_PRECISION)
     logits = acc
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_v, mask=v_mask, other=0.0).to(tl.float32)
@@ -1297,7 +1302,7 @@ def _patch_tile(hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr, 
                 stride_wd, softcap, HAS_BIAS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 INTERPRETER: tl.constexpr, BLOCK_D: tl.constexpr, PATCH_TILES: tl.constexpr,
-                PATCH_V: tl.constexpr):  # fmt: skip
+                PATCH_V: tl.constexpr, LOGITS_IN: tl.constexpr):  # fmt: skip
     """Tile j of a patched row: its PATCH_V logits (the row in lane 0 of a 16-row MMA, the
     smallest tl.dot takes) stored as keys and global indices."""
     if tl.load(overflow_ptr + row) == OVERFLOW_PATCH:
@@ -1311,6 +1316,7 @@ def _patch_tile(hidden_ptr, weight_ptr, bias_ptr, overflow_ptr, patch_tile_ptr, 
                 hidden_ptr, weight_ptr, bias_ptr, row + lanes * 0, lanes == 0, offs_v, v_mask,
                 D, stride_hb, stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS,
                 LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION, INTERPRETER, 16, PATCH_V, BLOCK_D,
+                LOGITS_IN,
             )  # fmt: skip
             logits = tl.sum(tl.where(lanes[:, None] == 0, logits, 0.0), axis=0)
             keys = tl.where(v_mask, ordered_key(logits), KEY_PAD)
@@ -1328,6 +1334,7 @@ def _fallback_logits(
     DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, SCAN: tl.constexpr,
     PATCH_TILES: tl.constexpr, PATCH_V: tl.constexpr, PDL: tl.constexpr,
+    LOGITS_IN: tl.constexpr = False,  # hidden_ptr: written logits (``_tile_logits``)
 ):  # fmt: skip
     """Recompute the logits of the rows that overflowed into scratch [B, V] fp32. The
     programs take the num_full_programs vocabulary tiles in turn (a persistent grid: the
@@ -1357,7 +1364,7 @@ def _fallback_logits(
                     patch_count_ptr, patch_key_ptr, patch_index_ptr, item // PATCH_TILES,
                     item % PATCH_TILES, V, D, stride_hb, stride_hd, stride_wv, stride_wd,
                     softcap, HAS_BIAS, LOGITS_DTYPE, HAS_SOFTCAP, DOT_PRECISION,
-                    INTERPRETER, BLOCK_D, PATCH_TILES, PATCH_V,
+                    INTERPRETER, BLOCK_D, PATCH_TILES, PATCH_V, LOGITS_IN,
                 )  # fmt: skip
     if num_flagged == 0:
         return
@@ -1369,7 +1376,7 @@ def _fallback_logits(
             logits = _tile_logits(
                 hidden_ptr, weight_ptr, bias_ptr, rows, found, offs_v, v_mask, D, stride_hb,
                 stride_hd, stride_wv, stride_wd, softcap, HAS_BIAS, LOGITS_DTYPE,
-                HAS_SOFTCAP, DOT_PRECISION, INTERPRETER, BLOCK_B, BLOCK_V, BLOCK_D,
+                HAS_SOFTCAP, DOT_PRECISION, INTERPRETER, BLOCK_B, BLOCK_V, BLOCK_D, LOGITS_IN,
             )  # fmt: skip
             tl.store(scratch_ptr + rows.to(tl.int64)[:, None] * V + offs_v[None, :], logits,
                      mask=found[:, None] & v_mask[None, :])  # fmt: skip
@@ -1669,8 +1676,11 @@ def launch_fallback(
     stage1: dict[str, torch.Tensor | None] | None = None,
     patch: dict[str, torch.Tensor | int] | None = None,
     logprobs: torch.Tensor | None = None,
+    logits_in: bool = False,
 ) -> None:
-    """The exact paths of the rows stage 2 flagged (``logprobs`` as in ``launch_stage2``).
+    """The exact paths of the rows stage 2 flagged (``logprobs`` as in ``launch_stage2``;
+    ``logits_in``: ``hidden`` is written logits [B, V], ``weight`` a stand-in:
+    ``dispatch.weight_stand_in``).
     Rows flagged OVERFLOW_PATCH: the few tiles that may hide a kept token recomputed, then
     stage 2 over stage 1's candidates (``stage1``) with those tiles' tokens in place of
     theirs (``patch``). Rows flagged
@@ -1708,7 +1718,8 @@ def launch_fallback(
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
         SCAN=min(256, max(16, triton.next_power_of_2(batch))),
         PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
-        **_tail_pdl(hidden.device, batch), num_warps=4, num_stages=3,
+        **_tail_pdl(hidden.device, batch), **({"LOGITS_IN": True} if logits_in else {}),
+        num_warps=4, num_stages=3,
     )  # fmt: skip
     log_mass = None if stage1 is None else stage1.get("log_mass")
     full = ({"top_m_key": scratch, "log_mass": log_mass}, params, vocab_size, temperature_mode,
