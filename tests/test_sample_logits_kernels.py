@@ -55,7 +55,7 @@ def test_kernels_draw_the_reference_tokens(form):
 
 
 @pytest.mark.parametrize("mode", ["raw", "processed"])
-@pytest.mark.parametrize("form", ["plain", "softcap", "top_k_top_p", "per_row_knobs"])
+@pytest.mark.parametrize("form", ["plain", "softcap", "per_row_knobs"])
 def test_kernels_log_probabilities_are_the_reference(form, mode):
     _, _, logits = _logits()
     knobs = {"seed": 5, "return_logprobs": mode, **_on_device(FORMS[form])}
@@ -65,7 +65,7 @@ def test_kernels_log_probabilities_are_the_reference(form, mode):
     torch.testing.assert_close(logprobs, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", ["plain", "top_k_top_p", "min_p"])
+@pytest.mark.parametrize("form", ["plain", "top_k", "min_p"])
 def test_kernels_draw_what_fused_sample_draws_on_bf16_logits(form):
     """bf16 logits as a bf16 model writes them: fused_sample rounding its own to bf16 draws
     the same tokens, and a strided view of the logits changes nothing."""
