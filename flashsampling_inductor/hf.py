@@ -343,7 +343,8 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     # own would check them, compiled and its launcher built during the first call's prefill;
     # the tokens are the same, the op reads both forms as the same per-row values. The
     # reference draws it: the kernels would draw the same token in tens of us instead of
-    # 0.7-5 ms, but their first call compiles them, seconds that no compile ahead hides yet.)
+    # 0.7-5 ms, but their first call compiles them (2.5-7 s on an H200, docs/operator.md),
+    # which no compile ahead hides yet.)
     prompt_knobs = dataclasses.asdict(sampling)
     prompt_logits = outputs.logits[:, -1, :]
     next_tokens = sample_logits(prompt_logits, **prompt_knobs, impl="torch").squeeze(1).to(device)
