@@ -7,7 +7,7 @@ PyTorch reference it ran before (``impl="torch"``), transformers' warpers with s
 
 Forms: plain (T = 0.7), top-k 50, top-k 50 + top-p 0.9, top-p 0.9, min-p 0.1 (each at T =
 0.7), logits of std 5 in the given dtype, a 0-d device seed. Each provider's call captured
-in a CUDA graph after warm-up; the median of replays (``do_bench``), the best of
+in a CUDA graph after warm-up; the median of replays (``profile_calls.graph_us``), the best of
 ``--rounds`` rounds in a shuffled order, us. FlashInfer (``--flashinfer``, from
 ``../shared/gpu/fetch-wheels.sh``): ``sampling_from_logits`` for plain sampling,
 ``top_k_top_p_sampling_from_logits`` for top-k 50 with or without top-p 0.9 (its JIT build
@@ -29,6 +29,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain checkout
 
+from profile_calls import graph_us  # noqa: E402  (this folder)
+
 from flashsampling_inductor import sample_logits  # noqa: E402
 
 FORMS = {
@@ -39,20 +41,6 @@ FORMS = {
     "minp": dict(min_p=0.1),
 }
 TEMPERATURE = 0.7
-
-
-def graph_us(fn) -> float:
-    """Median of CUDA-graph replays of one call of ``fn`` (captured after warm-up)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3
 
 
 def warpers(knobs):
