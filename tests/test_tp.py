@@ -681,6 +681,7 @@ for signal, wait in ((False, False), (True, False), (False, True)):
         EVEN_V=False, INTERPRETER=False, BLOCK_B=64, BLOCK_V=64, BLOCK_D=128, PLAIN=True,
         TOP_M=0, ROW_MASS=False, KEY_LOW_BITS=0, LOGPROBS=0, TOP_K_MODE=0, TOP_P_MODE=0,
         MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=signal, WAIT_PREVIOUS=wait,
+        LOGITS_IN=False,
     )
     types = dict(stage1_signature, **{name: "constexpr" for name in constants})
     constexprs = {(stage1.arg_names.index(n),): v for n, v in constants.items()}

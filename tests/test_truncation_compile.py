@@ -186,8 +186,20 @@ stage1_constants = dict(
     PLAIN=False, TOP_M=4, ROW_MASS=True, KEY_LOW_BITS=0, cand_value_ptr=None, log_mass_ptr=None,
     LOGPROBS=0, top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TOP_K_MODE=0, TOP_P_MODE=0,
     MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=False, WAIT_PREVIOUS=False,
+    LOGITS_IN=False,
 )
 compile_kernel(sampling_kernel._sample_stage1, stage1, stage1_constants, num_warps=4, num_stages=4)
+# sample_logits: the tiles of written logits read, not computed (LOGITS_IN), plain and top-m.
+for plain in (True, False):
+    compile_kernel(
+        sampling_kernel._sample_stage1,
+        {**stage1, "cand_score_ptr": "*fp32", "cand_index_ptr": "*i32"} if plain else stage1,
+        {key: value for key, value in stage1_constants.items()
+         if not (plain and key in ("cand_score_ptr", "cand_index_ptr"))}
+        | dict(LOGITS_IN=True, SWAP_AB=False, BLOCK_B=32, BLOCK_V=256, BLOCK_D=16,
+               PLAIN=plain, TOP_M=0 if plain else 4, ROW_MASS=not plain, HAS_SOFTCAP=False),
+        num_warps=4, num_stages=1,
+    )  # fmt: skip
 # Per-row knobs that may be off: both epilogues, each where a row of the tile needs it.
 compile_kernel(
     sampling_kernel._sample_stage1,
@@ -233,7 +245,14 @@ compile_kernel(
     truncation_kernel._fallback_logits, fallback,
     dict(bias_ptr=None, HAS_BIAS=False, LOGITS_DTYPE=None, HAS_SOFTCAP=True,
          DOT_PRECISION="ieee", INTERPRETER=False, BLOCK_B=16, BLOCK_V=128, BLOCK_D=64,
-         SCAN=256, PATCH_TILES=16, PATCH_V=128, PDL=True),
+         SCAN=256, PATCH_TILES=16, PATCH_V=128, PDL=True, LOGITS_IN=False),
+    num_warps=4, num_stages=3,
+)
+compile_kernel(  # (sample_logits: the written logits read, not recomputed)
+    truncation_kernel._fallback_logits, fallback,
+    dict(bias_ptr=None, HAS_BIAS=False, LOGITS_DTYPE=None, HAS_SOFTCAP=False,
+         DOT_PRECISION="ieee", INTERPRETER=False, BLOCK_B=16, BLOCK_V=128, BLOCK_D=64,
+         SCAN=256, PATCH_TILES=16, PATCH_V=128, PDL=True, LOGITS_IN=True),
     num_warps=4, num_stages=3,
 )
 # Tensor parallelism with top-k: one shard's masked draw over its materialized logits.

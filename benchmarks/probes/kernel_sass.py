@@ -86,6 +86,7 @@ def compile_stage1(config: dispatch.SampleConfig, hidden_size: int, greedy: bool
         cand_value_ptr=None, log_mass_ptr=None, LOGPROBS=0,
         top_k_ptr=None, top_p_ptr=None, min_p_ptr=None, TOP_K_MODE=0, TOP_P_MODE=0,
         MIN_P_MODE=0, BATCH_TRUNCATES=0, SIGNAL_DEPENDENTS=False, WAIT_PREVIOUS=False,
+        LOGITS_IN=False,
     )  # fmt: skip
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(
