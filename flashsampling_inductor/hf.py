@@ -10,7 +10,7 @@ temperature 0 (neither new values nor settings turned on or off recompile). The 
 compiled with ``backend="flashsampling"``, whose pass turns the LM-head matmul and
 ``sample_logits`` into one fused call, so the step's logits are never written. The prompt
 (prefill) runs as transformers runs it, eagerly, and its token is drawn by ``sample_logits``
-from its logits::
+(its reference) from its logits::
 
     import flashsampling_inductor.hf
 
