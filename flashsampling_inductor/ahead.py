@@ -70,8 +70,8 @@ import torch
 from . import launch as _launch
 
 __all__ = [
-    "backend_hands_off", "before_first_run", "hand_off", "in_background", "prestart",
-    "wait_for_background_compiles",
+    "backend_hands_off", "before_first_run", "compiled", "hand_off", "in_background",
+    "prestart", "wait_for_background_compiles",
 ]  # fmt: skip
 
 log = logging.getLogger("flashsampling_inductor")
@@ -154,6 +154,8 @@ _backend_compiling = threading.local()
 _kinds_seen: set[tuple] = set()
 _kinds_lock = threading.Lock()
 _background: ThreadPoolExecutor | None = None
+# The compiles ahead that ``compiled`` started, by kind: their ends.
+_started_by_compiled: dict[tuple, Future] = {}
 # Children compiling other batch sizes' kernels, or that did: (those kinds, the future of
 # their end). Kept: a later graph whose call is one of them loads their kernels.
 _other_batches_running: list[tuple[list, Future]] = []
@@ -184,6 +186,33 @@ def before_first_run(run: Callable, args: tuple) -> None:
         running.result()
     if not torch.cuda.is_current_stream_capturing() and _claim(kinds):
         _dry_run(run, kinds)
+
+
+def compiled(run: Callable, args: tuple) -> bool:
+    """Whether the kernels of ``run(*args)`` (real tensors, as ``before_first_run``) are
+    compiled: False while a compile ahead that this started for its kind runs, and at the
+    first call of a kind no compile has seen, whose compile it then starts in the background
+    (``WORKERS``); True once that has ended, and for a kind another moment compiles (its
+    first launch waits for that). For a caller that has another way to make the call and
+    would rather take it than wait for compiles: hf generate's prompt token, drawn once per
+    ``generate`` on the reference until the kernels are ready. With ``MODE`` "0": True (the
+    first launch compiles, as without this)."""
+    if MODE == "0" or _launch.compiling_ahead():
+        return True
+    kinds = _real_kinds(args)
+    started = _started_by_compiled.get(kinds)
+    if started is not None:
+        return started.done()
+    if not _claim(kinds):
+        return True
+    global _background
+    if _background is None:
+        _background = ThreadPoolExecutor(1, thread_name_prefix="flashsampling-compile-ahead")
+    job = _dry_run_in_processes if WORKERS == "processes" else _dry_run
+    started = _background.submit(job, run, kinds)
+    _started_by_compiled[kinds] = started
+    _launch.wait_before_launching(started)
+    return False
 
 
 def in_background(run: Callable, args: tuple) -> None:

@@ -10,7 +10,7 @@ temperature 0 (neither new values nor settings turned on or off recompile). The 
 compiled with ``backend="flashsampling"``, whose pass turns the LM-head matmul and
 ``sample_logits`` into one fused call, so the step's logits are never written. The prompt
 (prefill) runs as transformers runs it, eagerly, and its token is drawn by ``sample_logits``
-(its reference) from its logits::
+from its logits (on the reference until the kernels for it have compiled in the background)::
 
     import flashsampling_inductor.hf
 
@@ -40,7 +40,7 @@ import torch
 
 from . import teardown
 from .explain import Explanation, recording
-from .op import sample_logits, why_not_fused_on
+from .op import sample_logits, sample_logits_without_waiting, why_not_fused_on
 
 __all__ = ["Fusion", "disable", "enable", "fused_generate", "is_fused"]
 
@@ -341,13 +341,14 @@ def _fused_loop(model, input_ids, stopping_criteria, generation_config, sampling
     kw = model._update_model_kwargs_for_generation(outputs, kw)
     # (its knobs as Python numbers, checked on the host: as device tensors a kernel of their
     # own would check them, compiled and its launcher built during the first call's prefill;
-    # the tokens are the same, the op reads both forms as the same per-row values. The
-    # reference draws it: the kernels would draw the same token in tens of us instead of
-    # 0.7-5 ms, but their first call compiles them (2.5-7 s on an H200, docs/operator.md),
-    # which no compile ahead hides yet.)
+    # the tokens are the same, the op reads both forms as the same per-row values. On the
+    # kernels once they are compiled, tens of us where the reference takes 0.5-13 ms; until
+    # then, the first generate of a kind, on the reference while they compile behind it:
+    # their first compile takes 2.5-7 s on an H200, docs/operator.md.)
     prompt_knobs = dataclasses.asdict(sampling)
     prompt_logits = outputs.logits[:, -1, :]
-    next_tokens = sample_logits(prompt_logits, **prompt_knobs, impl="torch").squeeze(1).to(device)
+    next_tokens = sample_logits_without_waiting(prompt_logits, **prompt_knobs).squeeze(1)
+    next_tokens = next_tokens.to(device)
     del outputs  # the prompt's logits
     # The stop decision read one step late lets the host queue a step while the device runs
     # the previous one; the late read costs one step past the stop, which is dropped. That

@@ -177,6 +177,43 @@ def sample_logits(
         [B, num_samples] int64 token ids in [0, V); with ``return_logprobs`` the tuple
         (token ids, [B, num_samples] fp32 log-probabilities).
     """
+    _check_logits(logits)
+    _check_logprobs(return_logprobs)
+    return _sample_logits(
+        logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl,
+        return_logprobs, wait_for_kernels=True,
+    )  # fmt: skip
+
+
+def sample_logits_without_waiting(
+    logits: torch.Tensor,
+    *,
+    temperature: float | torch.Tensor = 1.0,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
+    softcap: float | None = None,
+    num_samples: int = 1,
+    seed: int | torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    return_logprobs: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``sample_logits`` (impl "auto") that never waits for compiles: on CUDA, while the
+    kernels of its kind of call (shapes, dtypes, which knobs are tensors) are not compiled,
+    it draws on the PyTorch reference and starts their compile in the background
+    (``ahead.compiled``); once they are, on them. The same tokens either way (the
+    reference is their contract). For a call made once per ``generate`` (hf.py's prompt
+    token), where the kernels' first compile (2.5-7 s on an H200) would add to the first
+    call, and the reference costs 0.5-13 ms a call (1-256 rows, V = 151936)."""
+    _check_logits(logits)
+    _check_logprobs(return_logprobs)
+    return _sample_logits(
+        logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, "auto",
+        return_logprobs, wait_for_kernels=False,
+    )  # fmt: skip
+
+
+def _check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in SUPPORTED_DTYPES:
@@ -185,7 +222,14 @@ def sample_logits(
         raise ValueError(f"logits must be 2-D [B, V], got shape {tuple(logits.shape)}")
     if logits.shape[1] == 0:
         raise ValueError("logits has V = 0 columns: there is no token to sample")
-    _check_logprobs(return_logprobs)
+
+
+def _sample_logits(
+    logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl,
+    return_logprobs, wait_for_kernels,
+):  # fmt: skip
+    """``sample_logits`` past its checks of ``logits``; without ``wait_for_kernels`` as
+    ``sample_logits_without_waiting`` says."""
     knobs = _normalize_call(
         logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
     )
@@ -195,6 +239,16 @@ def sample_logits(
     args = (logits, *temperature, *seed, num_samples, *top_k, *top_p, impl, *min_p, softcap)
     with checked:
         if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0], min_p[0]):
+            if (
+                not wait_for_kernels
+                and _use_triton(impl, logits.device, None)
+                and logits.is_cuda
+                and not torch.cuda.is_current_stream_capturing()
+                and not ahead.compiled(
+                    _sample_logits_run, _sample_logits_kind(*args, return_logprobs)
+                )
+            ):
+                args = (*args[:10], "torch", *args[11:])  # (impl: the reference, this once)
             if return_logprobs is None:
                 return _sample_logits_impl(*args)
             return _sample_logits_logprobs_impl(*args, return_logprobs)
@@ -679,8 +733,21 @@ def _sample_logits_run(
     if _use_triton(impl, logits.device, params):
         from .dispatch import triton_sample_logits
 
+        if logits.is_cuda and ahead.MODE != "0":
+            # (once per kind of call: its kernels compiled at once, in parallel)
+            ahead.before_first_run(_sample_logits_run, _sample_logits_kind(
+                logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
+                scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
+            ))  # fmt: skip
         return triton_sample_logits(logits, params)
     return reference_sample_logits(logits, params)
+
+
+def _sample_logits_kind(*args) -> tuple:
+    """``_sample_logits_run``'s arguments as its compile ahead keys them: the host seed by
+    its class (``ahead.seed_class``), the only argument whose value the kernels do not
+    specialize on."""
+    return (*args[:4], ahead.seed_class(args[4]), *args[5:])
 
 
 _fused_sample_op = torch.library.custom_op(

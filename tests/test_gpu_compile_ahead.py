@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import triton
 from torch._dynamo.utils import counters
 
-from flashsampling_inductor import ahead, fused_sample, launch, op
+from flashsampling_inductor import ahead, dispatch, fused_sample, launch, op
 
 pytestmark = pytest.mark.gpu
 
@@ -70,6 +70,33 @@ def test_gpu_first_call_tokens_equal_later_calls(monkeypatch, knobs):
     torch.manual_seed(1)
     again = fused_sample(hidden, weight, temperature=0.8, num_samples=2, **knobs)
     torch.testing.assert_close(first, again, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"top_k": 50, "top_p": 0.9}], ids=["plain", "top_k_top_p"])
+def test_gpu_sample_logits_without_waiting_draws_on_the_reference_until_compiled(
+    monkeypatch, knobs
+):
+    """hf generate's prompt token: the first call of a kind draws on the reference and starts
+    the kernels' compile behind it; once that has ended, the kernels draw, the same tokens;
+    ``sample_logits`` itself waits for its kernels and draws them too."""
+    torch.manual_seed(0)
+    logits = (5 * torch.randn(7, 3001, device="cuda")).bfloat16()
+    monkeypatch.setattr(ahead, "_kinds_seen", set())
+    monkeypatch.setattr(ahead, "_started_by_compiled", {})
+    monkeypatch.setattr(ahead, "MODE", "1")
+    on_kernels = []
+    original = dispatch.triton_sample_logits
+    monkeypatch.setattr(
+        dispatch, "triton_sample_logits", lambda *a: on_kernels.append(1) or original(*a)
+    )
+    call = dict(temperature=0.7, seed=11, num_samples=2, **knobs)
+    first = op.sample_logits_without_waiting(logits, **call)
+    assert not on_kernels, "the first call waited for the kernels"
+    ahead.wait_for_background_compiles()
+    assert torch.equal(op.sample_logits_without_waiting(logits, **call), first)
+    assert on_kernels == [1]
+    assert torch.equal(op.sample_logits(logits, **call), first)
+    assert torch.equal(op.sample_logits(logits, impl="torch", **call), first)
 
 
 def test_gpu_compiled_step_is_compiled_ahead_by_the_pass(monkeypatch):

@@ -111,3 +111,18 @@ def test_the_fallback_reads_the_written_logits(monkeypatch, overflowed, patch):
     (codes,) = overflowed
     expected = OVERFLOW_PATCH if patch else OVERFLOW_FULL
     assert (codes == getattr(expected, "value", expected)).all(), codes
+
+
+def test_sample_logits_without_waiting_is_sample_logits():
+    """hf generate's prompt token (``op.sample_logits_without_waiting``): off CUDA, or once
+    the kernels are compiled, exactly ``sample_logits`` (tests/test_gpu_compile_ahead.py: the
+    first call of a kind on CUDA, on the reference); its arguments checked alike."""
+    from flashsampling_inductor.op import sample_logits_without_waiting
+
+    logits = _logits()[2].cpu()
+    for form in ("plain", "top_k_top_p", "per_row_knobs"):
+        knobs = dict(FORMS[form], seed=FORMS[form].get("seed", 7))
+        expected = sample_logits(logits, impl="torch", **knobs)
+        assert torch.equal(sample_logits_without_waiting(logits, **knobs), expected)
+    with pytest.raises(ValueError, match="2-D"):
+        sample_logits_without_waiting(logits[0])
