@@ -5,8 +5,8 @@ Per batch size: the first ``generate`` (compile included, prompt token on the re
 while its kernels compile behind it; the step's Inductor compile dominates), then rounds of
 ``kernels`` / ``reference`` calls, each ``generate`` timed whole (32-token prompt, its
 prefill, ``--new-tokens`` tokens). Prints the median wall time of each and their
-difference, and the prompt draw alone (``sample_logits`` on the prompt's last logits, CUDA
-events, each path). CUDA only.
+difference, and an eager draw alone (``sample_logits`` on [B, V] bf16 logits, top-k as
+given, CUDA events over 20 calls, each path). CUDA only.
 
     python benchmarks/probes/prompt_token_ab.py --batches 1,64 --new-tokens 8 --rounds 5
 """
@@ -63,7 +63,7 @@ def main() -> None:
         medians = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
         logits = (5 * torch.randn(batch, model.config.vocab_size, device=bg.DEVICE)).bfloat16()
         draw = {}
-        for name, fn in (("kernels", kernels), ("reference", _on_reference)):
+        for name, fn in (("kernels", op.sample_logits), ("reference", _on_reference)):
             for _ in range(3):
                 fn(logits, temperature=0.7, top_k=args.top_k)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
