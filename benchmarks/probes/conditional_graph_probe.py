@@ -32,8 +32,10 @@ from flashsampling_inductor import fused_sample  # noqa: E402
 
 
 @contextlib.contextmanager
-def if_node(pred: torch.Tensor):
-    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+def if_node(graph: torch.cuda.CUDAGraph, pred: torch.Tensor):
+    # (the graph being captured, passed in: torch 2.11 has no
+    # CUDAGraph.get_currently_capturing_graph, so an op inside a capture it does not own,
+    # as under torch.compile's CUDA graph trees, could not reach it there)
     graph.begin_capture_to_if_node(pred)
     try:
         yield
@@ -74,14 +76,14 @@ def measure(batch, weight, off, truncates, plain_flag, args) -> None:
     def off_valued():
         out.copy_(fused_sample(hidden, weight, temperature=0.7, seed=seed, **off))
 
-    def if_plain():
-        with if_node(plain_flag):
+    def if_plain(graph):
+        with if_node(graph, plain_flag):
             plain()
 
-    def if_both():
-        with if_node(truncates):
+    def if_both(graph):
+        with if_node(graph, truncates):
             off_valued()
-        with if_node(plain_flag):
+        with if_node(graph, plain_flag):
             plain()
 
     bodies = dict(plain=plain, off=off_valued, if_plain=if_plain, if_both=if_both)
@@ -94,7 +96,7 @@ def measure(batch, weight, off, truncates, plain_flag, args) -> None:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                body()
+                body() if name in ("plain", "off") else body(graph)
             graph.replay()
             torch.cuda.synchronize()
             graphs[name] = graph
