@@ -814,8 +814,8 @@ def launch_stage1(
     the knobs' tensors and modes where both run (``dispatch._row_knobs``);
     ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES);
     ``signal_dependents`` / ``wait_previous`` as in ``sampling_kernel.launch_stage1``
-    (SIGNAL_DEPENDENTS; WAIT_PREVIOUS with ``launch_pdl``, passed only when on); ``await_last``:
-    AWAIT_LAST (with ``launch_pdl``)."""
+    (SIGNAL_DEPENDENTS; WAIT_PREVIOUS with ``launch_pdl``); ``await_last``: AWAIT_LAST (with
+    ``launch_pdl``)."""
     stage1 = stage1 or {}
     batch, hidden_size = hidden.shape
     vocab_size = weight.shape[0]
@@ -849,9 +849,8 @@ def launch_stage1(
         **(row_knobs or _NO_ROW_KNOBS),
         BATCH_TRUNCATES=batch_truncates,
         WIDE_MMA=wide_mma if WIDE_MMA is None else WIDE_MMA,
-        **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),
-        **({"WAIT_PREVIOUS": True, "launch_pdl": True} if wait_previous else {}),
-        **({"AWAIT_LAST": True, "launch_pdl": True} if await_last else {}),
+        SIGNAL_DEPENDENTS=signal_dependents, WAIT_PREVIOUS=wait_previous, AWAIT_LAST=await_last,
+        **({"launch_pdl": True} if wait_previous or await_last else {}),
         num_warps=4,
     )  # fmt: skip
 

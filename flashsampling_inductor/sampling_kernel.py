@@ -676,9 +676,9 @@ def launch_stage1(
     log-probabilities, the top-m buffers where it truncates (``top_m`` > 0, ``row_mass``,
     ``key_low_bits``); ``row_knobs``: the knobs' tensors and modes (``dispatch._row_knobs``);
     ``batch_truncates``: which half of a split stage 1 this launch is (BATCH_TRUNCATES);
-    ``signal_dependents``: SIGNAL_DEPENDENTS (passed only when on: the other launches keep
-    their compiled variants); ``wait_previous``: launched as a programmatic dependent of the
-    kernel before it (WAIT_PREVIOUS and ``launch_pdl``, sm_90 and later only). ``seed_u64``,
+    ``signal_dependents``: SIGNAL_DEPENDENTS; ``wait_previous``: launched as a programmatic
+    dependent of the kernel before it (WAIT_PREVIOUS and ``launch_pdl``, sm_90 and later
+    only). ``seed_u64``,
     ``vocab_offset`` as in ``dispatch.triton_fused_sample``; ``dot_precision`` is also the
     fallback's, so it is the caller's. ``logits_in``: ``hidden`` is written logits [B, V]
     (unit column stride) and ``weight`` a stand-in (``dispatch.weight_stand_in``): no
@@ -726,9 +726,8 @@ def launch_stage1(
         ROW_MASS=_row_mass_mode(row_mass),
         KEY_LOW_BITS=key_low_bits, LOGPROBS=LOGPROB_CODES[params.logprobs],
         **row_knobs, BATCH_TRUNCATES=batch_truncates,
-        **({"SIGNAL_DEPENDENTS": True} if signal_dependents else {}),
-        **({"WAIT_PREVIOUS": True, "launch_pdl": True} if wait_previous else {}),
-        **({"LOGITS_IN": True} if logits_in else {}),
+        SIGNAL_DEPENDENTS=signal_dependents, WAIT_PREVIOUS=wait_previous, LOGITS_IN=logits_in,
+        **({"launch_pdl": True} if wait_previous else {}),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip

@@ -1718,7 +1718,7 @@ def launch_fallback(
         BLOCK_B=16, BLOCK_V=block_v, BLOCK_D=64,
         SCAN=min(256, max(16, triton.next_power_of_2(batch))),
         PATCH_TILES=patch_tiles, PATCH_V=patch["width"] if patch is not None else 16,
-        **_tail_pdl(hidden.device, batch), **({"LOGITS_IN": True} if logits_in else {}),
+        **_tail_pdl(hidden.device, batch), LOGITS_IN=logits_in,
         num_warps=4, num_stages=3,
     )  # fmt: skip
     log_mass = None if stage1 is None else stage1.get("log_mass")

@@ -515,3 +515,31 @@ def test_gpu_knobs_that_may_be_off_take_a_gluon_stage1_above_128_rows(batch, mon
         assert launches == expected_kernels, (launches, params)
         expected = dispatch.triton_fused_sample(hidden, weight, None, params, triton_tiles)
         assert torch.equal(tokens, expected), params
+
+
+@pytest.mark.parametrize("batch", [1, 48, 100, 200])
+def test_gpu_warm_calls_launch_every_kernel_on_the_fast_path(batch, monkeypatch):
+    """After a call of its kind, no launch of the op (Triton stage 1, Gluon stage 1 at 33-128
+    rows, the swapped kernel above, the truncating tail, written logits) takes Triton's own
+    launch path (tests/test_launch.py checks the arguments on a CPU; here the Gluon kernels
+    too): its host time is what an eager caller pays a call."""
+    from flashsampling_inductor import launch, sample_logits
+
+    torch.manual_seed(0)
+    hidden = torch.randn(batch, 2048, device=CUDA, dtype=torch.bfloat16)
+    weight = torch.randn(VOCAB, 2048, device=CUDA, dtype=torch.bfloat16) * 0.05
+    logits = hidden @ weight.T
+    by_triton = []
+    original = launch._launch_by_triton
+
+    def counted(kernel, *args):
+        by_triton.append(kernel)
+        return original(kernel, *args)
+
+    monkeypatch.setattr(launch, "_launch_by_triton", counted)
+    for knobs in ({}, {"top_k": 50}, {"top_k": 20, "top_p": 0.9}, {"min_p": 0.1}):
+        for _ in range(2):
+            by_triton.clear()
+            fused_sample(hidden, weight, temperature=0.7, seed=1, **knobs)
+            sample_logits(logits, temperature=0.7, seed=1, **knobs)
+        assert not by_triton, (knobs, [kernel.__name__ for kernel in by_triton])

@@ -75,3 +75,47 @@ def test_the_truncating_tail_schedules_its_next_kernel_first_up_to_64_rows(monke
     assert truncation_kernel._tail_pdl(cuda, 65) == {"PDL": True, "launch_pdl": True}
     monkeypatch.setattr(truncation_kernel, "TAIL_TRIGGER_FIRST", False)
     assert truncation_kernel._tail_pdl(cuda, 1) == {"PDL": True, "launch_pdl": True}
+
+
+def test_every_launch_of_a_call_takes_the_fast_path(monkeypatch):
+    """Every kernel parameter is passed at every launch of the op's host code, so that
+    ``launch`` keys it: one left to its default sends that launch through Triton's own path
+    every call (stage 1's PDL and LOGITS_IN switches did so: 0.1-0.3 ms of an eager call's
+    host time on an H200, benchmarks/probes/eager_host_time.py). The launches are recorded,
+    not made (the kernels' results do not matter here), for plain, truncating, per-row,
+    log-probability and written-logits calls."""
+    import flashsampling_inductor as fs
+    from flashsampling_inductor import (
+        exchange,
+        hopper_kernel,
+        hopper_swap_kernel,
+        knob_check,
+        sampling_kernel,
+        tp_truncation,
+    )
+
+    unkeyed = []
+
+    def record(kernel, grid, *args, **kwargs):
+        if _key(kernel, 0, args, kwargs) is None:
+            names = kernel.arg_names[len(args) :]
+            unkeyed.append((kernel.__name__, [name for name in names if name not in kwargs]))
+
+    modules = (exchange, hopper_kernel, hopper_swap_kernel, knob_check, sampling_kernel,
+               tp_truncation, truncation_kernel)  # fmt: skip
+    for module in modules:
+        monkeypatch.setattr(module, "launch", record)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (impl="triton" on CPU tensors)
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(3, 64), torch.randn(700, 64)
+    rows = torch.tensor([0, 20, 5])
+    forms = [
+        {}, {"temperature": 0.0}, {"top_k": 50}, {"top_p": 0.9}, {"min_p": 0.1},
+        {"top_k": 20, "top_p": 0.9, "return_logprobs": "processed"},
+        {"top_k": rows, "temperature": torch.tensor([0.5, 1.0, 0.0])},
+        {"softcap": 30.0, "return_logprobs": "raw", "num_samples": 2},
+    ]  # fmt: skip
+    for knobs in forms:
+        fs.fused_sample(hidden, weight, seed=1, impl="triton", **knobs)
+        fs.sample_logits(hidden @ weight.T, seed=1, impl="triton", **knobs)
+    assert not unkeyed, unkeyed
