@@ -63,26 +63,28 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_the_language_once_per_launch()
 
 
-# The files that take longest on a CPU, longest first (CI's per-test times). ./dev.sh test
-# hands whole files to one pytest-xdist worker per core in collection order
+# The files that take longest on a CPU, longest first (CI's per-test times, 2026-11-29).
+# ./dev.sh test hands whole files to one pytest-xdist worker per core in collection order
 # (--dist loadfile --no-loadscope-reorder): the long ones start first, so that none starts
 # last and leaves the other cores idle. Files not named follow in their usual order.
 LONGEST_FILES = (
-    "test_statistics.py",
-    "test_truncation_candidates.py",
-    "test_truncation_stage2.py",
-    "test_hf.py",
-    "test_tp_pass.py",
-    "test_fused_sample.py",
-    "test_min_p_softcap.py",
     "test_truncation.py",
-    "test_hf_batching.py",
-    "test_tp.py",
-    "test_graph_pass.py",
-    "test_patterns.py",
-    "test_noise.py",
+    "test_truncation_stage2.py",
+    "test_truncation_candidates.py",
+    "test_statistics.py",
+    "test_min_p_softcap.py",
+    "test_sample_logits_kernels.py",
+    "test_tp_pass.py",
     "test_truncation_key_search.py",
+    "test_hf.py",
+    "test_tp.py",
     "test_logprobs.py",
+    "test_graph_pass.py",
+    "test_hf_batching.py",
+    "test_fused_sample.py",
+    "test_compile_ahead.py",
+    "test_noise.py",
+    "test_patterns.py",
 )
 
 
