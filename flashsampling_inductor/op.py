@@ -241,8 +241,7 @@ def _sample_logits(
         if _plain_eager_call(logits, temperature[0], seed[0], top_k[0], top_p[0], min_p[0]):
             if (
                 not wait_for_kernels
-                and _use_triton(impl, logits.device, None)
-                and logits.is_cuda
+                and _use_triton(impl, logits.device, None)  # (impl "auto": on CUDA)
                 and not torch.cuda.is_current_stream_capturing()
                 and not ahead.compiled(
                     _sample_logits_run, _sample_logits_kind(*args, return_logprobs)
