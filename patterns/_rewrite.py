@@ -367,7 +367,11 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             head.logits_dtype,
             found.impl,
             **_truncation(
-                value(found.top_k), value(found.top_p), value(found.min_p), found.knobs_checked
+                value(found.top_k),
+                value(found.top_p),
+                value(found.min_p),
+                hidden.device,
+                found.knobs_checked,
             ),
             **({} if head.softcap is None else {"softcap": head.softcap}),
         )
@@ -435,12 +439,13 @@ BAD_TRUNCATION = (
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _truncation(top_k, top_p, min_p, checked: bool = False) -> dict:
+def _truncation(top_k, top_p, min_p, device, checked: bool = False) -> dict:
     """The op's top-k / top-p / min-p arguments; none at all for those that are off, so an
     untruncated rewrite is the call it always was. A per-row tensor from the program
     ([*rows] or [*rows, 1], any int / float dtype) is checked in the graph (an assert, no
-    host sync), as the op's own argument checks do for tensors; ``checked``: the tensors are
-    the op's own arguments, checked already."""
+    host sync), as the op's own argument checks do for tensors; so is a 0-d p of every row
+    (a float Dynamo made dynamic: a CPU tensor, moved to ``device`` as ``_as_device_float``
+    does); ``checked``: the tensors are the op's own arguments, checked already."""
     kwargs = {}
     if top_k is not None:
         if isinstance(top_k, torch.Tensor):
@@ -454,7 +459,9 @@ def _truncation(top_k, top_p, min_p, checked: bool = False) -> dict:
         if isinstance(knob, torch.Tensor) and checked:
             kwargs.update({name: knob.float(), f"scalar_{name}": off})
         elif isinstance(knob, torch.Tensor):
-            knob = knob.reshape(-1).float()
+            # (on the device first: a check of a CPU scalar would be a CPU kernel in a step
+            # that CUDA graphs capture)
+            knob = _as_device_float(knob if knob.dim() == 0 else knob.reshape(-1), device)
             torch._assert_async(((knob >= 0) & (knob <= 1)).all(), BAD_TRUNCATION)
             if name == "top_p":
                 knob = knob.clamp_min(_TINY)

@@ -113,6 +113,17 @@ def over_last_dim(dims, keepdim, ndim: int) -> bool:
     return keepdim is True and len(dims) == 1 and last_dim(dims[0], ndim)
 
 
+def knob_of_rows(value, rows) -> bool:
+    """``value`` is a float knob that the rows read: one per row (``[*rows]``) or one for all
+    (0-d: a Python float that Dynamo made dynamic, once its value changed between calls,
+    reaches the graph as a 0-d CPU tensor)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and (value.dim() == 0 or same_shape(value.shape, rows))
+    )
+
+
 def strip_converts(walk: Walk, node: Node) -> Node:
     """Skip dtype casts between float dtypes (``.float()``, ``softmax(dtype=...)``)."""
     while is_call(node, *CONVERTS) and val(node).is_floating_point():

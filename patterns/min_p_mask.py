@@ -57,9 +57,9 @@ from ._walk import (
     constant,
     is_call,
     keepdim_of,
+    knob_of_rows,
     last_dim,
     over_last_dim,
-    same_shape,
     strip_converts,
     take_zero,
     val,
@@ -164,18 +164,13 @@ def _min_p(walk: Walk, threshold, probs: Node) -> float | Node | None:
 
 def _per_row(walk: Walk, factor: Node, rows) -> Node:
     """``min_p[:, None]`` (vLLM's ``min_p.unsqueeze(1)``) -> the node of min_p, one float
-    per row; its values are asserted in [0, 1] in the rewritten graph (``_rewrite.py``)."""
+    per row, or one for every row (0-d: a float argument that Dynamo made dynamic); its
+    values are asserted in [0, 1] in the rewritten graph (``_rewrite.py``)."""
     steps, node = [], factor
     while is_call(node, aten.unsqueeze.default, *RESHAPES):
         steps.append(node)
         node = node.args[0]
-    value = val(node)
-    if not (
-        isinstance(value, torch.Tensor)
-        and value.is_floating_point()
-        and same_shape(value.shape, rows)
-        and len(rows) == 1
-    ):
+    if not (knob_of_rows(val(node), rows) and len(rows) == 1):
         raise NoMatch(f"{factor.name} scales the max by a tensor that is not one min_p per row")
     for step in steps:
         walk.take(step)

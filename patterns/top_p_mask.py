@@ -56,9 +56,9 @@ from ._walk import (
     aten,
     constant,
     is_call,
+    knob_of_rows,
     last_dim,
     same,
-    same_shape,
     strip_converts,
     take_zero,
     to_the_end,
@@ -321,26 +321,43 @@ def _top_p(
 
 def per_row_p(walk: Walk, threshold: Node, rows, descending: bool) -> Node:
     """The threshold ``p[:, None]`` (descending) or ``1 - p[:, None]`` (ascending, the
-    ``1 -`` before or after the unsqueeze) of a per-row p -> the node of p, [*rows]."""
+    ``1 -`` before or after the unsqueeze) of a per-row p -> the node of p, [*rows]; or of
+    one p for every row, 0-d (a float argument that Dynamo made dynamic)."""
     steps, node = [], threshold
     while is_call(node, aten.unsqueeze.default, *RESHAPES):
         steps.append(node)
         node = node.args[0]
     if not descending:
-        if is_call(node, aten.rsub.Scalar) and node.args[1] == 1:
-            steps.append(node)
-            node = node.args[0]
-        elif is_call(node, aten.sub.Tensor) and node.args[0] == 1 and "alpha" not in node.kwargs:
-            steps.append(node)
-            node = node.args[1]
-        else:
+        one_minus = _one_minus(node)
+        if one_minus is None:
             raise NoMatch(f"{threshold.name} is not 1 - p of a per-row p")
+        steps += one_minus[0]
+        node = one_minus[1]
         while is_call(node, aten.unsqueeze.default, *RESHAPES):
             steps.append(node)
             node = node.args[0]
-    p = val(node)
-    if not (isinstance(p, torch.Tensor) and p.is_floating_point() and same_shape(p.shape, rows)):
+    if not knob_of_rows(val(node), rows):
         raise NoMatch(f"{threshold.name} is not one p per row, read from a float tensor")
     for step in steps:
         walk.take(step)
     return node
+
+
+def _one_minus(node: Node) -> tuple[list[Node], Node] | None:
+    """``1 - p`` -> (its nodes, p's node): on a tensor (``rsub`` / ``sub``), or on a float
+    that Dynamo made dynamic, whose arithmetic it turns into tensor ops on a 0-d tensor:
+    ``1.0 + (-1) * p`` (both constants ``scalar_tensor``s)."""
+    if "alpha" in node.kwargs:
+        return None
+    if is_call(node, aten.rsub.Scalar) and constant(node.args[1]) == 1:
+        return [node], node.args[0]
+    if is_call(node, aten.sub.Tensor) and constant(node.args[0]) == 1:
+        return [node], node.args[1]
+    if is_call(node, aten.add.Tensor):
+        for one, product in (node.args, node.args[::-1]):
+            if constant(one) != 1 or not is_call(product, aten.mul.Tensor):
+                continue
+            for minus_one, p in (product.args, product.args[::-1]):
+                if constant(minus_one) == -1 and isinstance(p, Node):
+                    return [node, product], p
+    return None
