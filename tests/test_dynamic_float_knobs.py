@@ -70,7 +70,11 @@ def _calls(fn, settings, h=HIDDEN, seed=None):
     finally:
         logger.removeHandler(handler)
     warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
-    return tokens, dict(counters["flashsampling"]), warnings
+    rewrites = dict(counters["flashsampling"])
+    # Every graph compiled is fused: two on torch 2.13 (the constant p, then p dynamic);
+    # torch 2.11 compiled a third for the third value.
+    assert sum(rewrites.values()) == counters["stats"]["unique_graphs"], rewrites
+    return tokens, rewrites, warnings
 
 
 @pytest.mark.parametrize(
@@ -85,7 +89,7 @@ def test_a_changed_float_knob_stays_fused(fn, settings, idiom):
     """The first call compiles a constant p; the second compiles once more with p dynamic;
     the third reuses that graph. Both graphs fused, nothing warned."""
     _, rewrites, warnings = _calls(fn, settings)
-    assert rewrites == {idiom: 2}, rewrites
+    assert list(rewrites) == [idiom] and rewrites[idiom] >= 2, rewrites
     assert not [w for w in warnings if "unfused" in w or "not rewritten" in w], warnings
 
 
@@ -103,7 +107,7 @@ def test_the_dynamic_graph_draws_the_constant_graphs_tokens(fn, value):
     h = HIDDEN.repeat(200, 1)
     constant, _, _ = _calls(fn, (value,), h=h, seed=7)
     dynamic, rewrites, _ = _calls(fn, (0.5, value), h=h, seed=7)
-    assert len(rewrites) == 1 and sum(rewrites.values()) == 2
+    assert len(rewrites) == 1 and sum(rewrites.values()) >= 2
     assert torch.equal(constant, dynamic)
 
 
@@ -118,7 +122,7 @@ def test_the_dynamic_graph_keeps_the_distribution(fn, value, probs):
     n = 4000
     torch.manual_seed(3)
     tokens, rewrites, _ = _calls(fn, (0.5, value), h=HIDDEN.repeat_interleave(n, 0))
-    assert rewrites == {"multinomial": 2}, rewrites
+    assert list(rewrites) == ["multinomial"] and rewrites["multinomial"] >= 2, rewrites
     expected = probs(F.linear(HIDDEN, WEIGHT) / 0.7, value)
     for row in range(B):
         assert chi_square_p(tokens[row * n : (row + 1) * n], expected[row]) > 1e-4, row
@@ -159,4 +163,4 @@ def test_dynamic_top_p_on_cuda_graph_replays():
             draws = torch.cat([compiled(h, top_p).clone() for _ in range(4)]).flatten().cpu()
             expected = top_p_probs(F.linear(row, weight).cpu() / 0.7, top_p)
             assert chi_square_p(draws, expected) > 1e-4, top_p
-    assert counters["flashsampling"]["multinomial"] == 2
+    assert counters["flashsampling"]["multinomial"] == counters["stats"]["unique_graphs"] >= 2
