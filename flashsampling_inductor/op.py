@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import ahead, knob_check
+from . import ahead, graphed, knob_check
 from .params import SamplingParams
 from .reference import reference_fused_sample, reference_sample_logits
 
@@ -641,7 +641,17 @@ def _fused_sample_run(
                     scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p, softcap, logprobs,
                 ),
             )  # fmt: skip
-        return triton_fused_sample(hidden, weight, bias, params)
+        if not hidden.is_cuda:
+            return triton_fused_sample(hidden, weight, bias, params)
+
+        def run(hidden, *knobs):
+            return triton_fused_sample(hidden, weight, bias, params.with_knobs(*knobs))
+
+        # (eager calls, and a compiled step without CUDA graphs, launch no kernel from
+        # Python once their kind of call is captured: graphed.py)
+        return graphed.replay_or_run(
+            "fused_sample", run, (hidden, *params.knobs()), (weight, bias), params.scalars()
+        )
     return reference_fused_sample(hidden, weight, bias, params)
 
 

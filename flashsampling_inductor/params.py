@@ -15,6 +15,9 @@ import torch
 __all__ = ["SamplingParams"]
 
 
+_KNOBS = ("temperature", "seed", "top_k", "top_p", "min_p")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """The validated options of one call. Each per-row knob is a device tensor (0-d or [B])
@@ -57,6 +60,22 @@ class SamplingParams:
             or self.scalar_top_p < 1.0
             or self.min_p is not None
             or self.scalar_min_p > 0.0
+        )
+
+    def knobs(self) -> tuple[torch.Tensor | None, ...]:
+        """The per-row knob fields (tensors or None), in ``with_knobs``' order."""
+        return tuple(getattr(self, name) for name in _KNOBS)
+
+    def with_knobs(self, *knobs: torch.Tensor | None) -> SamplingParams:
+        """These options with other tensors in the knob fields."""
+        return dataclasses.replace(self, **dict(zip(_KNOBS, knobs, strict=True)))
+
+    def scalars(self) -> tuple:
+        """Every other field (numbers, a dtype, a string: hashable)."""
+        return tuple(
+            getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name not in _KNOBS
         )
 
     @property
