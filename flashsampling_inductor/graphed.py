@@ -13,8 +13,9 @@ small copies and one graph launch, whatever the kernels.
 A kind is everything the captured kernels depend on: the function, the device and stream,
 each copied input's shape, strides and dtype (their values are copied at every call; a
 misaligned view is not graphed, so the graph's kernels are the call's), each pinned
-input's address and layout (the LM-head weight and bias, read where they are, as a CUDA
-graph does), and every non-tensor argument (temperature, top-k, ... given as Python
+input's address and layout (the LM-head weight and bias, and ``sample_logits``' logits: read
+where they are, as a CUDA graph does, so a loop that writes its logits into the same buffer
+replays one graph and copies nothing), and every non-tensor argument (temperature, top-k, ... given as Python
 numbers; an int seed). Nothing in the calls reads a tensor's value on the host (no host
 sync anywhere on the sampling path), so a replay computes what a call would: the same
 tokens (``tests/test_gpu_graphed.py``).
@@ -110,31 +111,31 @@ def _kind(name, copied, pinned, scalars) -> tuple | None:
     """The key of a call that may be graphed, or None (run it as it is)."""
     if not ENABLED:
         return None
-    device = None
+    tensors = [t for t in (*copied, *pinned) if t is not None]
+    if not tensors or any(type(t) is not torch.Tensor or not t.is_cuda for t in tensors):
+        return None
+    device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        return None
     parts: list = [name, scalars]
     for tensor in copied:
         if tensor is None:
             parts.append(None)
             continue
-        if type(tensor) is not torch.Tensor or not tensor.is_cuda or tensor.data_ptr() % 16:
+        if tensor.data_ptr() % 16:
             return None  # (a misaligned view: the graph's buffer would not be, nor its kernels)
         if any(
             stride == 0 and size > 1
             for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
         ):
             return None  # (an expanded tensor: no buffer of its strides can be copied into)
-        device = tensor.device if device is None else device
-        if tensor.device != device:
-            return None
         parts.append((tuple(tensor.shape), tensor.stride(), tensor.dtype))
     for tensor in pinned:
         if tensor is None:
             parts.append(None)
             continue
-        if type(tensor) is not torch.Tensor or tensor.device != device:
-            return None
         parts.append((tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype))
-    if device is None or torch.cuda.is_current_stream_capturing():
+    if torch.cuda.is_current_stream_capturing():
         return None
     from .launch import compiling_ahead
 
@@ -154,7 +155,7 @@ def _can_capture() -> bool:
 def _capture(run, copied, device: torch.device) -> _Graph:
     """Capture ``run`` on buffers shaped as ``copied`` (warmed up once on a side stream, as
     torch.cuda.graph asks). Thread-local capture: the compile-ahead threads may touch CUDA
-    meanwhile."""
+    meanwhile. ``copied`` may be empty (every input pinned)."""
     inputs = [
         None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
                                                    device=device).copy_(t)

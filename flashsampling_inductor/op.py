@@ -748,7 +748,17 @@ def _sample_logits_run(
                 logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
                 scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
             ))  # fmt: skip
-        return triton_sample_logits(logits, params)
+        if not logits.is_cuda:
+            return triton_sample_logits(logits, params)
+
+        def run(*knobs):
+            return triton_sample_logits(logits, params.with_knobs(*knobs))
+
+        # (the logits read where they are: a loop that writes them to the same buffer at
+        # each step replays one graph; another buffer is another kind of call)
+        return graphed.replay_or_run(
+            "sample_logits", run, params.knobs(), (logits,), params.scalars()
+        )
     return reference_sample_logits(logits, params)
 
 

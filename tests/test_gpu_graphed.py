@@ -95,3 +95,32 @@ def test_gpu_a_new_weight_is_a_new_kind(fresh_graphs):
     graphed.ENABLED = True
     assert torch.equal(fs.fused_sample(h, second, temperature=0.7, seed=5), expected)
     assert not torch.equal(expected, fs.fused_sample(h, first, temperature=0.7, seed=5))
+
+
+def test_gpu_sample_logits_replays_read_the_logits_where_they_are(fresh_graphs):
+    """The logits are pinned: new values written into the same buffer are what a replay
+    samples; logits in another buffer are another kind of call."""
+    batch = 32
+    buffer = torch.empty(batch, V, device="cuda", dtype=torch.bfloat16)
+    values = [torch.randn(batch, V, device="cuda").bfloat16() * 4 for _ in range(7)]
+
+    def draws(enabled):
+        graphed.ENABLED = enabled
+        out = []
+        for i, value in enumerate(values):
+            buffer.copy_(value)
+            out.append(fs.sample_logits(buffer, temperature=0.8, top_k=40, top_p=0.95, seed=i % 2))
+        return out
+
+    expected = draws(False)
+    got = draws(True)
+    assert len(graphed._graphs) == 2  # (one a seed)
+    for i, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(a, b), i
+    other = values[0].clone()
+    graphed.ENABLED = False
+    alone = fs.sample_logits(other, temperature=0.8, top_k=40, top_p=0.95, seed=0)
+    graphed.ENABLED = True
+    assert torch.equal(
+        fs.sample_logits(other, temperature=0.8, top_k=40, top_p=0.95, seed=0), alone
+    )
