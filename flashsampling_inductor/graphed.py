@@ -12,13 +12,14 @@ small copies and one graph launch, whatever the kernels.
 
 A kind is everything the captured kernels depend on: the function, the device and stream,
 each copied input's shape, strides and dtype (their values are copied at every call; a
-misaligned view is not graphed, so the graph's kernels are the call's), each pinned
-input's address and layout (the LM-head weight and bias, and ``sample_logits``' logits: read
-where they are, as a CUDA graph does, so a loop that writes its logits into the same buffer
-replays one graph and copies nothing), and every non-tensor argument (temperature, top-k, ... given as Python
-numbers; an int seed). Nothing in the calls reads a tensor's value on the host (no host
-sync anywhere on the sampling path), so a replay computes what a call would: the same
-tokens (``tests/test_gpu_graphed.py``).
+misaligned view is not graphed, so the graph's kernels are the call's), each pinned input's
+address and layout (the LM-head weight and bias, and ``sample_logits``' logits: read where
+they are, as a CUDA graph does, so a loop that writes its logits into the same buffer
+replays one graph and copies nothing), and every non-tensor argument (temperature, top-k,
+... given as Python numbers; an int seed). Nothing in the calls reads a tensor's value on
+the host (no host sync anywhere on the sampling path), so a replay computes what a call
+would: the same tokens (``tests/test_gpu_graphed.py``). A capture that fails leaves that
+kind to run as it is, with a warning.
 
 Not graphed: calls under CUDA graph capture (the caller's graph holds them), inside
 ``ahead``'s dry run, with fake or subclassed tensors, or off CUDA.
@@ -29,6 +30,7 @@ Not graphed: calls under CUDA graph capture (the caller's graph holds them), ins
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -45,6 +47,7 @@ _SEEN_MAX = 4096
 _graphs: collections.OrderedDict[tuple, _Graph] = collections.OrderedDict()
 _seen: collections.Counter[tuple] = collections.Counter()
 _lock = threading.Lock()
+log = logging.getLogger("flashsampling_inductor")
 
 
 class _Graph:
@@ -91,7 +94,13 @@ def replay_or_run(
         capture = _seen[key] >= CAPTURE_AFTER
     if not capture or not _can_capture():
         return run(*copied)
-    entry = _capture(run, copied, key[-2])
+    try:
+        entry = _capture(run, copied, key[-2])
+    except Exception as error:  # (never fail a call that runs without a graph)
+        log.warning("flashsampling: this call is not replayed from a CUDA graph (%r)", error)
+        with _lock:
+            _seen[key] = -(10**9)  # (never tried again)
+        return run(*copied)
     with _lock:
         _seen.pop(key, None)
         _graphs[key] = entry
