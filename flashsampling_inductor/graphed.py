@@ -22,7 +22,9 @@ would: the same tokens (``tests/test_gpu_graphed.py``). A capture that fails lea
 kind to run as it is, with a warning.
 
 Not graphed: calls under CUDA graph capture (the caller's graph holds them), inside
-``ahead``'s dry run, with fake or subclassed tensors, or off CUDA.
+``ahead``'s dry run, with fake or subclassed tensors, off the current CUDA device, or off
+CUDA. Inference mode is part of the kind (a graph's buffers made in it take no in-place
+copy outside it); inputs are copied without autograd recording.
 ``FLASHSAMPLING_EAGER_GRAPHS=0`` turns it off. At most ``MAX_GRAPHS`` graphs live at once
 (each holds its call's buffers); the least recently used goes first.
 """
@@ -59,9 +61,10 @@ class _Graph:
         self.outputs = outputs
 
     def replay(self, copied: Sequence[torch.Tensor | None]):
-        for buffer, value in zip(self.inputs, copied, strict=True):
-            if buffer is not None:
-                buffer.copy_(value)
+        with torch.no_grad():  # (an input that requires grad: nothing to record)
+            for buffer, value in zip(self.inputs, copied, strict=True):
+                if buffer is not None:
+                    buffer.copy_(value)
         self.graph.replay()
         if isinstance(self.outputs, tuple):
             return tuple(output.clone() for output in self.outputs)
@@ -124,8 +127,8 @@ def _kind(name, copied, pinned, scalars) -> tuple | None:
     if not tensors or any(type(t) is not torch.Tensor or not t.is_cuda for t in tensors):
         return None
     device = tensors[0].device
-    if any(t.device != device for t in tensors):
-        return None
+    if device.index != torch.cuda.current_device() or any(t.device != device for t in tensors):
+        return None  # (the launches go to the current device)
     parts: list = [name, scalars]
     for tensor in copied:
         if tensor is None:
@@ -150,6 +153,8 @@ def _kind(name, copied, pinned, scalars) -> tuple | None:
 
     if compiling_ahead():
         return None
+    # (a graph's buffers made in inference mode take no in-place copy outside it)
+    parts.append(torch.is_inference_mode_enabled())
     parts.append(device)
     parts.append(torch.cuda.current_stream(device).cuda_stream)
     return tuple(parts)
@@ -165,11 +170,12 @@ def _capture(run, copied, device: torch.device) -> _Graph:
     """Capture ``run`` on buffers shaped as ``copied`` (warmed up once on a side stream, as
     torch.cuda.graph asks). Thread-local capture: the compile-ahead threads may touch CUDA
     meanwhile. ``copied`` may be empty (every input pinned)."""
-    inputs = [
-        None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                   device=device).copy_(t)
-        for t in copied
-    ]  # fmt: skip
+    with torch.no_grad():
+        inputs = [
+            None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                       device=device).copy_(t)
+            for t in copied
+        ]  # fmt: skip
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):

@@ -124,3 +124,21 @@ def test_gpu_sample_logits_replays_read_the_logits_where_they_are(fresh_graphs):
     assert torch.equal(
         fs.sample_logits(other, temperature=0.8, top_k=40, top_p=0.95, seed=0), alone
     )
+
+
+def test_gpu_inference_mode_and_inputs_that_require_grad(fresh_graphs):
+    """A kind captured in inference mode is not replayed outside it (its buffers take no
+    in-place copy there), and an input that requires grad is copied without recording."""
+    weight = torch.randn(V, D, device="cuda", dtype=torch.bfloat16) * 0.05
+    h = torch.randn(8, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    graphed.ENABLED = False
+    expected = fs.fused_sample(h.detach(), weight, temperature=0.7, seed=1)
+    graphed.ENABLED = True
+    with torch.inference_mode():
+        for _ in range(4):
+            assert torch.equal(
+                fs.fused_sample(h.detach(), weight, temperature=0.7, seed=1), expected
+            )
+    for _ in range(4):
+        assert torch.equal(fs.fused_sample(h, weight, temperature=0.7, seed=1), expected)
+    assert len(graphed._graphs) == 2
