@@ -164,3 +164,38 @@ def test_dynamic_top_p_on_cuda_graph_replays():
             expected = top_p_probs(F.linear(row, weight).cpu() / 0.7, top_p)
             assert chi_square_p(draws, expected) > 1e-4, top_p
     assert counters["flashsampling"]["multinomial"] == counters["stats"]["unique_graphs"] >= 2
+
+
+def meta_top_p(h, p):
+    """Meta's ``top_p(probs, p: torch.Tensor)``: one 0-d tensor p for every row."""
+    probs = torch.softmax(F.linear(h, WEIGHT) / 0.7, dim=-1)
+    probs_sort, probs_idx = torch.sort(probs, dim=-1, descending=True)
+    mask = torch.cumsum(probs_sort, dim=-1) - probs_sort > p
+    probs_sort[mask] = 0.0
+    return torch.gather(probs_idx, -1, torch.multinomial(probs_sort, 1))
+
+
+def min_p_of_a_tensor(h, min_p):
+    """A min-p warper that keeps its min_p as a 0-d tensor."""
+    scores = F.linear(h, WEIGHT) / 0.7
+    probs = torch.softmax(scores, dim=-1)
+    top, _ = probs.max(dim=-1, keepdim=True)
+    scores = scores.masked_fill(probs < min_p * top, -float("inf"))
+    return torch.multinomial(F.softmax(scores, dim=-1), 1)
+
+
+@pytest.mark.parametrize(
+    "fn, value, idiom",
+    [
+        pytest.param(meta_top_p, 0.8, "sorted_top_p", id="top-p"),
+        pytest.param(min_p_of_a_tensor, 0.2, "multinomial", id="min-p"),
+    ],
+)
+def test_a_zero_d_tensor_knob_is_one_value_for_every_row(fn, value, idiom):
+    """Fused, and on the same seed the tokens of the same program with a Python float."""
+    h = HIDDEN.repeat(200, 1)
+    constant, rewrites, _ = _calls(fn, (value,), h=h, seed=5)
+    assert rewrites == {idiom: 1}
+    tensor, rewrites, _ = _calls(fn, (torch.tensor(value),), h=h, seed=5)
+    assert rewrites == {idiom: 1}
+    assert torch.equal(constant, tensor)
