@@ -10,7 +10,7 @@ is captured once in a CUDA graph; later calls of that kind copy their tensor inp
 graph's buffers, replay it and return copies of its outputs: three to eight launches of
 small copies and one graph launch, whatever the kernels.
 
-A kind is everything the captured kernels depend on: the function, the device and stream,
+A kind is everything the captured kernels depend on: the function, the device,
 each copied input's shape, strides and dtype (their values are copied at every call; a
 misaligned view is not graphed, so the graph's kernels are the call's), each pinned input's
 address and layout (the LM-head weight and bias, and ``sample_logits``' logits: read where
@@ -21,12 +21,14 @@ the host (no host sync anywhere on the sampling path), so a replay computes what
 would: the same tokens (``tests/test_gpu_graphed.py``). A capture that fails leaves that
 kind to run as it is, with a warning.
 
-Not graphed: calls under CUDA graph capture (the caller's graph holds them), inside
-``ahead``'s dry run, with fake or subclassed tensors, off the current CUDA device, or off
-CUDA. Inference mode is part of the kind (a graph's buffers made in it take no in-place
-copy outside it); inputs are copied without autograd recording.
-``FLASHSAMPLING_EAGER_GRAPHS=0`` turns it off. At most ``MAX_GRAPHS`` graphs live at once
-(each holds its call's buffers); the least recently used goes first.
+Not graphed: calls under CUDA graph capture (the caller's graph holds them), on another
+stream than the device's default one (CUDA graph trees warm up on a stream of their own,
+with the thread's allocations sent to their pool), inside ``ahead``'s dry run, with fake or
+subclassed tensors, off the current CUDA device, or off CUDA. Inference mode is part of the
+kind (a graph's buffers made in it take no in-place copy outside it); inputs are copied
+without autograd recording. ``FLASHSAMPLING_EAGER_GRAPHS=0`` turns it off. At most
+``MAX_GRAPHS`` graphs live at once (each holds its call's buffers); the least recently used
+goes first.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def replay_or_run(
     if not capture or not _can_capture():
         return run(*copied)
     try:
-        entry = _capture(run, copied, key[-2])
+        entry = _capture(run, copied, key[-1])
     except Exception as error:  # (never fail a call that runs without a graph)
         log.warning("flashsampling: this call is not replayed from a CUDA graph (%r)", error)
         with _lock:
@@ -147,6 +149,12 @@ def _kind(name, copied, pinned, scalars) -> tuple | None:
             parts.append(None)
             continue
         parts.append((tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype))
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if stream != torch.cuda.default_stream(device).cuda_stream:
+        # (torch.compile's CUDA graph trees run their warm-up on a stream of their own with
+        # every allocation of the thread sent to their pool, where a graph's buffers made
+        # here would be overwritten: so only calls on the default stream are graphed)
+        return None
     if torch.cuda.is_current_stream_capturing():
         return None
     from .launch import compiling_ahead
@@ -156,7 +164,6 @@ def _kind(name, copied, pinned, scalars) -> tuple | None:
     # (a graph's buffers made in inference mode take no in-place copy outside it)
     parts.append(torch.is_inference_mode_enabled())
     parts.append(device)
-    parts.append(torch.cuda.current_stream(device).cuda_stream)
     return tuple(parts)
 
 

@@ -142,3 +142,17 @@ def test_gpu_inference_mode_and_inputs_that_require_grad(fresh_graphs):
     for _ in range(4):
         assert torch.equal(fs.fused_sample(h, weight, temperature=0.7, seed=1), expected)
     assert len(graphed._graphs) == 2
+
+
+def test_gpu_calls_on_another_stream_are_not_graphed(fresh_graphs):
+    """Only the default stream's calls are graphed (CUDA graph trees warm up on a stream of
+    their own, their pool taking the thread's allocations)."""
+    weight = torch.randn(V, D, device="cuda", dtype=torch.bfloat16) * 0.05
+    h = torch.randn(8, D, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(4):
+            fs.fused_sample(h, weight, temperature=0.7, seed=1)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert not graphed._graphs
