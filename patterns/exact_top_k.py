@@ -1,5 +1,8 @@
 """Exactly k: ``probs.topk(k)`` -> ``multinomial`` among the k -> ``gather`` of the index,
-as vLLM-style samplers write it.
+as vLLM-style samplers write it; or the top k logits first, then the softmax of those k
+values (``values, indices = logits.topk(k)``, ``softmax(values)``: the same distribution,
+as tutorials and many small samplers write it); either with the exponential race
+(``argmax(p / Exp(1), keepdim=True)``) among the k in place of ``multinomial``.
 
 ``torch.topk`` keeps exactly k tokens and picks among the ones tied with the k-th; the op's
 ``top_k`` keeps every tied token. The two draw from the same distribution when no token
@@ -16,12 +19,13 @@ import operator
 
 import torch
 import torch.nn.functional as F
+from torch.fx import Node
 
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
-from ._tails import match_softmax, multinomial_draws, unnormalized
+from ._tails import match_noise, match_softmax, multinomial_draws, unnormalized
 from ._truncation import take_outputs, top_k_value
-from ._walk import NoMatch, Walk, aten, is_call, last_dim, val
+from ._walk import CONVERTS, NoMatch, Walk, arguments, aten, is_call, last_dim, strip_converts, val
 
 IDIOM = "exact_top_k"
 TARGET = aten.gather.default
@@ -46,19 +50,35 @@ def check(walk: Walk) -> SamplingMatch | None:
     if not (is_call(tokens, operator.getitem) and tokens.args[1] == 1):
         return None
     topk = tokens.args[0]
-    if not is_call(topk, aten.topk.default) or not is_call(choice, aten.multinomial.default):
+    if not is_call(topk, aten.topk.default):
         return None
-    top_probs = unnormalized(walk, choice.args[0])
-    if not (is_call(top_probs, operator.getitem) and top_probs.args[0] is topk):
+    if is_call(choice, aten.multinomial.default):
+        top_probs = choice.args[0]
+        if not _value_of(_softmax_arg(top_probs), topk):
+            top_probs = unnormalized(walk, top_probs)
+    elif is_call(choice, aten.argmax.default):
+        top_probs = _raced(walk, choice)
+    else:
+        return None
+    if top_probs is None:
+        return None
+    values_first = not _value_of(top_probs, topk)  # (the softmax of the top k logits)
+    if values_first and not _value_of(_softmax_arg(top_probs), topk):
         return None
     if not last_dim(dim, val(tokens).dim()):
         raise NoMatch(f"{gather.name} gathers along dim {dim}, not the top-k dim")
     k = top_k_value(topk)
-    num_samples = multinomial_draws(choice)
-    for node in (tokens, choice, top_probs):
+    num_samples = multinomial_draws(choice) if is_call(choice, aten.multinomial.default) else 1
+    for node in (tokens, choice):
         walk.take(node)
-    take_outputs(walk, topk)
-    head = match_lm_head(walk, match_softmax(walk, topk.args[0]))
+    if values_first:
+        walk.take(strip_converts(walk, match_softmax(walk, top_probs)))
+        take_outputs(walk, topk)
+        head = match_lm_head(walk, topk.args[0])
+    else:
+        walk.take(top_probs)
+        take_outputs(walk, topk)
+        head = match_lm_head(walk, match_softmax(walk, topk.args[0]))
     if head.top_k is not None or head.top_p is not None or head.min_p is not None:
         raise NoMatch(f"{topk.name} ranks probabilities already truncated by a mask")
     if head.logits_dtype is not None:
@@ -67,3 +87,43 @@ def check(walk: Walk) -> SamplingMatch | None:
             " there, and the op keeps them all where torch.topk keeps exactly k"
         )
     return SamplingMatch(head, num_samples=num_samples, top_k=k)
+
+
+def _value_of(node, topk: Node) -> bool:
+    """``node`` is ``topk``'s values."""
+    return is_call(node, operator.getitem) and node.args[0] is topk and node.args[1] == 0
+
+
+def _softmax_arg(probs: Node):
+    """The input of ``softmax(x, -1)`` as aten writes it (``_softmax``, or the decomposed
+    ``exp(x - max) / sum``), through dtype casts; None for anything else. Read only: the walk
+    takes the nodes with ``match_softmax`` once the whole form is known."""
+    if is_call(probs, aten._softmax.default):
+        return _through_converts(probs.args[0])
+    if is_call(probs, aten.div.Tensor) and is_call(probs.args[0], aten.exp.default):
+        shifted = probs.args[0].args[0]
+        if is_call(shifted, aten.sub.Tensor):
+            return _through_converts(shifted.args[0])
+    return None
+
+
+def _through_converts(node):
+    while is_call(node, *CONVERTS) and val(node).is_floating_point():
+        node = node.args[0]
+    return node
+
+
+def _raced(walk: Walk, argmax: Node) -> Node | None:
+    """``argmax(p / E, dim=-1, keepdim=True)`` with E Exp(1) noise of p's shape -> p (the
+    race among the k draws one of them with probability p / sum(p), as ``multinomial``)."""
+    args = arguments(argmax, "dim", "keepdim")
+    race = argmax.args[0]
+    if not is_call(race, aten.div.Tensor) or args.get("keepdim") is not True:
+        return None
+    if not last_dim(args.get("dim"), val(race).dim()):
+        return None
+    probs, noise = race.args
+    if not match_noise(walk, noise, val(race)):
+        return None
+    walk.take(race)
+    return probs

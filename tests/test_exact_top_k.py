@@ -42,6 +42,27 @@ def renormalized_two_samples(h):
     return torch.gather(top_tokens, -1, choice)
 
 
+def values_first(h, k=50, weight=WEIGHT):
+    """The top k logits first, then the softmax of those k values (tutorials, small samplers)."""
+    values, indices = torch.topk(F.linear(h, weight) / 0.8, k, dim=-1)
+    choice = torch.multinomial(torch.softmax(values, dim=-1), num_samples=1)
+    return indices.gather(-1, choice)
+
+
+def values_first_raced(h, k=50, weight=WEIGHT):
+    values, indices = torch.topk(F.linear(h, weight) / 0.8, k, dim=-1)
+    probs = torch.softmax(values, dim=-1)
+    q = torch.empty_like(probs).exponential_(1)
+    return indices.gather(-1, torch.argmax(probs / q, dim=-1, keepdim=True))
+
+
+def top_probs_raced(h, k=50, weight=WEIGHT):
+    probs = torch.softmax(F.linear(h, weight) / 0.8, dim=-1)
+    top_probs, top_tokens = probs.topk(k, dim=-1)
+    q = torch.empty_like(top_probs).exponential_(1)
+    return top_tokens.gather(-1, (top_probs / q).argmax(dim=-1, keepdim=True))
+
+
 h = torch.randn(3, D)
 
 
@@ -50,6 +71,9 @@ h = torch.randn(3, D)
     [
         pytest.param(top_k_sampler, (h,), id="fp32"),
         pytest.param(renormalized_two_samples, (h,), id="renormalized-n2"),
+        pytest.param(values_first, (h,), id="values-first"),
+        pytest.param(values_first_raced, (h,), id="values-first-race"),
+        pytest.param(top_probs_raced, (h,), id="top-probs-race"),
         pytest.param(exact_top_k.search, exact_top_k.example_inputs(), id="search"),
     ],
 )
@@ -76,10 +100,31 @@ def smallest_k(h):
     return top_tokens.gather(-1, torch.multinomial(top_probs, 1))
 
 
+def values_first_retempered(h):  # softmax(values / 0.5) of logits / 0.8: not left to guess
+    values, indices = torch.topk(F.linear(h, WEIGHT) / 0.8, 20, dim=-1)
+    choice = torch.multinomial(torch.softmax(values / 0.5, dim=-1), num_samples=1)
+    return indices.gather(-1, choice)
+
+
+def values_first_bf16(h):
+    values, indices = torch.topk(F.linear(h, WEIGHT.bfloat16()), 20, dim=-1)
+    choice = torch.multinomial(torch.softmax(values.float(), dim=-1), num_samples=1)
+    return indices.gather(-1, choice)
+
+
+def race_shared_noise(h):  # one noise row for every row: correlated rows
+    top_probs, top_tokens = F.softmax(F.linear(h, WEIGHT), dim=-1).topk(20)
+    q = torch.empty_like(top_probs[:1]).exponential_(1)
+    return top_tokens.gather(-1, (top_probs / q).argmax(dim=-1, keepdim=True))
+
+
 @pytest.mark.parametrize(
     "fn, args, reason",
     [
         pytest.param(bf16_logits, (h.bfloat16(),), "ties at the k-th value", id="bf16"),
+        pytest.param(values_first_bf16, (h.bfloat16(),), "ties at the k-th value", id="values-bf16"),
+        pytest.param(values_first_retempered, (h,), None, id="values-retempered"),
+        pytest.param(race_shared_noise, (h,), "not drawn per token", id="race-shared-noise"),
         pytest.param(without_replacement, (h,), "without replacement", id="n2-no-replacement"),
         pytest.param(top_probs_returned, (h,), "also read by", id="top-probs-read"),
         pytest.param(smallest_k, (h,), "smallest", id="largest=False"),
@@ -110,6 +155,17 @@ def test_compiled_sampler_keeps_the_distribution():
     tokens = compiled_draws(
         lambda h: top_k_sampler(h, 4, weight), row.expand(40_000, D), idiom="exact_top_k"
     )
+    probs = top_k_probs(F.linear(row, weight).double() / 0.8, 4)
+    assert chi_square_p(tokens, probs) > 1e-4
+
+
+@pytest.mark.parametrize(
+    "fn", [values_first, values_first_raced, top_probs_raced], ids=lambda f: f.__name__
+)
+def test_other_spellings_keep_the_distribution(fn):
+    torch.manual_seed(2)
+    weight, row = torch.randn(12, D) * 0.1, torch.randn(D)
+    tokens = compiled_draws(lambda h: fn(h, 4, weight), row.expand(40_000, D), idiom="exact_top_k")
     probs = top_k_probs(F.linear(row, weight).double() / 0.8, 4)
     assert chi_square_p(tokens, probs) > 1e-4
 
