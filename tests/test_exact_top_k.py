@@ -122,7 +122,9 @@ def race_shared_noise(h):  # one noise row for every row: correlated rows
     "fn, args, reason",
     [
         pytest.param(bf16_logits, (h.bfloat16(),), "ties at the k-th value", id="bf16"),
-        pytest.param(values_first_bf16, (h.bfloat16(),), "ties at the k-th value", id="values-bf16"),
+        pytest.param(
+            values_first_bf16, (h.bfloat16(),), "ties at the k-th value", id="values-bf16"
+        ),
         pytest.param(values_first_retempered, (h,), None, id="values-retempered"),
         pytest.param(race_shared_noise, (h,), "not drawn per token", id="race-shared-noise"),
         pytest.param(without_replacement, (h,), "without replacement", id="n2-no-replacement"),
