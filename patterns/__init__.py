@@ -26,6 +26,7 @@ from . import (
     exponential_race,
     greedy,
     gumbel,
+    inverse_cdf,
     min_p_mask,
     mixed_greedy,
     multinomial,
@@ -57,9 +58,14 @@ for _idiom in IDIOMS:
     for _target in getattr(_idiom, "TARGETS", (_idiom.TARGET,)):
         register(_idiom.IDIOM, _target, _idiom.check, sampling=_idiom is not greedy)
 CONDITIONS.extend(mask.condition for mask in MASKS)
+# Sampling forms known and left alone, with their reason (a silent miss is a bug).
+REFUSED = (inverse_cdf,)
+for _refused in REFUSED:
+    register(_refused.IDIOM, _refused.TARGET, _refused.check)
 
 __all__ = [
     "IDIOMS",
+    "REFUSED",
     "apply",
     "MASKS",
     "PASS",

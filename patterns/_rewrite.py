@@ -150,7 +150,7 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
         terminal = match.output_node()
         # An argmax of scores that read random numbers draws a sample, whatever idiom
         # claims it (noise the sampling idioms did not recognize must not pass for greedy).
-        draws = sampling or _reads_random(terminal)
+        draws = sampling or reads_random(terminal)
         site = SamplingSite(op, terminal.name, idiom, rewritten=False, sampling=draws)
         walk = Walk(terminal)
         try:
@@ -207,7 +207,7 @@ _RANDOM_OPS = (
 )
 
 
-def _reads_random(terminal: Node, limit: int = 64) -> bool:
+def reads_random(terminal: Node, limit: int = 64) -> bool:
     """True if a random op is among the ``limit`` nodes nearest to ``terminal`` upstream,
     short of a matmul (the model's own dropout is no noise of the scores)."""
     seen, frontier = {terminal}, [terminal]
