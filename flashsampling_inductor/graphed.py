@@ -41,6 +41,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from . import launch
+
 __all__ = ["CAPTURE_AFTER", "MAX_GRAPHS", "replay_or_run"]
 
 ENABLED = os.environ.get("FLASHSAMPLING_EAGER_GRAPHS", "1") != "0"
@@ -100,7 +102,7 @@ def replay_or_run(
     if not capture or not _can_capture():
         return run(*copied)
     try:
-        entry = _capture(run, copied, key[-1])
+        entry = _capture(run, copied, key[-1])  # (the kind ends with the device)
     except Exception as error:  # (never fail a call that runs without a graph)
         log.warning("flashsampling: this call is not replayed from a CUDA graph (%r)", error)
         with _lock:
@@ -157,9 +159,7 @@ def _kind(name, copied, pinned, scalars) -> tuple | None:
         return None
     if torch.cuda.is_current_stream_capturing():
         return None
-    from .launch import compiling_ahead
-
-    if compiling_ahead():
+    if launch.compiling_ahead():
         return None
     # (a graph's buffers made in inference mode take no in-place copy outside it)
     parts.append(torch.is_inference_mode_enabled())
@@ -168,8 +168,6 @@ def _kind(name, copied, pinned, scalars) -> tuple | None:
 
 
 def _can_capture() -> bool:
-    from . import launch
-
     return not launch._pending  # (a dry run still compiling: its kernels would compile inside)
 
 

@@ -641,14 +641,12 @@ def _fused_sample_run(
                     scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p, softcap, logprobs,
                 ),
             )  # fmt: skip
-        if not hidden.is_cuda:
-            return triton_fused_sample(hidden, weight, bias, params)
 
         def run(hidden, *knobs):
             return triton_fused_sample(hidden, weight, bias, params.with_knobs(*knobs))
 
-        # (eager calls, and a compiled step without CUDA graphs, launch no kernel from
-        # Python once their kind of call is captured: graphed.py)
+        # (eager CUDA calls, and a compiled step without CUDA graphs, launch no kernel from
+        # Python once their kind of call is captured: graphed.py; elsewhere run as is)
         return graphed.replay_or_run(
             "fused_sample", run, (hidden, *params.knobs()), (weight, bias), params.scalars()
         )
@@ -748,8 +746,6 @@ def _sample_logits_run(
                 logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
                 scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
             ))  # fmt: skip
-        if not logits.is_cuda:
-            return triton_sample_logits(logits, params)
 
         def run(*knobs):
             return triton_sample_logits(logits, params.with_knobs(*knobs))

@@ -25,7 +25,7 @@ from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
 from ._tails import match_noise, match_softmax, multinomial_draws, unnormalized
 from ._truncation import take_outputs, top_k_value
-from ._walk import CONVERTS, NoMatch, Walk, arguments, aten, is_call, last_dim, strip_converts, val
+from ._walk import NoMatch, Walk, arguments, aten, is_call, last_dim, strip_converts, val
 
 IDIOM = "exact_top_k"
 TARGET = aten.gather.default
@@ -54,30 +54,26 @@ def check(walk: Walk) -> SamplingMatch | None:
         return None
     if is_call(choice, aten.multinomial.default):
         top_probs = choice.args[0]
-        if not _value_of(_softmax_arg(top_probs), topk):
+        values_first = _softmax_of_values(walk, top_probs, topk)
+        if not values_first:
             top_probs = unnormalized(walk, top_probs)
     elif is_call(choice, aten.argmax.default):
         top_probs = _raced(walk, choice)
+        values_first = top_probs is not None and _softmax_of_values(walk, top_probs, topk)
     else:
         return None
-    if top_probs is None:
-        return None
-    values_first = not _value_of(top_probs, topk)  # (the softmax of the top k logits)
-    if values_first and not _value_of(_softmax_arg(top_probs), topk):
+    if not values_first and not _value_of(top_probs, topk):
         return None
     if not last_dim(dim, val(tokens).dim()):
         raise NoMatch(f"{gather.name} gathers along dim {dim}, not the top-k dim")
     k = top_k_value(topk)
     num_samples = multinomial_draws(choice) if is_call(choice, aten.multinomial.default) else 1
-    for node in (tokens, choice):
+    for node in (tokens, choice, top_probs):
         walk.take(node)
-    if values_first:
-        walk.take(strip_converts(walk, match_softmax(walk, top_probs)))
-        take_outputs(walk, topk)
+    take_outputs(walk, topk)
+    if values_first:  # (the softmax is the values', the logits go into topk)
         head = match_lm_head(walk, topk.args[0])
     else:
-        walk.take(top_probs)
-        take_outputs(walk, topk)
         head = match_lm_head(walk, match_softmax(walk, topk.args[0]))
     if head.top_k is not None or head.top_p is not None or head.min_p is not None:
         raise NoMatch(f"{topk.name} ranks probabilities already truncated by a mask")
@@ -94,23 +90,19 @@ def _value_of(node, topk: Node) -> bool:
     return is_call(node, operator.getitem) and node.args[0] is topk and node.args[1] == 0
 
 
-def _softmax_arg(probs: Node):
-    """The input of ``softmax(x, -1)`` as aten writes it (``_softmax``, or the decomposed
-    ``exp(x - max) / sum``), through dtype casts; None for anything else. Read only: the walk
-    takes the nodes with ``match_softmax`` once the whole form is known."""
-    if is_call(probs, aten._softmax.default):
-        return _through_converts(probs.args[0])
-    if is_call(probs, aten.div.Tensor) and is_call(probs.args[0], aten.exp.default):
-        shifted = probs.args[0].args[0]
-        if is_call(shifted, aten.sub.Tensor):
-            return _through_converts(shifted.args[0])
-    return None
-
-
-def _through_converts(node):
-    while is_call(node, *CONVERTS) and val(node).is_floating_point():
-        node = node.args[0]
-    return node
+def _softmax_of_values(walk: Walk, probs: Node, topk: Node) -> bool:
+    """``probs`` is the softmax of ``topk``'s values (the top k logits first); the walk then
+    owns that softmax and the values. A probe walk, so a failed match takes nothing."""
+    probe = Walk(walk.terminal)
+    try:
+        scores = strip_converts(probe, match_softmax(probe, probs))
+    except NoMatch:
+        return False
+    if probe.tail_rows or not _value_of(scores, topk):
+        return False
+    walk.owned += probe.owned
+    walk.take(scores)
+    return True
 
 
 def _raced(walk: Walk, argmax: Node) -> Node | None:
