@@ -23,6 +23,7 @@ for _name, _value in (
 # On a CPU-only machine the pass leaves sampling stock by default (the fused op's CPU path is
 # slower than stock Inductor's code); this demo asks for the rewrite there, to show it.
 os.environ.setdefault("FLASHSAMPLING_CPU", "1")
+os.environ.setdefault("FLASHSAMPLING_FP32", "1")  # (its fp32 head on GPUs too: op.FP32_SWITCH)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

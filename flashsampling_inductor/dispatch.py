@@ -318,6 +318,22 @@ def default_config(
     )
 
 
+# Shared memory for stage 1's pipelined operand tiles (Hopper has 227 KB a block; the
+# epilogue's scratch reuses the same memory).
+OPERAND_SHARED_MEMORY = 200 * 1024
+
+
+def _fit_operand_stages(config: SampleConfig, element_size: int) -> SampleConfig:
+    """``config`` with fewer pipeline stages where its operand tiles would overflow shared
+    memory: the configurations are sized for 16-bit operands, and fp32 ones (an fp32 LM head)
+    take twice the bytes. H200, D = 4096, fp32, 4096 rows: the 128 x 256 x 64 tiles' three
+    stages asked for 294912 bytes of the 232448 a block has, and the launch failed
+    (benchmarks/results/session20_h200_20261129/whole_row_ab_tf32.log)."""
+    per_stage = (config.block_b + config.block_v) * config.block_d * element_size
+    stages = max(1, min(config.num_stages, OPERAND_SHARED_MEMORY // per_stage))
+    return config if stages == config.num_stages else dataclasses.replace(config, num_stages=stages)
+
+
 def persistent_triton_stage1(
     batch: int, hidden_size: int, vocab_size: int, device: torch.device, params: SamplingParams
 ) -> bool:
@@ -575,11 +591,11 @@ def swap_wide_tiles(batch: int, hidden_size: int, truncates: bool, greedy: bool)
 
 def writes_mass_partials(params: SamplingParams, vocab_size: int) -> bool:
     """Whether a truncating call's stage 1 writes top-p's mass partials (each tile's max and
-    sum of exp2): top-p may be on where top-k may be off, so a row's nucleus is over the
-    whole row, whose mass the candidates lack."""
-    return _k_may_be_off(params, vocab_size) and not (
-        params.top_p is None and params.scalar_top_p >= 1.0
-    )
+    sum of exp2): top-p may be on where top-k may be off, or is measured on the whole row
+    (``top_p_whole_row``), so a row's nucleus is over the whole row's mass, which the
+    candidates lack."""
+    p_may_be_on = not (params.top_p is None and params.scalar_top_p >= 1.0)
+    return p_may_be_on and (params.top_p_whole_row or _k_may_be_off(params, vocab_size))
 
 
 def knobs_may_be_off(params: SamplingParams, vocab_size: int) -> bool:
@@ -743,6 +759,7 @@ def triton_fused_sample(
             temperature_mode == 3,
         )  # fmt: skip
         config = _widen_truncation_tiles(config, params, vocab_size, hidden)
+        config = _fit_operand_stages(config, hidden.element_size())
     if config.block_v % 4 or config.block_v < 16:
         raise ValueError(f"block_v must be a multiple of 4 and >= 16, got {config.block_v}")
     if config.epilogue_chunks not in (1, 2, 4) or config.block_v // config.epilogue_chunks < 16:

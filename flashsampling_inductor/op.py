@@ -50,6 +50,7 @@ def fused_sample(
     logits_dtype: torch.dtype | None = None,
     impl: str = "auto",
     return_logprobs: str | None = None,
+    top_p_whole_row: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample token ids from ``softmax((hidden @ weight.T + bias) / temperature)``, optionally
     soft-capped first and truncated by top-k, then top-p, then min-p (the order of
@@ -109,6 +110,11 @@ def fused_sample(
             under the distribution sampled, ``log_softmax(scores / T)`` over the tokens
             top-k / top-p / min-p keep (scores soft-capped); 0.0 on greedy rows (T = 0:
             the argmax is drawn with probability 1).
+        top_p_whole_row: False (default): top-p's mass is that of the top-k survivors, as
+            transformers' and vLLM's samplers measure it. True: of the whole row, as SGLang's
+            torch-native sampler and the Gemma reference sampler do (their nucleus cut on
+            the whole row's sorted probabilities, next to a cut at rank k): a survivor is
+            kept iff the whole row's mass above it is < p. The same without top-k.
 
     Returns:
         [B, num_samples] int64 token ids in [0, V). A NaN score counts as -inf; a row whose
@@ -120,6 +126,7 @@ def fused_sample(
     if logits_dtype is not None and logits_dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"logits_dtype must be None, bf16, fp16 or fp32, got {logits_dtype}")
     _check_logprobs(return_logprobs)
+    _check_whole_row(top_p_whole_row)
     knobs = _normalize_call(
         hidden, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl,
         check_beside=impl != "torch",  # (CUDA knob tensors: the fused kernels)
@@ -132,17 +139,18 @@ def fused_sample(
         *top_k, *top_p, *min_p, softcap,
     )  # fmt: skip
     tensors = (temperature[0], seed[0], top_k[0], top_p[0], min_p[0])
+    whole_row = {"top_p_whole_row": True} if top_p_whole_row else {}
     with checked:
         if _plain_eager_call(hidden, weight, bias, *tensors):
             # The dispatcher's custom-op layers cost more host time per call than both kernel
             # launches together (benchmarks/results/stagger_and_host_h200_20261121.txt); plain
             # eager tensors need none of them, so they go straight to the implementation.
             if return_logprobs is None:
-                return _fused_sample_impl(*args)
-            return _fused_sample_logprobs_impl(*args, return_logprobs)
+                return _fused_sample_impl(*args, **whole_row)
+            return _fused_sample_logprobs_impl(*args, return_logprobs, **whole_row)
         if return_logprobs is None:
-            return torch.ops.flashsampling.fused_sample(*args)
-        return torch.ops.flashsampling.fused_sample_logprobs(*args, return_logprobs)
+            return torch.ops.flashsampling.fused_sample(*args, **whole_row)
+        return torch.ops.flashsampling.fused_sample_logprobs(*args, return_logprobs, **whole_row)
 
 
 def sample_logits(
@@ -158,6 +166,7 @@ def sample_logits(
     generator: torch.Generator | None = None,
     impl: str = "auto",
     return_logprobs: str | None = None,
+    top_p_whole_row: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sample token ids from logits that are already materialized, as ``fused_sample`` does.
 
@@ -170,7 +179,8 @@ def sample_logits(
         logits: [B, V] bf16/fp16/fp32, scored in fp32; NaN counts as -inf and -inf entries
             are never drawn.
         temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator,
-            return_logprobs: as in ``fused_sample`` ("raw": of ``logits`` as given).
+            return_logprobs, top_p_whole_row: as in ``fused_sample`` ("raw": of ``logits``
+            as given).
         impl: "triton", "torch" or "auto", as in ``fused_sample``.
 
     Returns:
@@ -181,7 +191,7 @@ def sample_logits(
     _check_logprobs(return_logprobs)
     return _sample_logits(
         logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl,
-        return_logprobs, wait_for_kernels=True,
+        return_logprobs, wait_for_kernels=True, top_p_whole_row=top_p_whole_row,
     )  # fmt: skip
 
 
@@ -197,6 +207,7 @@ def sample_logits_without_waiting(
     seed: int | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     return_logprobs: str | None = None,
+    top_p_whole_row: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``sample_logits`` (impl "auto") that never waits for compiles: on CUDA, while the
     kernels of its kind of call (shapes, dtypes, which knobs are tensors) are not compiled,
@@ -209,7 +220,7 @@ def sample_logits_without_waiting(
     _check_logprobs(return_logprobs)
     return _sample_logits(
         logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, "auto",
-        return_logprobs, wait_for_kernels=False,
+        return_logprobs, wait_for_kernels=False, top_p_whole_row=top_p_whole_row,
     )  # fmt: skip
 
 
@@ -226,10 +237,12 @@ def _check_logits(logits) -> None:
 
 def _sample_logits(
     logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl,
-    return_logprobs, wait_for_kernels,
+    return_logprobs, wait_for_kernels, top_p_whole_row=False,
 ):  # fmt: skip
     """``sample_logits`` past its checks of ``logits``; without ``wait_for_kernels`` as
     ``sample_logits_without_waiting`` says."""
+    _check_whole_row(top_p_whole_row)
+    whole_row = {"top_p_whole_row": True} if top_p_whole_row else {}
     knobs = _normalize_call(
         logits, temperature, top_k, top_p, min_p, softcap, num_samples, seed, generator, impl
     )
@@ -244,19 +257,25 @@ def _sample_logits(
                 and _use_triton(impl, logits.device, None)  # (impl "auto": on CUDA)
                 and not torch.cuda.is_current_stream_capturing()
                 and not ahead.compiled(
-                    _sample_logits_run, _sample_logits_kind(*args, return_logprobs)
+                    _sample_logits_run,
+                    _sample_logits_kind(*args, return_logprobs, top_p_whole_row),
                 )
             ):
                 args = (*args[:10], "torch", *args[11:])  # (impl: the reference, this once)
             if return_logprobs is None:
-                return _sample_logits_impl(*args)
-            return _sample_logits_logprobs_impl(*args, return_logprobs)
+                return _sample_logits_impl(*args, **whole_row)
+            return _sample_logits_logprobs_impl(*args, return_logprobs, **whole_row)
         if return_logprobs is None:
-            return torch.ops.flashsampling.sample_logits(*args)
-        return torch.ops.flashsampling.sample_logits_logprobs(*args, return_logprobs)
+            return torch.ops.flashsampling.sample_logits(*args, **whole_row)
+        return torch.ops.flashsampling.sample_logits_logprobs(*args, return_logprobs, **whole_row)
 
 
 LOGPROB_MODES = ("raw", "processed")
+
+
+def _check_whole_row(top_p_whole_row) -> None:
+    if not isinstance(top_p_whole_row, bool):
+        raise TypeError(f"top_p_whole_row must be a bool, got {type(top_p_whole_row).__name__}")
 
 
 def _check_logprobs(return_logprobs) -> None:
@@ -541,15 +560,43 @@ def _use_triton(impl: str, device: torch.device, params: SamplingParams) -> bool
 CPU_SWITCH = "FLASHSAMPLING_CPU"
 
 
-def why_not_fused_on(device: torch.device) -> str:
-    """ "" where the pass rewrites sampling on ``device`` (CUDA, or any device with
-    ``FLASHSAMPLING_CPU=1``), else why it does not."""
-    if device.type == "cuda" or os.environ.get(CPU_SWITCH) == "1":
-        return ""
+# An fp32 LM head on CUDA with TF32 off (PyTorch's default "highest" precision): the fused
+# kernel's IEEE fp32 dot is far slower than cuBLAS's fp32 matmul. H200, D = 2048, V = 151936,
+# CUDA graphs, fused / (matmul + softmax + multinomial, eager): B = 1 / 16 / 64 4.03 / 1.83 /
+# 1.96 with TF32 off, 0.72 / 0.50 / 0.51 with it on (benchmarks/probes/fp32_weights.py,
+# benchmarks/results/session20_h200_20261129/fp32_weights.log). The pass leaves such a head
+# alone unless TF32 is on or this variable is 1 (the tests set it, to exercise the pass).
+FP32_SWITCH = "FLASHSAMPLING_FP32"
+
+
+def fp32_rewrite_switches() -> str:
+    """What decides whether the pass rewrites an fp32 LM head on CUDA (for its cache key)."""
     return (
-        f"on {device.type} the fused op runs its PyTorch reference, slower than stock"
-        f" Inductor's code for the same program ({CPU_SWITCH}=1 rewrites it anyway)"
+        f"tf32 {torch.backends.cuda.matmul.allow_tf32}, {FP32_SWITCH}={os.environ.get(FP32_SWITCH)}"
     )
+
+
+def why_not_fused_on(device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """ "" where the pass rewrites sampling on ``device`` with an LM head of ``dtype`` (CUDA,
+    or any device with ``FLASHSAMPLING_CPU=1``; on CUDA an fp32 head only with TF32 on or
+    ``FLASHSAMPLING_FP32=1``), else why it does not."""
+    if device.type != "cuda" and os.environ.get(CPU_SWITCH) != "1":
+        return (
+            f"on {device.type} the fused op runs its PyTorch reference, slower than stock"
+            f" Inductor's code for the same program ({CPU_SWITCH}=1 rewrites it anyway)"
+        )
+    fp32_slow = (
+        device.type == "cuda" and dtype == torch.float32
+        and not torch.backends.cuda.matmul.allow_tf32 and os.environ.get(FP32_SWITCH) != "1"
+    )  # fmt: skip
+    if fp32_slow:
+        return (
+            "an fp32 LM head with TF32 off: the fused kernel's IEEE fp32 dot is slower than"
+            " cuBLAS's fp32 matmul and the stock sampling after it (1.8-4x on an H200);"
+            " torch.set_float32_matmul_precision('high') lets it fuse (and run 0.5-0.7x the"
+            f" stock step), {FP32_SWITCH}=1 rewrites it anyway"
+        )
+    return ""
 
 
 def _fused_sample_impl(
@@ -570,6 +617,7 @@ def _fused_sample_impl(
     min_p: torch.Tensor | None = None,
     scalar_min_p: float = 0.0,
     softcap: float = 0.0,
+    top_p_whole_row: bool = False,
 ) -> torch.Tensor:
     """The custom op behind ``fused_sample``; arguments are already validated (the softcap
     is checked again: a graph may hold any float there).
@@ -581,7 +629,7 @@ def _fused_sample_impl(
     return _fused_sample_run(
         hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
         logits_dtype, impl, top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
-        softcap, None,
+        softcap, None, top_p_whole_row,
     )  # fmt: skip
 
 
@@ -604,6 +652,7 @@ def _fused_sample_logprobs_impl(
     scalar_min_p: float = 0.0,
     softcap: float = 0.0,
     logprobs: str = "raw",
+    top_p_whole_row: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The custom op behind ``fused_sample(return_logprobs=...)``: ``_fused_sample_impl``'s
     arguments and ``logprobs`` ("raw" or "processed", checked again: a graph may hold any
@@ -612,21 +661,21 @@ def _fused_sample_logprobs_impl(
     return _fused_sample_run(
         hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
         logits_dtype, impl, top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
-        softcap, logprobs,
+        softcap, logprobs, top_p_whole_row,
     )  # fmt: skip
 
 
 def _fused_sample_run(
     hidden, weight, bias, temperature, scalar_temperature, seed, scalar_seed, num_samples,
     logits_dtype, impl, top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
-    softcap, logprobs,
+    softcap, logprobs, top_p_whole_row=False,
 ):  # fmt: skip
     """Both fused custom ops' implementation: tokens, or (tokens, logprobs) with
     ``logprobs``."""
     params = SamplingParams(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, logits_dtype,
         top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
-        _schema_softcap(softcap), logprobs,
+        _schema_softcap(softcap), logprobs, bool(top_p_whole_row),
     )  # fmt: skip
     if _use_triton(impl, hidden.device, params):
         from .dispatch import triton_fused_sample
@@ -639,6 +688,7 @@ def _fused_sample_run(
                     hidden, weight, bias, temperature, scalar_temperature, seed,
                     ahead.seed_class(scalar_seed), num_samples, logits_dtype, impl, top_k,
                     scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p, softcap, logprobs,
+                    top_p_whole_row,
                 ),
             )  # fmt: skip
 
@@ -669,8 +719,8 @@ def compile_ahead_in_background(node: torch.fx.Node) -> None:
 def _start_compiling(impl: Callable, node: torch.fx.Node) -> None:
     values = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta.get("val"))
     args = ahead.bind(impl, *values)
-    if len(args) == 17:  # (the plain op: no log-probabilities)
-        args = (*args, None)
+    if impl is _fused_sample_impl:  # (the plain op: no log-probabilities)
+        args = (*args[:17], None, *args[17:])
     hidden, scalar_seed, impl_name = args[0], args[6], args[9]
     if not isinstance(hidden, torch.Tensor) or not isinstance(scalar_seed, int):
         return
@@ -695,11 +745,13 @@ def _sample_logits_impl(
     min_p: torch.Tensor | None = None,
     scalar_min_p: float = 0.0,
     softcap: float = 0.0,
+    top_p_whole_row: bool = False,
 ) -> torch.Tensor:
     """The custom op behind ``sample_logits``; arguments as in ``_fused_sample_impl``."""
     return _sample_logits_run(
         logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
         scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, None,
+        top_p_whole_row,
     )  # fmt: skip
 
 
@@ -719,23 +771,26 @@ def _sample_logits_logprobs_impl(
     scalar_min_p: float = 0.0,
     softcap: float = 0.0,
     logprobs: str = "raw",
+    top_p_whole_row: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The custom op behind ``sample_logits(return_logprobs=...)``: (tokens, logprobs)."""
     _check_logprobs(logprobs)
     return _sample_logits_run(
         logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
         scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
+        top_p_whole_row,
     )  # fmt: skip
 
 
 def _sample_logits_run(
     logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
     scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
+    top_p_whole_row=False,
 ):  # fmt: skip
     params = SamplingParams(
         temperature, scalar_temperature, seed, scalar_seed, num_samples, None,
         top_k, scalar_top_k, top_p, scalar_top_p, min_p, scalar_min_p,
-        _schema_softcap(softcap), logprobs,
+        _schema_softcap(softcap), logprobs, bool(top_p_whole_row),
     )  # fmt: skip
     if _use_triton(impl, logits.device, params):
         from .dispatch import triton_sample_logits
@@ -745,6 +800,7 @@ def _sample_logits_run(
             ahead.before_first_run(_sample_logits_run, _sample_logits_kind(
                 logits, temperature, scalar_temperature, seed, scalar_seed, num_samples, top_k,
                 scalar_top_k, top_p, scalar_top_p, impl, min_p, scalar_min_p, softcap, logprobs,
+                top_p_whole_row,
             ))  # fmt: skip
 
         def run(*knobs):

@@ -29,6 +29,8 @@ class SamplingParams:
     scores are ``tanh(l / softcap) * softcap`` before anything else. logprobs: None, or which
     log-probability of each drawn token the call also returns, "raw" (``log_softmax`` of the
     logits) or "processed" (of the distribution sampled: soft-capped, tempered, truncated).
+    top_p_whole_row: top-p's mass measured on the whole row, not on the top-k survivors
+    (SGLang's and the Gemma reference sampler's order: ``reference.truncation_threshold``).
     """
 
     temperature: torch.Tensor | None
@@ -45,6 +47,7 @@ class SamplingParams:
     scalar_min_p: float = 0.0
     softcap: float = 0.0
     logprobs: str | None = None
+    top_p_whole_row: bool = False
 
     @property
     def truncates(self) -> bool:

@@ -153,6 +153,7 @@ def truncation_keep(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor | None = None,
+    top_p_whole_row: bool = False,
 ) -> torch.Tensor:
     """Which tokens top-k, then top-p, then min-p keep: bool [B, V]. The one statement of the
     math.
@@ -167,11 +168,18 @@ def truncation_keep(
     ``softmax(l / T) >= min_p * max softmax(l / T)``, i.e. ``l >= max + T * log(min_p)``
     (computed so, in fp32: the row's maximum, which top-k and top-p always keep, stays).
     p = 1, min_p = 0 and greedy rows (T = 0, whose argmax no truncation moves) are off.
+    With ``top_p_whole_row`` top-p's masses are of the whole row's softmax, not the
+    survivors' (SGLang's torch-native sampler and the Gemma reference sampler cut the
+    nucleus of the whole row and top-k's first k by rank): a survivor is kept iff the mass
+    of the whole row above it is < p.
     Masses and the min-p bound are fp32, so a token within rounding of a boundary may go
     either way (a near-tie, as in the kernel).
     """
     sorted_desc = logits.sort(dim=-1, descending=True).values
-    threshold = truncation_threshold(sorted_desc, logits.shape[1], temperature, top_k, top_p, min_p)
+    threshold = truncation_threshold(
+        sorted_desc, logits.shape[1], temperature, top_k, top_p, min_p,
+        top_p_whole_row=top_p_whole_row,
+    )  # fmt: skip
     return logits >= threshold
 
 
@@ -183,6 +191,7 @@ def truncation_threshold(
     top_p: torch.Tensor,
     min_p: torch.Tensor | None = None,
     repeats: torch.Tensor | None = None,
+    top_p_whole_row: bool = False,
 ) -> torch.Tensor:
     """[B, 1] fp32: the smallest score ``truncation_keep`` keeps, from the row's scores
     sorted in descending order, [B, L]. ``repeats`` [B, L] (int64, default 1): how many
@@ -206,7 +215,10 @@ def truncation_threshold(
     row_max = sorted_desc[:, :1]
     weights = torch.exp2((sorted_desc - row_max) * inv_temperature[:, None])
     weights = torch.where(sorted_desc == row_max, 1.0, weights)
-    weights = torch.where((sorted_desc >= threshold) & (sorted_desc > float("-inf")), weights, 0.0)
+    # (the whole row: every finite token weighs, top-k's cut is applied by the maximum below;
+    # above a survivor only survivors lie, so its mass above is the same either way)
+    weighed = threshold if not top_p_whole_row else torch.full_like(threshold, float("-inf"))
+    weights = torch.where((sorted_desc >= weighed) & (sorted_desc > float("-inf")), weights, 0.0)
     if repeats is not None:
         weights = weights * repeats
     # (an entry standing for n tied tokens: the last of them that starts below p starts no
@@ -256,7 +268,10 @@ def reference_sample_logits(
     scores = scores.masked_fill(scores.isnan(), float("-inf"))
     rows = params.rows(batch, logits.device)
     if params.truncates:
-        keep = truncation_keep(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p)
+        keep = truncation_keep(
+            scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p,
+            top_p_whole_row=params.top_p_whole_row,
+        )  # fmt: skip
         scores = scores.masked_fill(~keep, float("-inf"))
     tokens = gumbel_argmax(
         scores, rows.temperature, rows.seed, params.per_row_seed, params.num_samples

@@ -692,16 +692,41 @@ def _top_k_bound(row_keys, key_ptr, index_ptr, num_candidates, top_k, k_on,
 
 
 @triton.jit
+def _whole_row_mass(row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
+                    HAS_MASS: tl.constexpr, COMPLETE: tl.constexpr, SINGLE: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
+    """The whole row's mass (relative to its maximum): stage 1's per-tile partials, or in
+    the fallback its V tokens (in registers with SINGLE, else summed by
+    ``_pack_above_floor``)."""
+    if COMPLETE:
+        if SINGLE:
+            total = tl.sum(_weights(row_keys, top_value, inv_temperature, KEY_PAD))
+        else:
+            total = row_total
+    else:
+        tl.static_assert(HAS_MASS, "top_p_whole_row needs stage 1's mass partials")
+        total = row_mass(
+            mass_ptr + row64 * num_tiles * 2, num_tiles, top_value, inv_temperature, BLOCK
+        )
+    return total
+
+
+@triton.jit
 def _top_p_bound(
     keep_bound, row_keys, row_index, small_keys, small_index, key_ptr, index_ptr,
     num_candidates, mass_ptr, compact_key_ptr, compact_index_ptr, row64, num_tiles,
     top_value, inv_temperature, survivor_bound, top_p, k_on, p_on, compact, packed, row_total,
     HAS_MASS: tl.constexpr, COMPLETE: tl.constexpr, SINGLE: tl.constexpr,
     COMPACT: tl.constexpr, KEY_LOW_BITS: tl.constexpr, BLOCK: tl.constexpr,
-    NUCLEUS_NARROW: tl.constexpr = False,
+    NUCLEUS_NARROW: tl.constexpr = False, P_WHOLE_ROW: tl.constexpr = False,
 ):  # fmt: skip
     """Top-p: ``keep_bound`` raised to the nucleus bound where top-p is on; with it whether
-    the heaviest candidates, packed (heavy_keys, heavy_index), hold every kept one."""
+    the heaviest candidates, packed (heavy_keys, heavy_index), hold every kept one.
+
+    P_WHOLE_ROW (``top_p_whole_row``): the target is p times the whole row's mass, not the
+    top-k survivors'. Above a survivor only survivors lie, so the masses searched are the
+    same; where the survivors together weigh less than the target, no key reaches it and
+    every survivor stays (the search's KEY_PAD)."""
     one = tl.full((), 1, tl.int64)
     heavy_packed = k_on & False
     heavy_keys = small_keys
@@ -712,6 +737,11 @@ def _top_p_bound(
         if compact:
             small_weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
             small_total = tl.sum(small_weights)
+            if P_WHOLE_ROW:
+                small_total = _whole_row_mass(
+                    row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
+                    HAS_MASS, COMPLETE, SINGLE, BLOCK,
+                )  # fmt: skip
             keep_bound = _nucleus_bound(
                 small_keys, small_weights, small_total, top_p, KEY_LOW_BITS, NUCLEUS_NARROW
             )
@@ -725,6 +755,11 @@ def _top_p_bound(
                             mass_ptr + row64 * num_tiles * 2, num_tiles, top_value,
                             inv_temperature, BLOCK,
                         )  # fmt: skip
+            if P_WHOLE_ROW:
+                total = _whole_row_mass(
+                    row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
+                    HAS_MASS, COMPLETE, SINGLE, BLOCK,
+                )  # fmt: skip
             if total > 0:
                 if BLOCK > COMPACT:
                     # The nucleus is usually a few dozen tokens: when the heaviest candidates
@@ -768,6 +803,11 @@ def _top_p_bound(
                 if packed:
                     if not k_on:
                         total = row_total  # the packed tokens hold only part of the mass
+            if P_WHOLE_ROW:
+                total = _whole_row_mass(
+                    row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
+                    HAS_MASS, COMPLETE, SINGLE, BLOCK,
+                )  # fmt: skip
             if total > 0:
                 below = tl.full((), KEY_PAD, tl.int32)
                 for i in range(32):
@@ -944,6 +984,7 @@ def _stage2_row(
     # Top-p's nucleus bound searched from the weighed candidates' key range, two bits a
     # pass (``_nucleus_bound``'s NARROW; NUCLEUS_NARROW, the launchers' choice).
     NUCLEUS_NARROW: tl.constexpr = False,
+    P_WHOLE_ROW: tl.constexpr = False,  # top-p over the whole row's mass (``_top_p_bound``)
 ):  # fmt: skip
     """Row ``row`` of a stage-2 pass: truncation, then Gumbel-max among the kept candidates
     (the arguments are ``_truncated_stage2``'s)."""
@@ -1049,6 +1090,7 @@ def _stage2_row(
         num_candidates, mass_ptr, compact_key_ptr, compact_index_ptr, row64, num_tiles,
         top_value, inv_temperature, survivor_bound, top_p, k_on, p_on, compact, packed,
         row_total, HAS_MASS, COMPLETE, SINGLE, COMPACT, KEY_LOW_BITS, BLOCK, NUCLEUS_NARROW,
+        P_WHOLE_ROW,
     )  # fmt: skip
 
     if min_p_on:
@@ -1122,7 +1164,7 @@ def _truncated_stage2(
     # the merged candidates (merged_*: num_merged per row over num_groups groups, in
     # MERGED_BLOCK lanes, MERGED_COMPACT slots), any other from stage 1's per-tile ones.
     MERGED_BLOCK: tl.constexpr = 0, MERGED_COMPACT: tl.constexpr = 16,
-    NUCLEUS_NARROW: tl.constexpr = False,
+    NUCLEUS_NARROW: tl.constexpr = False, P_WHOLE_ROW: tl.constexpr = False,
 ):  # fmt: skip
     """One program per row: truncation, then Gumbel-max among the kept candidates. The
     arguments are ``_stage2_row``'s (their meaning there), less the row, plus PDL and the
@@ -1147,7 +1189,7 @@ def _truncated_stage2(
                 TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN,
                 HAS_MASS, False, True, FAST_MATH, MERGED_BLOCK, MERGED_COMPACT, PACK, False,
                 PATCH_TILES, PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK,
-                PREFETCH_PLAIN, NUCLEUS_NARROW,
+                PREFETCH_PLAIN, NUCLEUS_NARROW, P_WHOLE_ROW,
             )  # fmt: skip
             return
     _stage2_row(
@@ -1162,6 +1204,7 @@ def _truncated_stage2(
         TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, HAS_PLAIN, HAS_MASS,
         COMPLETE, SINGLE, FAST_MATH, BLOCK, COMPACT, PACK, PATCHED, PATCH_TILES, PATCH_V,
         KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, PLAIN_BLOCK, PREFETCH_PLAIN, NUCLEUS_NARROW,
+        P_WHOLE_ROW,
     )  # fmt: skip
 
 
@@ -1184,7 +1227,7 @@ def _fallback_stage2(
     COMPLETE_SINGLE: tl.constexpr, COMPLETE_BLOCK: tl.constexpr,
     COMPLETE_COMPACT: tl.constexpr, PACK: tl.constexpr,
     PDL: tl.constexpr, LOGPROBS: tl.constexpr = 0, RAW_LOGIT_LATER: tl.constexpr = False,
-    NUCLEUS_NARROW: tl.constexpr = False,
+    NUCLEUS_NARROW: tl.constexpr = False, P_WHOLE_ROW: tl.constexpr = False,
 ):  # fmt: skip
     """Both passes of the fallback's stage 2 in one launch, one program per row: a row
     flagged OVERFLOW_PATCH drawn over stage 1's per-tile candidates (key_ptr ... num_tiles,
@@ -1208,6 +1251,7 @@ def _fallback_stage2(
             False, PATCHED_SINGLE, FAST_MATH, PATCHED_BLOCK, PATCHED_COMPACT, PACK, True,
             PATCH_TILES,
             PATCH_V, KEY_LOW_BITS, LOGPROBS, RAW_LOGIT_LATER, 16, False, NUCLEUS_NARROW,
+            P_WHOLE_ROW,
         )  # fmt: skip
     elif code == OVERFLOW_FULL:
         _stage2_row(
@@ -1220,7 +1264,7 @@ def _fallback_stage2(
             TEMPERATURE_MODE, SEED_MODE, TOP_K_MODE, TOP_P_MODE, MIN_P_MODE, False, False,
             True, COMPLETE_SINGLE, FAST_MATH, COMPLETE_BLOCK, COMPLETE_COMPACT, PACK, False, 0,
             16, 0,
-            LOGPROBS, RAW_LOGIT_LATER, 16, False, NUCLEUS_NARROW,
+            LOGPROBS, RAW_LOGIT_LATER, 16, False, NUCLEUS_NARROW, P_WHOLE_ROW,
         )  # fmt: skip
 
 
@@ -1638,7 +1682,7 @@ def _stage2_arguments(
         PLAIN_BLOCK=min(block, max(16, triton.next_power_of_2(num_plain_tiles))),
         PREFETCH_PLAIN=PREFETCH_PLAIN and stage1.get("plain_score") is not None,
         MERGED_BLOCK=merged_block, MERGED_COMPACT=min(COMPACT_SLOTS, max(16, merged_block)),
-        NUCLEUS_NARROW=NUCLEUS_NARROW,
+        NUCLEUS_NARROW=NUCLEUS_NARROW, P_WHOLE_ROW=params.top_p_whole_row,
     )  # fmt: skip
     warps = 16 if block >= 8192 else _stage2_warps(params, vocab_size, batch)
     return runtime, constexprs, warps
@@ -1770,5 +1814,5 @@ _FALLBACK_PATCHED = (
 )  # fmt: skip
 _FALLBACK_SHARED_CONSTEXPRS = (
     "TEMPERATURE_MODE", "SEED_MODE", "TOP_K_MODE", "TOP_P_MODE", "MIN_P_MODE", "HAS_MASS",
-    "FAST_MATH", "LOGPROBS", "RAW_LOGIT_LATER", "NUCLEUS_NARROW",
+    "FAST_MATH", "LOGPROBS", "RAW_LOGIT_LATER", "NUCLEUS_NARROW", "P_WHOLE_ROW",
 )  # fmt: skip

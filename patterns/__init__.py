@@ -20,7 +20,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..op import CPU_SWITCH
+from ..op import CPU_SWITCH, fp32_rewrite_switches
 from . import (
     exact_top_k,
     exponential_race,
@@ -95,4 +95,5 @@ def source_hash() -> str:
     # (a switch that changes what the catalog rewrites is part of it)
     digest.update(f"tp truncation on cuda: {tp_gather.TRUNCATION_ON_CUDA}".encode())
     digest.update(f"rewrite off cuda: {os.environ.get(CPU_SWITCH) == '1'}".encode())
+    digest.update(f"fp32 heads on cuda: {fp32_rewrite_switches()}".encode())
     return digest.hexdigest()

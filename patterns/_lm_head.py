@@ -60,6 +60,8 @@ class LMHead:
     top_k: int | Node | None = None
     top_p: float | Node | None = None
     min_p: float | Node | None = None
+    # top-p measured on the whole row, a top-k cut after it (the op's ``top_p_whole_row``)
+    top_p_whole_row: bool = False
     softcap: float | None = None  # tanh(l / c) * c of the raw logits: c
     temperature_after_mask: bool = False  # -inf / T: only T > 0 keeps the program's meaning
     # Constant scales around a tensor temperature, folded: the op divides by temperature * this.
@@ -133,6 +135,7 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     if greedy:
         head.temperature, head.factor = 0.0, 1.0
         head.top_k = head.top_p = head.min_p = None
+        head.top_p_whole_row = False
     found = _lm_head(matmul, head)
     found.scores = logits
     found.raw_logits = _raw_logits(matmul, [step for step in reversed(walked)], masks)
@@ -185,6 +188,7 @@ class _Chain:
     top_p: float | Node | None = None
     min_p: float | Node | None = None
     exact_k: bool = False  # the top-k keeps exactly k (ties broken by a sort or topk)
+    top_p_whole_row: bool = False  # a top-k mask after the top-p one
     masked: Node | None = None
     half_dtypes: set[torch.dtype] = field(default_factory=set)
     temperature_after_mask: bool = False
@@ -245,11 +249,12 @@ class _Chain:
         if mask.top_k is not None:
             # (after a min-p mask alone it keeps what it keeps before: both keep a prefix of
             # the sorted row, and top-k keeps the max that min-p measures against)
-            if self.top_k is not None or self.top_p is not None:
-                raise NoMatch(
-                    f"{step.name} is a top-k mask after another mask (the op keeps the top k"
-                    " first, then measures top-p on them)"
-                )
+            # After a top-p mask: that nucleus was measured on the whole row, and the top k of
+            # it are the row's top k that it keeps (both keep a prefix of the sorted row):
+            # the op's top_p_whole_row.
+            if self.top_k is not None:
+                raise NoMatch(f"{step.name} is a second top-k mask")
+            self.top_p_whole_row = self.top_p is not None
             self.top_k, self.exact_k = mask.top_k, mask.exact_k
         elif mask.top_p is not None:
             if self.top_p is not None:
@@ -440,6 +445,7 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
         top_k=chain.top_k,
         top_p=chain.top_p,
         min_p=chain.min_p,
+        top_p_whole_row=chain.top_p_whole_row,
         softcap=chain.softcap,
         temperature_after_mask=chain.temperature_after_mask,
         temperature_factor=chain.factor if tensor_temperature else 1.0,

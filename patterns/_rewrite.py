@@ -27,6 +27,7 @@ from torch._inductor.pattern_matcher import (
     register_graph_pattern,
 )
 from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._pytree import tree_map
 
 from ..op import why_not_fused_on
@@ -60,6 +61,10 @@ class SamplingMatch:
     top_k: int | Node | None = None
     top_p: float | Node | None = None
     min_p: float | Node | None = None
+    # top-p measured on the whole row, not on the top-k survivors (the op's own flag)
+    top_p_whole_row: bool = False
+    # The program's token ids in another integer dtype than the op's int64 (SGLang's int32)
+    out_dtype: torch.dtype | None = None
     temperature: float | Node = 1.0
     seed: int | Node | None = None
     impl: str = "auto"
@@ -82,7 +87,10 @@ class SamplingMatch:
     def of(cls, head: LMHead, **fields) -> SamplingMatch:
         """A match that carries the chain's own truncation (its top-k / top-p / min-p
         masks)."""
-        return cls(head, top_k=head.top_k, top_p=head.top_p, min_p=head.min_p, **fields)
+        return cls(
+            head, top_k=head.top_k, top_p=head.top_p, min_p=head.min_p,
+            top_p_whole_row=head.top_p_whole_row, **fields,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,8 @@ class SamplingSite:
     rewritten: bool
     reason: str = ""  # why it was not rewritten
     sampling: bool = True  # a random draw (False: an argmax only the greedy idiom knows)
-    # Matched, but left stock on purpose: off CUDA the fused op is slower (op.why_not_fused_on).
+    # Matched, but left stock on purpose: the fused op is slower there (op.why_not_fused_on:
+    # off CUDA, or an fp32 LM head with TF32 off).
     off_cuda: bool = False
 
     def __str__(self) -> str:
@@ -126,6 +135,12 @@ def _record(terminal: Node, site: SamplingSite) -> None:
         _sites[terminal] = replace(site, sampling=site.sampling or (first or site).sampling)
     elif site.sampling and not first.sampling:
         _sites[terminal] = replace(first, sampling=True)
+
+
+def _dtype(head: LMHead) -> torch.dtype | None:
+    """The LM head's weight dtype (None where the graph does not say)."""
+    value = val(head.weight)
+    return value.dtype if isinstance(value, torch.Tensor) else None
 
 
 def _device(head: LMHead) -> torch.device:
@@ -184,7 +199,7 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
             )  # fmt: skip
             _record(terminal, replace(site, reason=f"the pass's check failed: {error!r}"))
             return
-        if why := why_not_fused_on(_device(found.lm_head)):
+        if why := why_not_fused_on(_device(found.lm_head), _dtype(found.lm_head)):
             log.debug("flashsampling: %s at %s not rewritten: %s", idiom, terminal.name, why)
             _record(terminal, replace(site, reason=why, off_cuda=True))
             return
@@ -372,11 +387,16 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
                 value(found.min_p),
                 hidden.device,
                 found.knobs_checked,
+                hidden.reshape(-1, hidden.shape[-1]).shape[0],
             ),
             **({} if head.softcap is None else {"softcap": head.softcap}),
+            **({"top_p_whole_row": True} if found.top_p_whole_row else {}),
         )
         if found.logprobs is not None:
             tokens, logprobs = tokens
+        if found.out_dtype is not None:
+            tokens = tokens.to(found.out_dtype)
+        if found.logprobs is not None:
             if found.returns_logprobs:
                 shape = (*rows, found.num_samples)
                 return tokens.view(shape), logprobs.view(shape)
@@ -434,16 +454,21 @@ BAD_TRUNCATION = (
     " min_p outside [0, 1] (or NaN): the program's own gather fails on such a k, and the"
     " fused sampler takes no such p (compile without backend='flashsampling' for them)"
 )
+BAD_KNOB_ROWS = (
+    "flashsampling: a rewritten sampling step reads a per-row top_k, top_p or min_p with"
+    " another number of rows than its logits (the program's own mask fails there too)"
+)
 # The smallest positive fp32: a per-row p of 0 keeps the top token (and its ties), as the
 # program's nucleus does, where the op reads p in (0, 1].
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _truncation(top_k, top_p, min_p, device, checked: bool = False) -> dict:
+def _truncation(top_k, top_p, min_p, device, checked: bool = False, rows=None) -> dict:
     """The op's top-k / top-p / min-p arguments; none at all for those that are off, so an
     untruncated rewrite is the call it always was. A per-row tensor from the program
     ([*rows] or [*rows, 1], any int / float dtype) is checked in the graph (an assert, no
-    host sync), as the op's own argument checks do for tensors; so is a 0-d p of every row
+    host sync), as the op's own argument checks do for tensors, its number of ``rows`` too
+    where the graph does not prove it (``_walk.one_per_row``); so is a 0-d p of every row
     (a float Dynamo made dynamic: a CPU tensor, moved to ``device`` as ``_as_device_float``
     does); ``checked``: the tensors are the op's own arguments, checked already."""
     kwargs = {}
@@ -452,6 +477,7 @@ def _truncation(top_k, top_p, min_p, device, checked: bool = False) -> dict:
             if not checked:
                 top_k = top_k.reshape(-1).to(torch.int64)
                 torch._assert_async((top_k >= 1).all(), BAD_TRUNCATION)
+                _check_rows(top_k, rows)
             kwargs.update(top_k=top_k, scalar_top_k=0)
         else:
             kwargs.update(top_k=None, scalar_top_k=top_k)
@@ -463,9 +489,21 @@ def _truncation(top_k, top_p, min_p, device, checked: bool = False) -> dict:
             # that CUDA graphs capture)
             knob = _as_device_float(knob if knob.dim() == 0 else knob.reshape(-1), device)
             torch._assert_async(((knob >= 0) & (knob <= 1)).all(), BAD_TRUNCATION)
+            _check_rows(knob, rows)
             if name == "top_p":
                 knob = knob.clamp_min(_TINY)
             kwargs.update({name: knob, f"scalar_{name}": off})
         elif knob is not None:
             kwargs.update({name: None, f"scalar_{name}": float(knob)})
     return kwargs
+
+
+def _check_rows(knob: torch.Tensor, rows) -> None:
+    """A per-row knob whose length the graph does not prove to be ``rows`` (another symbol
+    for the batch: ``_walk.one_per_row``) is compared with it when the graph runs, so that a
+    mismatch fails the call, as the program's own mask would, instead of the kernels reading
+    past the knob."""
+    if rows is None or knob.dim() == 0 or statically_known_true(knob.shape[0] == rows):
+        return
+    length = torch.full((), knob.shape[0], dtype=torch.int64, device=knob.device)
+    torch._assert_async(length == rows, BAD_KNOB_ROWS)

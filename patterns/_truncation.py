@@ -28,6 +28,7 @@ from ._walk import (
     constant,
     is_call,
     last_dim,
+    one_per_row,
     same_shape,
     take_constant,
     val,
@@ -106,11 +107,12 @@ def _is_minus_inf(node) -> bool:
 
 
 def _full_bool_mask(condition, source: Node) -> bool:
-    mask = val(condition)
+    mask, shape = val(condition), val(source).shape
     return (
         isinstance(mask, torch.Tensor)
         and mask.dtype == torch.bool
-        and same_shape(mask.shape, val(source).shape)
+        and one_per_row(mask.shape[:-1], shape[:-1])
+        and same_shape(mask.shape[-1:], shape[-1:])
     )
 
 

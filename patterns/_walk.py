@@ -89,6 +89,16 @@ def same_shape(a, b) -> bool:
     return len(a) == len(b) and all(map(same, a, b))
 
 
+def one_per_row(shape, rows) -> bool:
+    """``shape`` is ``rows`` (one value per row), or may be: a dim that differs from its row
+    dim only by another symbol (Dynamo gives each input's dynamic batch its own, and a mask
+    written with ``x[mask] = v`` never unifies them). The rewrite checks such a knob's rows
+    when the graph runs (``_rewrite._truncation``), as the program's own ops would fail."""
+    return len(shape) == len(rows) and all(
+        same(a, b) or not statically_known_true(a != b) for a, b in zip(shape, rows, strict=True)
+    )
+
+
 def slice_args(node: Node, first: int = 1) -> tuple:
     """``aten.slice.Tensor``'s (dim, start, end, step) from ``node.args[first:]`` (a
     ``slice_scatter``'s from 2), the defaults filled in: (0, None, None, 1)."""
@@ -120,7 +130,7 @@ def knob_of_rows(value, rows) -> bool:
     return (
         isinstance(value, torch.Tensor)
         and value.is_floating_point()
-        and (value.dim() == 0 or same_shape(value.shape, rows))
+        and (value.dim() == 0 or one_per_row(value.shape, rows))
     )
 
 

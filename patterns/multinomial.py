@@ -15,7 +15,7 @@ from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
 from ._tails import match_softmax, multinomial_draws
 from ._walk import NoMatch, Walk
-from .sorted_top_p import sorted_back_reason
+from .sorted_top_p import match_sorted_back, sorted_back_reason
 
 IDIOM = "multinomial"
 TARGET = torch.ops.aten.multinomial.default
@@ -40,6 +40,10 @@ def check(walk: Walk) -> SamplingMatch:
     try:
         logits = match_softmax(walk, probs)
     except NoMatch:
+        # (the Gemma reference sampler: sorted probabilities zeroed, put back in token order)
+        found = match_sorted_back(walk, probs, num_samples)
+        if found is not None:
+            return found
         reason = sorted_back_reason(probs)
         if reason is None:
             raise

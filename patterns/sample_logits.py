@@ -36,7 +36,6 @@ IDIOM = "sample_logits"
 TARGET = torch.ops.flashsampling.sample_logits.default
 # ``sample_logits(return_logprobs=...)``: the same arguments and ``logprobs``, two outputs.
 TARGETS = (TARGET, torch.ops.flashsampling.sample_logits_logprobs.default)
-_SCHEMA = [argument.name for argument in TARGETS[1]._schema.arguments]
 
 
 def search(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -52,7 +51,8 @@ def example_inputs() -> tuple:
 
 def check(walk: Walk) -> SamplingMatch:
     call = walk.terminal
-    args = dict(zip(_SCHEMA, call.args, strict=False), **call.kwargs)
+    schema = [argument.name for argument in call.target._schema.arguments]
+    args = dict(zip(schema, call.args, strict=False), **call.kwargs)
     num_samples = args["num_samples"]
     if not isinstance(num_samples, int):
         raise NoMatch(f"num_samples={num_samples} is not a Python int")
@@ -81,16 +81,18 @@ def check(walk: Walk) -> SamplingMatch:
             f"{call.name} applies its temperature after a top-p / min-p mask, which kept the"
             " tokens of the distribution before it (the op measures them after)"
         )
+    own_knobs = (top_k, top_p, min_p) != (None, None, None)
     return SamplingMatch(
         head,
         num_samples=num_samples,
+        top_p_whole_row=args.get("top_p_whole_row", False) if own_knobs else head.top_p_whole_row,
         top_k=head.top_k if top_k is None else top_k,
         top_p=head.top_p if top_p is None else top_p,
         min_p=head.min_p if min_p is None else min_p,
         temperature=temperature,
         seed=_knob(args["seed"], args["scalar_seed"], off=None),
         impl=args.get("impl", "auto"),
-        knobs_checked=(top_k, top_p, min_p) != (None, None, None),
+        knobs_checked=own_knobs,
         logprobs=_logprobs(call, mode, head, (top_k, top_p, min_p, temperature)),
         returns_logprobs=mode is not None,
     )

@@ -12,6 +12,24 @@
 
 A token is dropped iff the mass sorted above it exceeds ``p``; the draw among the rest, read
 back through the sort's indices, is the op's ``fused_sample(top_p=p)`` (``_rewrite.py``).
+
+SGLang's torch-native sampler (``top_k_top_p_min_p_sampling_from_probs_torch``) zeroes the
+sorted probabilities by several masks, each per row::
+
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    probs_sort[torch.arange(0, V).view(1, -1) >= top_ks.view(-1, 1)] = 0.0
+    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
+    probs_sort[probs_sort < (probs_sort[:, 0] * min_ps).view(-1, 1)] = 0.0   # when asked
+    sampled_index = torch.multinomial(probs_sort, num_samples=1)
+    return torch.gather(probs_idx.to(torch.int32), dim=1, index=sampled_index).view(-1)
+
+The rank mask keeps the first k (``top_k_mask``'s rank form: exactly k), the nucleus is
+measured on the whole row's cumulative mass (a cumsum of the unmasked, or only zeroed,
+sorted probabilities): with a rank mask in the chain that is the op's ``top_p_whole_row``,
+whichever mask comes first, since both keep a prefix of the sorted row. Min-p compares with
+the first sorted probability, the row's largest (no mask removes it). The int32 ids come
+back as int32.
 The renormalization is optional (``multinomial`` normalizes), the zeroing may be
 ``masked_fill`` or ``torch.where``. Checked literals: a descending sort over the vocabulary
 dim of the probabilities, ``cumsum - sorted`` over the same sort, ``p`` a Python float in
@@ -38,7 +56,7 @@ from torch.fx import Node
 from ._lm_head import match_lm_head
 from ._rewrite import SamplingMatch
 from ._tails import match_softmax, multinomial_draws, unnormalized
-from ._truncation import MASKING_OPS, masking_shell, sort_of, take_outputs
+from ._truncation import MASKING_OPS, masking_shell, sort_direction, sort_of, take_outputs
 from ._walk import (
     CONVERTS,
     NoMatch,
@@ -47,10 +65,13 @@ from ._walk import (
     aten,
     constant,
     is_call,
+    knob_of_rows,
     last_dim,
+    one_per_row,
     take_constant,
     val,
 )
+from .top_k_mask import rank_in_sorted_order
 from .top_p_mask import per_row_p
 
 IDIOM = "sorted_top_p"
@@ -90,39 +111,170 @@ def check(walk: Walk) -> SamplingMatch | None:
     kept = unnormalized(walk, choice.args[0])
     if not is_call(kept, *MASKING_OPS):
         return None
-    sorted_probs, condition, fill, removes = masking_shell(kept)
-    if not (is_call(sorted_probs, operator.getitem) and sorted_probs.args[0] is sort):
-        if sort_of(sorted_probs) is sort:
-            raise NoMatch(_several_masks(kept))
+    chain, sorted_probs = _zeroing_masks(kept)
+    if not (is_call(sorted_probs, operator.getitem) and sorted_probs.args == (sort, 0)):
         return None
-    if cast is not None:
+    if cast is not None and val(cast).dtype not in (torch.int32, torch.int64):
         raise NoMatch(f"{gather.name} gathers token ids cast to {val(cast).dtype}")
-    if sorted_probs.args[1] != 0 or constant(fill) != 0.0:
-        raise NoMatch(f"{kept.name} does not set the sorted probabilities outside p to 0")
+    if not last_dim(dim, val(sorted_probs).dim()):
+        raise NoMatch(f"{gather.name} gathers along dim {dim}, not the sorted dim")
+    num_samples = multinomial_draws(choice)
+    for node in (tokens, choice, *([] if cast is None else [cast])):
+        walk.take(node)
+    found = _sorted_match(walk, sort, chain, sorted_probs, num_samples)
+    found.out_dtype = None if cast is None else val(cast).dtype
+    return found
+
+
+def match_sorted_back(walk: Walk, probs: Node, num_samples: int) -> SamplingMatch | None:
+    """The Gemma reference sampler's draw: the sorted probabilities zeroed by the chain's
+    masks (``_chain_knobs``), maybe renormalized, put back in token order by
+    ``gather(-1, argsort(probs_idx))`` and drawn by ``multinomial``; None if ``probs`` is not
+    that."""
+    node = unnormalized(walk, probs)
+    if not is_call(node, aten.gather.default):
+        return None
+    base, dim, inverse = node.args[:3]
+    argsort = inverse.args[0] if is_call(inverse, operator.getitem) else None
+    if not (inverse.args[1:] == (1,) and is_call(argsort, aten.sort.default, aten.sort.stable)):
+        return None
+    order = argsort.args[0]
+    if not (is_call(order, operator.getitem) and order.args[1] == 1):
+        return None
+    sort = order.args[0]
+    if not is_call(sort, aten.sort.default, aten.sort.stable) or sort_direction(argsort, order):
+        return None
+    kept = unnormalized(walk, base)
+    if not is_call(kept, *MASKING_OPS):
+        return None
+    chain, sorted_probs = _zeroing_masks(kept)
+    if not (is_call(sorted_probs, operator.getitem) and sorted_probs.args == (sort, 0)):
+        return None
+    if not last_dim(dim, val(sorted_probs).dim()):
+        raise NoMatch(f"{node.name} gathers along dim {dim}, not the sorted dim")
+    for step in (node, inverse, order):
+        walk.take(step)
+    take_outputs(walk, argsort)
+    return _sorted_match(walk, sort, chain, sorted_probs, num_samples)
+
+
+def _sorted_match(walk: Walk, sort, chain, sorted_probs, num_samples: int) -> SamplingMatch:
+    """The fused call of sorted probabilities zeroed by ``chain`` (``_zeroing_masks``)."""
+    for node, _, fill, _ in chain:
+        if constant(fill) != 0.0:
+            raise NoMatch(f"{node.name} does not set the sorted probabilities outside p to 0")
     ndim = val(sorted_probs).dim()
     sort_args = arguments(sort, "dim", "descending")
     if not last_dim(sort_args.get("dim", -1), ndim) or not sort_args.get("descending", False):
         raise NoMatch(f"{sort.name} is not a descending sort over the vocabulary dim")
-    if not last_dim(dim, ndim):
-        raise NoMatch(f"{gather.name} gathers along dim {dim}, not the sorted dim")
     if val(sorted_probs).dtype != torch.float32:
         raise NoMatch(f"{sort.name} sorts {val(sorted_probs).dtype} probabilities, not fp32")
-    top_p = _top_p(walk, condition, sorted_probs, removes)
-    num_samples = multinomial_draws(choice)
-    for node in (tokens, choice, kept, sorted_probs):
+    top_k, top_p, min_p = _chain_knobs(walk, chain, sorted_probs)
+    for node in (*(node for node, *_ in chain), sorted_probs):
         walk.take(node)
-    take_constant(walk, fill)
+    for _, _, fill, _ in chain:
+        take_constant(walk, fill)
     take_outputs(walk, sort)
     head = match_lm_head(walk, match_softmax(walk, sort.args[0]))
     if head.top_p is not None or head.min_p is not None:
         raise NoMatch(f"{sort.name} sorts probabilities already truncated by top-p or min-p")
+    if head.top_k is not None and top_k is not None:
+        raise NoMatch(f"{sort.name} sorts probabilities already truncated by top-k")
     if head.logits_dtype is not None:
         raise NoMatch(
             f"top-p on logits rounded to {str(head.logits_dtype)[6:]}: ties at the token"
             " crossing p are common there, and the op would keep all of them where the sort"
             " keeps those it puts first"
         )
-    return SamplingMatch(head, num_samples=num_samples, top_k=head.top_k, top_p=top_p)
+    return SamplingMatch(
+        head, num_samples=num_samples, top_k=head.top_k if top_k is None else top_k,
+        top_p=top_p, min_p=min_p, top_p_whole_row=top_k is not None and top_p is not None,
+    )  # fmt: skip
+
+
+def _zeroing_masks(kept: Node) -> tuple[list, Node]:
+    """The masks that zero the sorted probabilities, last first, as (node, condition, fill,
+    removes), and what the first of them masks."""
+    chain, node = [], kept
+    while is_call(node, *MASKING_OPS):
+        source, condition, fill, removes = masking_shell(node)
+        chain.append((node, condition, fill, removes))
+        node = source
+    return chain, node
+
+
+def _chain_knobs(walk: Walk, chain: list, sorted_probs: Node):
+    """The knobs of the chain's masks on the sorted probabilities: at most one top-p (the mass
+    above each token, ``cumsum - sorted``), one top-k by rank (``top_k_mask``'s rank form)
+    and one min-p against the first sorted probability, in any order (each keeps a prefix of
+    the sorted row). -> (top_k, top_p, min_p), None where absent; a top-p is required."""
+    top_k = top_p = min_p = None
+    for node, condition, _, removes in reversed(chain):
+        source = masking_shell(node)[0]
+        ranked = rank_in_sorted_order(walk, condition, source, removes)
+        if ranked is not None:
+            if top_k is not None:
+                raise NoMatch(f"{node.name} is a second top-k mask")
+            top_k = ranked.top_k
+            continue
+        first_max = _min_p_of_first(walk, condition, sorted_probs, removes)
+        if first_max is not None:
+            if min_p is not None:
+                raise NoMatch(f"{node.name} is a second min-p mask")
+            min_p = first_max
+            continue
+        if top_p is not None:
+            raise NoMatch(f"{node.name} is a second top-p mask")
+        top_p = _top_p(walk, condition, sorted_probs, removes)
+    if top_p is None:
+        raise NoMatch(f"{chain[0][0].name} zeroes sorted probabilities without a top-p mask")
+    return top_k, top_p, min_p
+
+
+def _zeroed(node, sorted_probs: Node) -> bool:
+    """``node`` is ``sorted_probs`` or it with some entries set to 0 (no renormalization)."""
+    while is_call(node, *MASKING_OPS) and node is not sorted_probs:
+        source, _, fill, _ = masking_shell(node)
+        if constant(fill) != 0.0:
+            return False
+        node = source
+    return node is sorted_probs
+
+
+def _min_p_of_first(walk: Walk, condition, sorted_probs: Node, removes: bool):
+    """``x < (x0[:, 0] * min_p)[:, None]`` (SGLang's, removed; ``>=`` kept), x and x0 the
+    sorted probabilities maybe zeroed, whose first entry is the row's largest: min_p, a
+    Python float in [0, 1] or a per-row tensor; None if the condition is not that."""
+    wanted = aten.lt.Tensor if removes else aten.ge.Tensor
+    if not is_call(condition, wanted):
+        return None
+    probs, threshold = condition.args
+    if not _zeroed(probs, sorted_probs):
+        return None
+    steps, node = [], threshold
+    while is_call(node, aten.unsqueeze.default, aten.view.default, aten.reshape.default):
+        steps.append(node)
+        node = node.args[0]
+    if not is_call(node, aten.mul.Tensor):
+        return None
+    first, min_p = node.args
+    if not (is_call(first, aten.select.int) and first.args[1:] in ((1, 0), (-1, 0))):
+        first, min_p = min_p, first
+    if not (is_call(first, aten.select.int) and first.args[1:] in ((1, 0), (-1, 0))):
+        return None
+    if not _zeroed(first.args[0], sorted_probs) or val(sorted_probs).dim() != 2:
+        return None
+    rows = val(sorted_probs).shape[:-1]
+    if isinstance(min_p, Node):
+        if not knob_of_rows(val(min_p), rows):
+            raise NoMatch(f"{condition.name} compares with a min_p that is not one per row")
+    elif isinstance(min_p, bool) or not isinstance(min_p, (int, float)) or not 0 <= min_p <= 1:
+        raise NoMatch(f"{condition.name} compares with min_p = {min_p}, not one in [0, 1]")
+    if not one_per_row(val(threshold).shape, (*rows, 1)):
+        raise NoMatch(f"{condition.name} compares with a threshold of another shape than a row's")
+    for step in (condition, *steps, node, first):
+        walk.take(step)
+    return min_p if isinstance(min_p, Node) else float(min_p)
 
 
 def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float | Node:
@@ -137,12 +289,14 @@ def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float | Node:
         role = "removed" if removes else "kept"
         raise NoMatch(f"{condition.name} does not name the tokens {role} by their mass above")
     above, p = condition.args
+    # (the subtrahend and the cumsum's input may have entries zeroed by the chain's other
+    # masks: those entries are removed anyway, and no other entry's mass above changes)
     if not (
         is_call(above, aten.sub.Tensor)
         and "alpha" not in above.kwargs
-        and above.args[1] is sorted_probs
+        and _zeroed(above.args[1], sorted_probs)
         and is_call(above.args[0], aten.cumsum.default)
-        and above.args[0].args[0] is sorted_probs
+        and _zeroed(above.args[0].args[0], sorted_probs)
         and last_dim(above.args[0].args[1], val(sorted_probs).dim())
     ):
         raise NoMatch(f"{condition.name} does not compare the mass sorted above each token")
@@ -161,10 +315,8 @@ def _top_p(walk: Walk, condition, sorted_probs, removes: bool) -> float | Node:
 
 def sorted_back_reason(probs: Node) -> str | None:
     """Why probabilities zeroed in sorted order and put back in token order before the draw
-    (the Gemma reference sampler: ``probs_sort`` masked, renormalized, then
-    ``gather(probs_sort, -1, argsort(probs_idx))``) are refused; None if ``probs`` is not
-    that. The op truncates logits (-inf), not probabilities: only its own order of masks
-    (top-k, then top-p measured on the survivors) is one it can draw."""
+    are refused where ``match_sorted_back`` did not take them (a scatter back, a gather
+    through something else than the sort's inverse order); None if ``probs`` is not that."""
     node = probs
     if is_call(node, aten.div.Tensor) and is_call(node.args[1], aten.sum.dim_IntList):
         node = node.args[0]
@@ -181,36 +333,8 @@ def sorted_back_reason(probs: Node) -> str | None:
         return None
     if sort_of(source) is None and not is_call(source, *MASKING_OPS):
         return None
-    if is_call(source, *MASKING_OPS) and "rank k" in _several_masks(kept):
-        return (
-            f"{node.name} puts back in token order probabilities that a nucleus measured on"
-            " the whole row's mass and a top-k cut by rank zeroed in sorted order (the Gemma"
-            " reference sampler): the op cannot draw that distribution, it measures top-p on"
-            " the top-k survivors"
-        )
     return (
-        f"{node.name} puts back in token order probabilities zeroed in sorted order: the op"
-        " recognizes such masks on the logits (-inf, scattered back), not on probabilities"
+        f"{node.name} puts back in token order probabilities zeroed in sorted order, by other"
+        " means than gather(-1, argsort(the sort's indices)) (the Gemma reference sampler's,"
+        " which is fused)"
     )
-
-
-def _several_masks(kept) -> str:
-    """Why a chain of masks on the sorted probabilities is refused (SGLang's torch-native
-    sampler, the Gemma reference's): the op measures top-p on the top-k survivors, these
-    programs on the whole row."""
-    positional = False
-    node = kept
-    while is_call(node, *MASKING_OPS):
-        source, condition, _, _ = masking_shell(node)
-        positional |= any(
-            is_call(n, aten.arange.default, aten.arange.start, torch.ops.prims.iota.default)
-            for n in (condition, *getattr(condition, "all_input_nodes", ()))
-            for n in (n, *getattr(n, "all_input_nodes", ()))
-        )
-        node = source
-    if positional:
-        return (
-            f"{kept.name} zeroes sorted probabilities past rank k next to a nucleus measured"
-            " on the whole row's mass: the op measures top-p on the top-k survivors"
-        )
-    return f"{kept.name} zeroes the sorted probabilities by several masks"

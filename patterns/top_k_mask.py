@@ -34,6 +34,7 @@ from ._walk import (
     constant,
     is_call,
     last_dim,
+    one_per_row,
     prims,
     same,
     same_shape,
@@ -79,7 +80,7 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
     if not is_call(condition, *_COMPARISONS):
         return None
     a, b = condition.args
-    ranked = _rank_in_sorted_order(walk, condition, source, removes)
+    ranked = rank_in_sorted_order(walk, condition, source, removes)
     if ranked is not None:
         return ranked
     if a is source:
@@ -101,13 +102,15 @@ def condition(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask 
     return Mask(source, top_k=k)
 
 
-def _rank_in_sorted_order(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask | None:
+def rank_in_sorted_order(walk: Walk, condition: Node, source: Node, removes: bool) -> Mask | None:
     """``arange(V) >= k[:, None]`` (removed) or ``arange(V) < k[:, None]`` (kept) on values
     sorted in descending order (SGLang's and the Gemma reference sampler's per-row top-k,
     written back to token order by ``_truncation.match_sorted`` / ``match_gathered``): the
     first k of each row stay, exactly k, the sort breaking ties at the k-th value (the op
     keeps them all: ``exact_k``, fp32 logits only). None if the condition compares no
     ``arange`` over the vocabulary."""
+    if condition.target not in _COMPARISONS:
+        return None  # (a comparison with a Python number: no rank tensor in it)
     a, b = condition.args
     steps, ranks = _broadcast_steps(a)
     op = _COMPARISONS[condition.target][0]
@@ -130,7 +133,7 @@ def _rank_in_sorted_order(walk: Walk, condition: Node, source: Node, removes: bo
     value, rows = val(k), val(source).shape[:-1]
     if not (isinstance(value, torch.Tensor) and not value.is_floating_point()):
         raise NoMatch(f"{condition.name} compares the ranks with a k that is not an integer tensor")
-    if value.dtype == torch.bool or not same_shape(value.shape, rows):
+    if value.dtype == torch.bool or not one_per_row(value.shape, rows):
         raise NoMatch(f"{condition.name} compares the ranks with a k of shape {tuple(value.shape)}")
     for node in (*steps, ranks, *k_steps, condition):
         walk.take(node)
@@ -223,8 +226,8 @@ def _kth_sorted(walk: Walk, pivot: Node, source: Node) -> Node | None:
     sort by a gather: ``sort(source, descending=True)[0].gather(-1, (k - 1)[:, None])``
     (transformers' continuous-batching ``TopKLogitsWarper``), or, on values sorted in
     ascending order and masked in that order, ``sorted.gather(1, (V - k)[:, None])`` with
-    ``sorted`` the very values masked (vLLM's ``apply_top_k_top_p``). None if ``pivot``
-    gathers nothing from a sort.
+    ``sorted`` the very values masked (vLLM's ``apply_top_k_top_p``, also after its top-p
+    mask). None if ``pivot`` gathers nothing from a sort.
 
     ``k`` is one integer per row; a ``k`` outside [1, V] makes the gather fail, so the
     rewritten graph asserts ``k >= 1`` (``_rewrite.py``) and ``k >= V`` is the op's "off",
@@ -235,8 +238,13 @@ def _kth_sorted(walk: Walk, pivot: Node, source: Node) -> Node | None:
     sort = sort_of(sorted_values)
     if sort is None:
         return None
-    if not (is_call(sorted_values, operator.getitem) and sorted_values.args[1] == 0):
+    masked_before = not (is_call(sorted_values, operator.getitem) and sorted_values.args[1] == 0)
+    if masked_before and sorted_values is not source:
         raise NoMatch(f"{pivot.name} reads the k-th value from values masked before")
+    # (sorted values that the chain's earlier masks (top-p, min-p) masked, read where this one
+    # masks: each keeps a prefix of the sorted row, so the value at rank k is the row's k-th
+    # largest where they kept it and -inf where they kept fewer: the top k of what they keep
+    # either way, the op's top-k after a top-p measured on the whole row)
     if sort.args[0] is not source and sorted_values is not source:
         raise NoMatch(f"{pivot.name} reads the k-th value of another tensor than the one masked")
     ndim = val(source).dim()
@@ -244,7 +252,7 @@ def _kth_sorted(walk: Walk, pivot: Node, source: Node) -> Node | None:
     if not last_dim(dim, ndim):
         raise NoMatch(f"{pivot.name} gathers along dim {dim}, not the vocabulary dim")
     rows, vocab_size = val(source).shape[:-1], val(source).shape[-1]
-    if ndim != 2 or not same_shape(val(pivot).shape, (*rows, 1)):
+    if ndim != 2 or not one_per_row(val(pivot).shape, (*rows, 1)):
         raise NoMatch(f"{pivot.name} is not one threshold per row of [B, V] logits")
     steps, k = _integer_steps(index)
     offset = None
@@ -264,7 +272,7 @@ def _kth_sorted(walk: Walk, pivot: Node, source: Node) -> Node | None:
     value = val(k)
     if not (isinstance(value, torch.Tensor) and not value.is_floating_point()):
         raise NoMatch(f"{pivot.name} gathers at a k that is not an integer tensor")
-    if value.dtype == torch.bool or not same_shape(value.shape, rows):
+    if value.dtype == torch.bool or not one_per_row(value.shape, rows):
         raise NoMatch(f"{pivot.name} gathers at a k of shape {tuple(value.shape)}, not one per row")
     for node in (*steps, offset, *k_steps, pivot):
         walk.take(node)

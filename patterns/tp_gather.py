@@ -170,8 +170,8 @@ class AllGatherMatch:
             _erase_unused([*reversed(self.chain), *reversed(self.pre_ops), self.shard_logits])
             log.warning(
                 "flashsampling: a tensor-parallel sampling step at %s keeps the gathered "
-                "weight (a per-row k, top-p without a top-k, or logprobs are not fused across"
-                " ranks)",
+                "weight (a per-row k, top-p without a top-k or measured on the whole row, or "
+                "logprobs are not fused across ranks)",
                 self.gathered.name,
             )
             return False
@@ -224,9 +224,11 @@ _FUSED_CALLS = (
 
 def _lowerable(call: Node) -> bool:
     """A fused call the TP op takes: a k fixed in the graph (no per-row k tensor), and top-p
-    only after it (``tp.tp_fused_sample``); no logprobs."""
+    only after it, on its survivors (``tp.tp_fused_sample``); no logprobs."""
     if is_call(call, torch.ops.flashsampling.fused_sample_logprobs.default):
         return False
+    if _argument(call, "top_p_whole_row", False):
+        return False  # (the TP op measures top-p on the gathered top-k survivors only)
     if _argument(call, "top_k", None) is not None:
         return False
     k = _argument(call, "scalar_top_k", 0)

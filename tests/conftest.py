@@ -18,6 +18,7 @@ os.environ.setdefault("FLASHSAMPLING_STRICT", "1")
 # the suite runs on CPUs too, so it asks for the rewrite there (test_explain.py checks the
 # default). Subprocesses (TP ranks, compile checks) inherit it.
 os.environ.setdefault("FLASHSAMPLING_CPU", "1")
+os.environ.setdefault("FLASHSAMPLING_FP32", "1")  # (fp32 LM heads on CUDA rewritten too)
 
 import pytest  # noqa: E402
 

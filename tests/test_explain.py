@@ -153,3 +153,39 @@ def test_off_cuda_without_the_switch_the_graph_stays_stock(monkeypatch, caplog):
     assert "FLASHSAMPLING_CPU=1" in site.reason
     assert _warnings(caplog) == []
     assert any("FLASHSAMPLING_CPU=1" in record.getMessage() for record in caplog.records)
+
+
+def test_an_fp32_head_on_cuda_with_tf32_off_stays_stock(monkeypatch, caplog):
+    """On CUDA the fused kernel's IEEE fp32 dot is slower than cuBLAS's fp32 matmul and the
+    stock sampling after it: an fp32 LM head is left stock unless TF32 is on (or
+    FLASHSAMPLING_FP32=1, which the suite sets), with the reason in explain() and at INFO,
+    and the setting is part of the pass's uuid. (The CPU graph poses as CUDA's here.)"""
+    from flashsampling_inductor.patterns import _rewrite
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(_rewrite, "_device", lambda head: cuda)
+    matmul, tf32 = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        _fp32_head_stays_stock(monkeypatch, caplog, cuda)
+    finally:
+        matmul.allow_tf32 = tf32
+
+
+def _fp32_head_stays_stock(monkeypatch, caplog, cuda):
+    from flashsampling_inductor import op
+    from flashsampling_inductor.graph_pass import FlashSamplingPass
+
+    fused_uuid = FlashSamplingPass().uuid()
+    monkeypatch.delenv("FLASHSAMPLING_FP32")
+    stock_uuid = FlashSamplingPass().uuid()
+    assert None not in (fused_uuid, stock_uuid) and fused_uuid != stock_uuid
+    caplog.set_level(logging.INFO, logger="flashsampling_inductor")
+    with torch.no_grad():
+        (site,) = explain(fused_step, torch.randn(3, 8))
+    assert not site.rewritten and "an fp32 LM head with TF32 off" in site.reason
+    assert _warnings(caplog) == []
+    assert op.why_not_fused_on(cuda, torch.bfloat16) == ""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert op.why_not_fused_on(cuda, torch.float32) == ""
+    assert FlashSamplingPass().uuid() not in (stock_uuid, None)

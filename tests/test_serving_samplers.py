@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 from flashsampling_inductor.patterns import mixed_greedy
 
@@ -245,7 +246,7 @@ def greedy_after_temperature(h, temperature, k, p):  # argmax(l / T) flips for T
 
 
 # SGLang's torch-native sampler (sglang/srt/layers/sampler.py): top-p measured on the whole
-# row's mass after the top-k cut, where the op measures it on the top-k survivors.
+# row's mass next to a cut at rank k (the op's top_p_whole_row).
 def sglang_top_k_top_p_min_p(h, top_ks, top_ps, min_ps):
     return sglang_sample_from_probs(
         torch.softmax(F.linear(h, WEIGHT), dim=-1), top_ks, top_ps, min_ps
@@ -289,30 +290,12 @@ def gemma_sample(h, temperatures, top_ps, top_ks):
     "fn, args, reason",
     [
         pytest.param(
-            sglang_top_k_top_p_min_p,
-            (x, K_ROWS, P_ROWS, MIN_P_ROWS),
-            "measured on the whole row",
-            id="sglang-torch-native",
-        ),
-        pytest.param(
-            gemma_sample,
-            (x, T_ROWS + 0.1, P_ROWS, K_ROWS),
-            "nucleus measured on the whole row",
-            id="gemma",
-        ),
-        pytest.param(
             vllm_min_p_then_top_p,
             (x, T_ROWS, K_ROWS, P_ROWS, MIN_P_ROWS),
             "after the min-p mask",
             id="vllm-min-p-then-top-p",
         ),
         pytest.param(top_k_at_k, (x, T_ROWS + 0.1, K_ROWS, P_ROWS), "k - 1", id="gather-at-k"),
-        pytest.param(
-            top_p_then_top_k_sorted,
-            (x, T_ROWS + 0.1, K_ROWS, P_ROWS),
-            "masked before",
-            id="sorted-top-p-then-top-k",
-        ),
         pytest.param(
             greedy_of_other_logits,
             (x, T_ROWS, K_ROWS, P_ROWS),
@@ -329,3 +312,126 @@ def gemma_sample(h, temperatures, top_ps, top_ks):
 )
 def test_near_miss_is_left_alone(fn, args, reason):
     assert_left_alone(fn, *args, reason=reason)
+
+
+# --- top-p measured on the whole row next to a top-k cut (the op's top_p_whole_row) --------
+def sglang_tempered(h, temperature, k, p, min_p):  # SGLang's Sampler.forward, then the above
+    logits = F.linear(h, WEIGHT)
+    logits.div_(temperature.view(-1, 1))
+    return sglang_sample_from_probs(torch.softmax(logits, dim=-1), k, p, min_p)
+
+
+WHOLE_ROW = [
+    pytest.param(sglang_tempered, (*SAMPLED_ARGS, MIN_P_ROWS), "sorted_top_p", id="sglang"),
+    pytest.param(
+        sglang_top_k_top_p_min_p, (x, K_ROWS, P_ROWS, MIN_P_ROWS), "sorted_top_p", id="sglang-T1"
+    ),
+    pytest.param(gemma_sample, (x, T_ROWS + 0.1, P_ROWS, K_ROWS), "multinomial", id="gemma"),
+    pytest.param(top_p_then_top_k_sorted, SAMPLED_ARGS, "exponential_race", id="top-p-then-top-k"),
+]
+
+
+@pytest.mark.parametrize("fn, args, idiom", WHOLE_ROW)
+def test_whole_row_nucleus_becomes_one_fused_call(fn, args, idiom):
+    graph = assert_one_fused_call(fn, *args, idiom=idiom)
+    (call,) = [line for line in graph.splitlines() if "flashsampling.fused_sample" in line]
+    assert call.endswith("True), kwargs = {})"), call  # (top_p_whole_row, the last argument)
+    assert "_assert_async" in graph and "item" not in graph
+
+
+def whole_row_probs(logits, temperature, k, p, min_p=None):
+    """What each row of the programs above draws, in float64: softmax(l / T) over the tokens
+    within the first k of the sorted row whose whole-row mass above is < p (and, with min-p,
+    whose probability is >= min_p times the largest)."""
+    rows = []
+    min_p = torch.zeros(len(logits)) if min_p is None else min_p
+    for row, t, k_row, p_row, m in zip(logits.double(), temperature, k, p, min_p, strict=True):
+        probs = torch.softmax(row / t, -1)
+        order = probs.argsort(descending=True)
+        sorted_probs = probs[order]
+        above = sorted_probs.cumsum(-1) - sorted_probs
+        keep_sorted = (torch.arange(len(row)) < k_row) & (above < p_row)
+        keep_sorted &= sorted_probs >= m * sorted_probs[0]
+        keep = torch.zeros_like(keep_sorted).scatter(0, order, keep_sorted)
+        kept = probs.masked_fill(~keep, 0.0)
+        rows.append(kept / kept.sum())
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("fn, args, idiom", WHOLE_ROW)
+def test_whole_row_samplers_keep_every_rows_distribution(fn, args, idiom):
+    torch.manual_seed(3)
+    n = 6000
+    h, *knobs = args
+    tokens = compiled_draws(
+        fn, h.repeat_interleave(n, 0), *(a.repeat_interleave(n, 0) for a in knobs), idiom=idiom
+    )
+    if fn is gemma_sample:
+        temperature, p, k = knobs
+        min_p = None
+    elif fn is sglang_top_k_top_p_min_p:
+        (k, p, min_p), temperature = knobs, torch.ones(B)
+    else:
+        temperature, k, p, *rest = knobs
+        min_p = rest[0] if rest else None
+    probs = whole_row_probs(h @ WEIGHT.T, temperature, k, p, min_p)
+    for r in range(B):
+        assert chi_square_p(tokens.reshape(B, n)[r], probs[r]) > 1e-4, r
+
+
+def test_whole_row_sampler_with_a_dynamic_batch_is_fused_and_checks_its_rows():
+    """Dynamo gives each input's dynamic batch a symbol of its own, and SGLang's
+    ``probs_sort[mask] = 0`` never unifies them with the logits': the step is fused all the
+    same (stock Inductor fails to compile it), and a knob with another number of rows than
+    the logits fails the call, as the program's own mask would, instead of the kernels
+    reading past it."""
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(sglang_tempered, backend="flashsampling")
+    for batch in (5, 7):
+        knobs = (
+            torch.rand(batch) + 0.5,
+            torch.randint(1, 9, (batch,)),
+            torch.rand(batch) * 0.5 + 0.5,
+        )
+        args = (torch.randn(batch, D), *knobs, torch.rand(batch) * 0.1)
+        for arg in args:
+            torch._dynamo.mark_dynamic(arg, 0)
+        with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+            tokens = step(*args)
+        assert tokens.shape == (batch,) and tokens.dtype == torch.int32
+    assert dict(counters["flashsampling"]) == {"sorted_top_p": 1}  # (one graph for both)
+    bad = (
+        torch.randn(7, D),
+        torch.rand(7) + 0.5,
+        torch.randint(1, 9, (6,)),
+        torch.rand(7),
+        torch.rand(7) * 0.1,
+    )
+    with pytest.raises(RuntimeError, match="another number of rows"), torch.no_grad():
+        step(*bad)
+
+
+def gemma_top_p_only(h, temperature, k, p):  # one top-p mask, put back in token order
+    probs = torch.softmax(F.linear(h, WEIGHT) / temperature.unsqueeze(1), dim=-1)
+    probs_sort, probs_idx = torch.sort(probs, dim=-1, descending=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    probs_sort = torch.where((probs_sum - probs_sort) > p.unsqueeze(1), 0, probs_sort)
+    probs_sort = probs_sort / probs_sort.sum(-1, keepdim=True)
+    probs = torch.gather(probs_sort, dim=-1, index=torch.argsort(probs_idx, dim=-1))
+    return torch.multinomial(probs, 1).squeeze(-1)
+
+
+def test_one_sorted_top_p_mask_put_back_in_token_order_is_top_p():
+    graph = assert_one_fused_call(gemma_top_p_only, *SAMPLED_ARGS, idiom="multinomial")
+    (call,) = [line for line in graph.splitlines() if "flashsampling.fused_sample" in line]
+    assert not call.endswith("True), kwargs = {})"), call  # (no top-k: no whole-row flag)
+    torch.manual_seed(4)
+    n = 6000
+    h, temperature, k, p = SAMPLED_ARGS
+    tokens = compiled_draws(
+        gemma_top_p_only, *(a.repeat_interleave(n, 0) for a in SAMPLED_ARGS), idiom="multinomial"
+    )
+    probs = whole_row_probs(h @ WEIGHT.T, temperature, torch.full((B,), V), p)
+    for r in range(B):
+        assert chi_square_p(tokens.reshape(B, n)[r], probs[r]) > 1e-4, r

@@ -67,6 +67,12 @@ def bf16_model_top_k(input_ids, h):
     return top_k(input_ids, h, WEIGHT_BF16)
 
 
+def top_p_then_top_k(input_ids, h):  # the nucleus of the whole row, cut at k: top_p_whole_row
+    logits = F.linear(h[:, -1, :], WEIGHT)
+    scores = TopKLogitsWarper(20)(input_ids, TopPLogitsWarper(0.9)(input_ids, logits))
+    return torch.multinomial(F.softmax(scores, dim=-1), 1)
+
+
 h = torch.randn(B, T, D)
 POSITIVE = [
     pytest.param(top_k, (IDS, h), id="top-k"),
@@ -75,6 +81,7 @@ POSITIVE = [
     pytest.param(temperature_after_top_k, (IDS, h), id="T-after-mask"),
     pytest.param(per_row_temperature_after_top_k, (IDS, h, torch.rand(B) + 0.5), id="row-T-after"),
     pytest.param(bf16_model_top_k, (IDS, h.bfloat16()), id="bf16-.float()-top-k"),
+    pytest.param(top_p_then_top_k, (IDS, h), id="top-p-then-top-k"),
 ]
 
 
@@ -137,12 +144,6 @@ def top_p_then_temperature(input_ids, h):  # top-p of softmax(l), sampled from s
     return torch.multinomial(F.softmax(scores / 0.7, dim=-1), 1)
 
 
-def top_p_then_top_k(input_ids, h):  # the op applies top-k first
-    logits = F.linear(h[:, -1, :], WEIGHT)
-    scores = TopKLogitsWarper(20)(input_ids, TopPLogitsWarper(0.9)(input_ids, logits))
-    return torch.multinomial(F.softmax(scores, dim=-1), 1)
-
-
 def top_k_over_batch(input_ids, h):
     scores = F.linear(h[:, -1, :], WEIGHT)
     kth = torch.topk(scores, 2, dim=0)[0][-1:, :]
@@ -160,7 +161,6 @@ NEGATIVE = [
     pytest.param(top_p_written_by_hand(1.5), (IDS, h), "outside (0, 1]", id="p=1.5"),
     pytest.param(top_p_written_by_hand(0.9, keep=2), (IDS, h), "min_tokens", id="keep-2"),
     pytest.param(top_p_then_temperature, (IDS, h), "after the top-p", id="top-p-then-T"),
-    pytest.param(top_p_then_top_k, (IDS, h), "after another mask", id="top-p-then-top-k"),
     pytest.param(top_k_over_batch, (IDS, h), "not the vocabulary dim", id="top-k-dim-0"),
     pytest.param(bf16_model_top_p, (IDS, h.bfloat16()), "ties at the token", id="bf16-top-p"),
 ]
@@ -293,8 +293,12 @@ SMALL_WEIGHT = torch.randn(12, D) * 0.1  # logits within a few units: several su
             (TopKLogitsWarper(6), TopPLogitsWarper(0.7)),
             lambda logits: top_p_probs(top_k_probs(logits, 6).log(), 0.7),
         ),
+        (  # the nucleus of the whole row, then its top 3 (the op's top_p_whole_row)
+            (TopPLogitsWarper(0.9), TopKLogitsWarper(3)),
+            lambda logits: top_k_probs(top_p_probs(logits, 0.9).log(), 3),
+        ),
     ],
-    ids=["top-k-4", "top-p-0.8", "top-k-6-top-p-0.7"],
+    ids=["top-k-4", "top-p-0.8", "top-k-6-top-p-0.7", "top-p-0.9-top-k-3"],
 )
 def test_compiled_warpers_keep_the_distribution(processors, oracle):
     chain = LogitsProcessorList([TemperatureLogitsWarper(0.8), *processors])

@@ -56,7 +56,7 @@ stage2_shared = dict(
     RAW_LOGIT_LATER=False, PLAIN_BLOCK=16, PREFETCH_PLAIN=False,
     HAS_PLAIN=False, FAST_MATH=True, COMPACT=2048, PDL=True, merged_key_ptr=None,
     merged_index_ptr=None, merged_hidden_ptr=None, merged_mass_ptr=None, MERGED_BLOCK=0,
-    MERGED_COMPACT=16, NUCLEUS_NARROW=False,
+    MERGED_COMPACT=16, NUCLEUS_NARROW=False, P_WHOLE_ROW=False,
 )
 
 
@@ -106,6 +106,8 @@ compile_stage2(
     {**plain, "log_mass_ptr": "*fp32", "plain_value_ptr": "*fp32", "logprob_ptr": "*fp32"},
     **first_pass, **with_plain, LOGPROBS=2,
 )
+# Top-p over the whole row's mass next to a per-row top-k (SGLang's order: P_WHOLE_ROW).
+compile_stage2(plain, **{**first_pass, **with_plain, "P_WHOLE_ROW": True})
 # The fallback's stage 2 over V = 151936 logits, read in chunks and packed above the floor.
 compile_stage2(
     {**stage2, "key_ptr": "*fp32", "compact_value_ptr": "*fp32"},
@@ -133,7 +135,16 @@ compile_kernel(
          HAS_MASS=True, FAST_MATH=True, PATCHED_SINGLE=True, PATCHED_BLOCK=16384,
          PATCHED_COMPACT=2048, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0,
          COMPLETE_SINGLE=False, COMPLETE_BLOCK=16384, COMPLETE_COMPACT=2048, PACK=16384,
-         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False, NUCLEUS_NARROW=True),
+         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False, NUCLEUS_NARROW=True, P_WHOLE_ROW=False),
+    num_warps=16,
+)
+compile_kernel(
+    truncation_kernel._fallback_stage2, fallback_stage2,
+    dict(log_mass_ptr=None, logprob_ptr=None, **{**knob_modes, "TOP_K_MODE": 2},
+         HAS_MASS=True, FAST_MATH=True, PATCHED_SINGLE=True, PATCHED_BLOCK=16384,
+         PATCHED_COMPACT=2048, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0,
+         COMPLETE_SINGLE=False, COMPLETE_BLOCK=16384, COMPLETE_COMPACT=2048, PACK=16384,
+         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False, NUCLEUS_NARROW=True, P_WHOLE_ROW=True),
     num_warps=16,
 )
 # Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).

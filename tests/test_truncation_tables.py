@@ -448,3 +448,22 @@ def test_swapped_kernel_on_128_entry_tiles_at_129_192_rows(batch, hidden_size, m
     monkeypatch.setattr(dispatch, "SWAP_WIDE_TILES", False)
     assert schedule(False, 151936, greedy=True)[0] != wide
     assert schedule(True, 151936) == ("", False)
+
+
+def test_fp32_operands_take_fewer_stages_where_16_bit_tiles_would_overflow():
+    """The configurations are sized for 16-bit operands; fp32 ones (an fp32 LM head) take
+    twice the bytes, and the 128 x 256 x 64 tiles' three stages overflowed Hopper's shared
+    memory (294912 of 232448 bytes): fp32 keeps what fits."""
+    from flashsampling_inductor.dispatch import (
+        OPERAND_SHARED_MEMORY,
+        SampleConfig,
+        _fit_operand_stages,
+    )
+
+    wide = SampleConfig(128, 256, 64, swap_ab=False, num_warps=8, num_stages=3)
+    assert _fit_operand_stages(wide, 2) == wide
+    fitted = _fit_operand_stages(wide, 4)
+    assert fitted.num_stages == 2
+    assert (128 + 256) * 64 * 4 * fitted.num_stages <= OPERAND_SHARED_MEMORY
+    swap = SampleConfig(32, 64, 128, num_stages=4)
+    assert _fit_operand_stages(swap, 4) == swap
