@@ -129,24 +129,18 @@ fallback_stage2 = {
     "seed_hi": "i64", "scalar_top_k": "i64", "scalar_top_p": "fp32", "scalar_min_p": "fp32",
     "num_samples": "i32",
 }
-compile_kernel(
-    truncation_kernel._fallback_stage2, fallback_stage2,
-    dict(log_mass_ptr=None, logprob_ptr=None, **{**knob_modes, "TOP_K_MODE": 2},
-         HAS_MASS=True, FAST_MATH=True, PATCHED_SINGLE=True, PATCHED_BLOCK=16384,
-         PATCHED_COMPACT=2048, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0,
-         COMPLETE_SINGLE=False, COMPLETE_BLOCK=16384, COMPLETE_COMPACT=2048, PACK=16384,
-         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False, NUCLEUS_NARROW=True, P_WHOLE_ROW=False),
-    num_warps=16,
-)
-compile_kernel(
-    truncation_kernel._fallback_stage2, fallback_stage2,
-    dict(log_mass_ptr=None, logprob_ptr=None, **{**knob_modes, "TOP_K_MODE": 2},
-         HAS_MASS=True, FAST_MATH=True, PATCHED_SINGLE=True, PATCHED_BLOCK=16384,
-         PATCHED_COMPACT=2048, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0,
-         COMPLETE_SINGLE=False, COMPLETE_BLOCK=16384, COMPLETE_COMPACT=2048, PACK=16384,
-         PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False, NUCLEUS_NARROW=True, P_WHOLE_ROW=True),
-    num_warps=16,
-)
+# (also with top-p measured on the whole row's mass: P_WHOLE_ROW)
+for whole_row in (False, True):
+    compile_kernel(
+        truncation_kernel._fallback_stage2, fallback_stage2,
+        dict(log_mass_ptr=None, logprob_ptr=None, **{**knob_modes, "TOP_K_MODE": 2},
+             HAS_MASS=True, FAST_MATH=True, PATCHED_SINGLE=True, PATCHED_BLOCK=16384,
+             PATCHED_COMPACT=2048, PATCH_TILES=16, PATCH_V=128, KEY_LOW_BITS=0,
+             COMPLETE_SINGLE=False, COMPLETE_BLOCK=16384, COMPLETE_COMPACT=2048, PACK=16384,
+             PDL=True, LOGPROBS=0, RAW_LOGIT_LATER=False, NUCLEUS_NARROW=True,
+             P_WHOLE_ROW=whole_row),
+        num_warps=16,
+    )
 # Stage 1's candidates merged per group of tiles for stage 2 (mass partials included).
 merge = {
     "key_ptr": "*i32", "index_ptr": "*i32", "hidden_key_ptr": "*i32", "mass_ptr": "*fp32",

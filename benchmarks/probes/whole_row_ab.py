@@ -39,20 +39,8 @@ from bench_sampling import capture_graph  # noqa: E402
 import flashsampling_inductor  # noqa: E402,F401  (registers the backend)
 from flashsampling_inductor import fused_sample  # noqa: E402
 
-
-def sglang_sample_from_probs(probs, top_ks, top_ps, min_ps):
-    """SGLang's ``top_k_top_p_min_p_sampling_from_probs_torch``, op for op."""
-    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
-    probs_sum = torch.cumsum(probs_sort, dim=-1)
-    probs_sort[
-        torch.arange(0, probs.shape[-1], device=probs.device).view(1, -1) >= top_ks.view(-1, 1)
-    ] = 0.0
-    probs_sort[(probs_sum - probs_sort) > top_ps.view(-1, 1)] = 0.0
-    min_p_thresholds = probs_sort[:, 0] * min_ps
-    probs_sort[probs_sort < min_p_thresholds.view(-1, 1)] = 0.0
-    sampled_index = torch.multinomial(probs_sort, num_samples=1)
-    probs_idx = probs_idx.to(torch.int32)
-    return torch.gather(probs_idx, dim=1, index=sampled_index).view(-1)
+# SGLang's sampler, op for op, from the tests' one copy of it (tests/ is a package)
+from tests.test_serving_samplers import sglang_sample_from_probs  # noqa: E402
 
 
 class Step(torch.nn.Module):
