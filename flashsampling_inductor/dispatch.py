@@ -328,7 +328,8 @@ def _fit_operand_stages(config: SampleConfig, element_size: int) -> SampleConfig
     memory: the configurations are sized for 16-bit operands, and fp32 ones (an fp32 LM head)
     take twice the bytes. H200, D = 4096, fp32, 4096 rows: the 128 x 256 x 64 tiles' three
     stages asked for 294912 bytes of the 232448 a block has, and the launch failed
-    (benchmarks/results/session20_h200_20261129/whole_row_ab_tf32.log)."""
+    (benchmarks/results/session20_h200_20261129/whole_row_ab_tf32_2048.log, its D = 4096
+    cell; with the stages fitted: fp32_d4096_smem.log)."""
     per_stage = (config.block_b + config.block_v) * config.block_d * element_size
     stages = max(1, min(config.num_stages, OPERAND_SHARED_MEMORY // per_stage))
     return config if stages == config.num_stages else dataclasses.replace(config, num_stages=stages)

@@ -732,16 +732,18 @@ def _top_p_bound(
     heavy_keys = small_keys
     heavy_index = small_index
     if p_on:
+        if P_WHOLE_ROW:  # (the target's mass, for whichever search runs below)
+            whole_total = _whole_row_mass(
+                row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
+                HAS_MASS, COMPLETE, SINGLE, BLOCK,
+            )  # fmt: skip
         # Stage 1's partials (HAS_MASS): top-p over the whole row (top-k off), whose mass
         # the candidates lack.
         if compact:
             small_weights = _weights(small_keys, top_value, inv_temperature, survivor_bound)
             small_total = tl.sum(small_weights)
             if P_WHOLE_ROW:
-                small_total = _whole_row_mass(
-                    row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
-                    HAS_MASS, COMPLETE, SINGLE, BLOCK,
-                )  # fmt: skip
+                small_total = whole_total
             keep_bound = _nucleus_bound(
                 small_keys, small_weights, small_total, top_p, KEY_LOW_BITS, NUCLEUS_NARROW
             )
@@ -756,10 +758,7 @@ def _top_p_bound(
                             inv_temperature, BLOCK,
                         )  # fmt: skip
             if P_WHOLE_ROW:
-                total = _whole_row_mass(
-                    row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
-                    HAS_MASS, COMPLETE, SINGLE, BLOCK,
-                )  # fmt: skip
+                total = whole_total
             if total > 0:
                 if BLOCK > COMPACT:
                     # The nucleus is usually a few dozen tokens: when the heaviest candidates
@@ -804,10 +803,7 @@ def _top_p_bound(
                     if not k_on:
                         total = row_total  # the packed tokens hold only part of the mass
             if P_WHOLE_ROW:
-                total = _whole_row_mass(
-                    row_keys, mass_ptr, row64, num_tiles, top_value, inv_temperature, row_total,
-                    HAS_MASS, COMPLETE, SINGLE, BLOCK,
-                )  # fmt: skip
+                total = whole_total
             if total > 0:
                 below = tl.full((), KEY_PAD, tl.int32)
                 for i in range(32):

@@ -396,10 +396,9 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             tokens, logprobs = tokens
         if found.out_dtype is not None:
             tokens = tokens.to(found.out_dtype)
-        if found.logprobs is not None:
-            if found.returns_logprobs:
-                shape = (*rows, found.num_samples)
-                return tokens.view(shape), logprobs.view(shape)
+        if found.returns_logprobs:
+            shape = (*rows, found.num_samples)
+            return tokens.view(shape), logprobs.view(shape)
         if found.out_dim is not None:
             return tokens.reshape(-1) if found.out_dim == 1 else tokens.reshape(-1, 1)
         if not (found.keep_dim or tail_rows):
@@ -463,7 +462,7 @@ BAD_KNOB_ROWS = (
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _truncation(top_k, top_p, min_p, device, checked: bool = False, rows=None) -> dict:
+def _truncation(top_k, top_p, min_p, device, checked: bool, rows) -> dict:
     """The op's top-k / top-p / min-p arguments; none at all for those that are off, so an
     untruncated rewrite is the call it always was. A per-row tensor from the program
     ([*rows] or [*rows, 1], any int / float dtype) is checked in the graph (an assert, no
@@ -503,7 +502,7 @@ def _check_rows(knob: torch.Tensor, rows) -> None:
     for the batch: ``_walk.one_per_row``) is compared with it when the graph runs, so that a
     mismatch fails the call, as the program's own mask would, instead of the kernels reading
     past the knob."""
-    if rows is None or knob.dim() == 0 or statically_known_true(knob.shape[0] == rows):
+    if knob.dim() == 0 or statically_known_true(knob.shape[0] == rows):
         return
     length = torch.full((), knob.shape[0], dtype=torch.int64, device=knob.device)
     torch._assert_async(length == rows, BAD_KNOB_ROWS)

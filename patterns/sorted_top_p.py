@@ -233,12 +233,8 @@ def _chain_knobs(walk: Walk, chain: list, sorted_probs: Node):
 
 def _zeroed(node, sorted_probs: Node) -> bool:
     """``node`` is ``sorted_probs`` or it with some entries set to 0 (no renormalization)."""
-    while is_call(node, *MASKING_OPS) and node is not sorted_probs:
-        source, _, fill, _ = masking_shell(node)
-        if constant(fill) != 0.0:
-            return False
-        node = source
-    return node is sorted_probs
+    chain, base = _zeroing_masks(node)
+    return base is sorted_probs and all(constant(fill) == 0.0 for _, _, fill, _ in chain)
 
 
 def _min_p_of_first(walk: Walk, condition, sorted_probs: Node, removes: bool):
