@@ -45,10 +45,11 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 @dataclass
 class LMHead:
     """``logits = (hidden[rows] @ weight.T + bias) / temperature``, maybe truncated, as found
-    in the graph."""
+    in the graph; or, with ``weight`` None, ``logits[rows] / temperature`` of logits the graph
+    is given (``hidden``: an input; ``sample_logits`` samples them)."""
 
-    hidden: Node  # [*S, D] before the row selection
-    weight: Node  # [V, D], or [D, V] when ``weight_transposed``
+    hidden: Node  # [*S, D] before the row selection (given logits: [*S, V])
+    weight: Node | None  # [V, D], or [D, V] when ``weight_transposed``; None: given logits
     vocab_size: int
     weight_transposed: bool
     bias: Node | None
@@ -83,6 +84,8 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     """
     node, walked, masks = logits, [], {}
     while not is_call(node, aten.mm.default, aten.addmm.default):
+        if isinstance(node, Node) and node.op == "placeholder":
+            break  # logits the graph is given (``_given_logits``)
         if not isinstance(node, Node) or node.op != "call_function":
             raise NoMatch(f"the logits come from {node}, not from an LM-head matmul")
         scattered = _scattered_back(node)
@@ -105,7 +108,8 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             node = masks[node][0].source
         else:
             node = _chain_input(node)
-    matmul = walk.take(node)
+    given = node.op == "placeholder"
+    matmul = node if given else walk.take(node)
 
     head = _Chain()
     if is_call(matmul, aten.addmm.default):
@@ -126,17 +130,17 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             if head.per_row and not _keeps_rows(step):
                 raise NoMatch(f"{step.name} selects rows after a per-row temperature")
             head.row_ops.append(step)
-    # The flatten of the hidden states and the transpose of the weight, once unused.
-    walk.leftovers.extend(
-        a
-        for a in matmul.args[-2:]
-        if is_call(a, *RESHAPES, aten.unsqueeze.default, aten.permute.default)
-    )
+    if not given:  # the flatten of the hidden states and the transpose of the weight
+        walk.leftovers.extend(
+            a
+            for a in matmul.args[-2:]
+            if is_call(a, *RESHAPES, aten.unsqueeze.default, aten.permute.default)
+        )
     if greedy:
         head.temperature, head.factor = 0.0, 1.0
         head.top_k = head.top_p = head.min_p = None
         head.top_p_whole_row = False
-    found = _lm_head(matmul, head)
+    found = _given_logits(matmul, head) if given else _lm_head(matmul, head)
     found.scores = logits
     found.raw_logits = _raw_logits(matmul, [step for step in reversed(walked)], masks)
     return found
@@ -397,21 +401,49 @@ def _reciprocal_of(factor: Node) -> Node | None:
 def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
     lhs, rhs = matmul.args[-2:]
     hidden_val, rhs_val = val(lhs), val(rhs)
-    vocab_size = rhs_val.shape[1]
     if hidden_val.dtype not in SUPPORTED_DTYPES or hidden_val.dtype != rhs_val.dtype:
         raise NoMatch(f"the LM head runs in {hidden_val.dtype}, not bf16/fp16/fp32")
     if hidden_val.device.type not in SUPPORTED_DEVICES:
         raise NoMatch(f"the LM head runs on {hidden_val.device.type}")
+    hidden, replay = _undo_flatten(lhs, chain.row_ops)
+    weight, transposed = rhs, True
+    if is_call(rhs, aten.permute.default) and list(rhs.args[1]) == [1, 0]:
+        weight, transposed = rhs.args[0], False
+    return _head(chain, val(matmul), hidden, replay, weight, transposed, rhs_val.shape[1])
+
+
+def _given_logits(source: Node, chain: _Chain) -> LMHead:
+    """Logits the graph is given, not made by a matmul in it: a sampler compiled on its own
+    (nano-vllm's ``Sampler``, a serving engine's sampling function). ``sample_logits``'
+    kernels read them once and draw what the chain defines; stock Inductor's code for the
+    same chain took 4-15x as long on an H200 (``benchmarks/probes/logits_input_ab.py``)."""
+    logits = val(source)
+    if not isinstance(logits, torch.Tensor) or logits.dtype not in SUPPORTED_DTYPES:
+        raise NoMatch(f"the scores come from {source.name}, not from bf16/fp16/fp32 logits")
+    if logits.device.type not in SUPPORTED_DEVICES:
+        raise NoMatch(f"the logits live on {logits.device.type}")
+    vocab_size = logits.shape[-1]
+    if not isinstance(vocab_size, int):
+        raise NoMatch(f"{source.name}'s vocabulary dim is symbolic")
+    if chain.bias is not None:
+        raise NoMatch(f"{chain.bias.name} is added to the logits the graph is given")
+    return _head(chain, logits, source, chain.row_ops, None, False, vocab_size)
+
+
+def _head(chain: _Chain, raw, hidden, row_ops, weight, transposed, vocab_size) -> LMHead:
+    """The checks every head takes, and its ``LMHead``: ``raw`` the value of the matmul's
+    output (or of the given logits), ``row_ops`` the chain's row selections to replay on
+    ``hidden``."""
     if chain.bias is not None:
         bias_val = val(chain.bias)
         if bias_val.shape != (vocab_size,) or bias_val.dtype not in SUPPORTED_DTYPES:
             raise NoMatch(f"the bias is {tuple(bias_val.shape)} {bias_val.dtype}, not [V]")
     t = val(chain.temperature)
     cpu_scalar = isinstance(t, torch.Tensor) and t.dim() == 0 and t.device.type == "cpu"
-    if isinstance(t, torch.Tensor) and t.device != hidden_val.device and not cpu_scalar:
+    if isinstance(t, torch.Tensor) and t.device != raw.device and not cpu_scalar:
         # A 0-d CPU tensor is a scalar to a CUDA op (how Dynamo passes a dynamic float).
         raise NoMatch("the temperature lives on another device than the logits")
-    half_dtypes = (chain.half_dtypes | {val(matmul).dtype}) & set(HALF_DTYPES)
+    half_dtypes = (chain.half_dtypes | {raw.dtype}) & set(HALF_DTYPES)
     if len(half_dtypes) > 1:
         raise NoMatch("the logits are rounded to both bf16 and fp16")
     if half_dtypes and chain.exact_k:
@@ -426,11 +458,6 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
             " token crossing p are common there, and the op would keep all of them where"
             " the sort-based mask keeps those its sort puts on the kept side (top_p_mask.py)"
         )
-    hidden, replay = _undo_flatten(lhs, chain.row_ops)
-    replay = [row_op(step, vocab_size) for step in replay]
-    weight, transposed = rhs, True
-    if is_call(rhs, aten.permute.default) and list(rhs.args[1]) == [1, 0]:
-        weight, transposed = rhs.args[0], False
     tensor_temperature = isinstance(chain.temperature, Node)
     return LMHead(
         hidden=hidden,
@@ -438,7 +465,7 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
         vocab_size=vocab_size,
         weight_transposed=transposed,
         bias=chain.bias,
-        row_ops=replay,
+        row_ops=[row_op(step, vocab_size) for step in row_ops],
         temperature=chain.temperature if tensor_temperature else chain.temperature * chain.factor,
         temperature_per_row=chain.per_row,
         logits_dtype=next(iter(half_dtypes), None),

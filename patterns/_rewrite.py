@@ -10,7 +10,6 @@ warning and ``flashsampling_inductor.explain``.
 
 from __future__ import annotations
 
-import functools
 import logging
 import operator
 import os
@@ -138,7 +137,7 @@ def _record(terminal: Node, site: SamplingSite) -> None:
 
 
 def _dtype(head: LMHead) -> torch.dtype | None:
-    """The LM head's weight dtype (None where the graph does not say)."""
+    """The LM head's weight dtype (None where the graph does not say, or for given logits)."""
     value = val(head.weight)
     return value.dtype if isinstance(value, torch.Tensor) else None
 
@@ -257,9 +256,9 @@ def _tp_gather_reason(terminal: Node, limit: int = 256) -> str | None:
 
 BAD_TEMPERATURE = (
     "flashsampling: a rewritten sampling step divides its logits by a temperature of 0, inf or"
-    " NaN, or by a negative temperature it cannot fold (per row with a bias, or after a top-k"
-    " / top-p mask); the fused sampler cannot draw from what those make of softmax (compile"
-    " without backend='flashsampling' for them)"
+    " NaN, or by a negative temperature it cannot fold (per row with a bias, after a top-k /"
+    " top-p mask, or of logits the graph is given); the fused sampler cannot draw from what"
+    " those make of softmax (compile without backend='flashsampling' for them)"
 )
 
 
@@ -273,13 +272,16 @@ def _positive_temperature(hidden, bias, t, negative_allowed: bool):
     the program's probabilities NaN, where torch.multinomial fails; an infinite T (uniform
     draws), a negative per-row T with one shared bias, and a negative T dividing masked
     logits (-inf / T = +inf) have no such folding. Those fail as loudly, through an assert
-    in the graph (no host sync).
+    in the graph (no host sync). Without ``negative_allowed`` every T < 0 does so, and
+    ``hidden`` (then maybe the [B, V] logits the graph is given) is returned untouched.
     """
     negative = t < 0
     valid = t.isfinite() & (t != 0)
     if not negative_allowed or (bias is not None and t.dim() == 1):
         valid = valid & ~negative
     torch._assert_async(valid.all(), BAD_TEMPERATURE)
+    if not negative_allowed:
+        return hidden, bias, t
     sign = torch.where(negative, -1.0, 1.0).to(hidden.dtype)
     if t.dim() == 1:
         hidden = hidden * sign.view(*hidden.shape[:-1], 1)
@@ -301,8 +303,8 @@ def _as_device_float(t, device) -> torch.Tensor:
 
 def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) -> None:
     head = found.lm_head
-    inputs = [head.hidden, head.weight]
-    for extra in (head.bias, head.temperature, found.top_k, found.top_p, found.min_p):
+    inputs = [head.hidden]
+    for extra in (head.weight, head.bias, head.temperature, found.top_k, found.top_p, found.min_p):
         if isinstance(extra, Node):
             inputs.append(extra)
     for extra in (found.temperature, found.seed, found.greedy_rows):
@@ -316,7 +318,7 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
         def value(x):
             return values[position[x]] if isinstance(x, Node) else x
 
-        hidden, weight, bias = values[0], values[1], value(head.bias)
+        hidden, weight, bias = values[0], value(head.weight), value(head.bias)
         if head.weight_transposed:
             weight = weight.t()
         for target, args in head.row_ops:
@@ -335,9 +337,12 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
                 # The program's temperature on greedy rows is never read (its draw there
                 # is dropped): any valid value, replaced by 0 below.
                 t = torch.where(greedy, 1.0, t)
+            # (given logits: -logits would be one more pass over them, as long as a third
+            # to half of the sampling itself; no sampler in the catalog divides by T < 0)
             hidden, bias, temperature = _positive_temperature(
-                hidden, bias, t, negative_allowed=not head.temperature_after_mask
-            )
+                hidden, bias, t,
+                negative_allowed=not head.temperature_after_mask and weight is not None,
+            )  # fmt: skip
             if head.temperature_factor != 1.0:
                 temperature = temperature * head.temperature_factor
             scalar_temperature = 1.0
@@ -365,33 +370,32 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
                 # Drawn by Inductor's RNG in the graph: each call and CUDA-graph replay
                 # differs. Greedy rows draw no noise.
                 seed = torch.randint(0, SEED_RANGE, (), device=hidden.device)
-        fused = torch.ops.flashsampling.fused_sample
-        if found.logprobs is not None:
-            fused = functools.partial(
-                torch.ops.flashsampling.fused_sample_logprobs, logprobs=found.logprobs
-            )
-        tokens = fused(
-            hidden.reshape(-1, hidden.shape[-1]),
-            weight,
-            bias,
-            temperature,
-            scalar_temperature,
-            seed,
-            scalar_seed,
-            found.num_samples,
-            head.logits_dtype,
-            found.impl,
+        rows_2d = hidden.reshape(-1, hidden.shape[-1])
+        options = dict(
             **_truncation(
-                value(found.top_k),
-                value(found.top_p),
-                value(found.min_p),
-                hidden.device,
-                found.knobs_checked,
-                hidden.reshape(-1, hidden.shape[-1]).shape[0],
+                value(found.top_k), value(found.top_p), value(found.min_p), hidden.device,
+                found.knobs_checked, rows_2d.shape[0],
             ),
             **({} if head.softcap is None else {"softcap": head.softcap}),
             **({"top_p_whole_row": True} if found.top_p_whole_row else {}),
-        )
+            **({} if found.logprobs is None else {"logprobs": found.logprobs}),
+        )  # fmt: skip
+        logprobs_op = found.logprobs is not None
+        if weight is None:  # logits the graph is given, rounded as the chain rounds them
+            logits = rows_2d
+            if head.logits_dtype not in (None, logits.dtype):
+                logits = logits.to(head.logits_dtype)
+            ops = torch.ops.flashsampling
+            tokens = (ops.sample_logits_logprobs if logprobs_op else ops.sample_logits)(
+                logits, temperature, scalar_temperature, seed, scalar_seed, found.num_samples,
+                impl=found.impl, **options,
+            )  # fmt: skip
+        else:
+            ops = torch.ops.flashsampling
+            tokens = (ops.fused_sample_logprobs if logprobs_op else ops.fused_sample)(
+                rows_2d, weight, bias, temperature, scalar_temperature, seed, scalar_seed,
+                found.num_samples, head.logits_dtype, found.impl, **options,
+            )  # fmt: skip
         if found.logprobs is not None:
             tokens, logprobs = tokens
         if found.out_dtype is not None:
@@ -417,7 +421,10 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
         _read_logprobs(found.logprob_readers, erase | set(walk.outputs))
 
 
-_LOGPROB_OPS = (torch.ops.flashsampling.fused_sample_logprobs.default,)
+_LOGPROB_OPS = (
+    torch.ops.flashsampling.fused_sample_logprobs.default,
+    torch.ops.flashsampling.sample_logits_logprobs.default,
+)
 
 
 def _read_logprobs(readers: list[LogprobReader], erase: set[Node]) -> None:

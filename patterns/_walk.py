@@ -63,8 +63,15 @@ class Walk:
         inside = set(self.owned) | {self.terminal} | set(self.outputs)
         for node in self.owned:
             outside = [user for user in node.users if user not in inside]
-            if outside:
-                raise NoMatch(f"{node.name} is also read by {outside[0].name}")
+            if not outside:
+                continue
+            user = outside[0]
+            if is_call(user, aten.copy_.default) and user.args[0].op == "placeholder":
+                raise NoMatch(
+                    f"{node.name} is written back into the input {user.args[0].name} (an"
+                    " in-place op on a tensor the caller passed in, read after the call)"
+                )
+            raise NoMatch(f"{node.name} is also read by {user.name}")
 
 
 def val(node):

@@ -40,4 +40,8 @@ def check(walk: Walk) -> SamplingMatch:
         walk.owned += probe.owned
     except NoMatch:
         pass  # the argmax of the logits themselves
-    return SamplingMatch.of(match_lm_head(walk, scores, greedy=True), keep_dim=keepdim)
+    head = match_lm_head(walk, scores, greedy=True)
+    if head.weight is None:
+        # (an argmax of logits the graph is given: stock Inductor reads them once too)
+        raise NoMatch(f"the logits come from {head.hidden.name}, not from an LM-head matmul")
+    return SamplingMatch.of(head, keep_dim=keepdim)

@@ -61,6 +61,11 @@ def check(walk: Walk) -> SamplingMatch:
     min_p = _knob(args.get("min_p"), args.get("scalar_min_p", 0.0), off=0.0)
     softcap = args.get("softcap", 0.0)
     head = match_lm_head(walk, args["logits"])
+    if head.weight is None:
+        raise NoMatch(
+            f"the logits come from {head.hidden.name}, not from an LM-head matmul: the call"
+            " runs the op's own kernels already"
+        )
     masked = (head.top_k, head.top_p, head.min_p) != (None, None, None)
     if masked and (top_k, top_p, min_p) != (None, None, None):
         raise NoMatch(f"the logits are masked before {call.name} truncates them again")
