@@ -23,6 +23,7 @@ from ._truncation import MASKING_OPS, match_gathered, match_mask, match_scattere
 from ._walk import (
     CONVERTS,
     COPIES,
+    GIVEN_LOGITS,
     RESHAPES,
     ROW_OPS,
     SQUEEZES,
@@ -72,6 +73,8 @@ class LMHead:
     # ``logits_dtype``, nothing else): what a logprob reader may read (``_logprobs.py``).
     scores: Node | None = None
     raw_logits: tuple[Node, ...] = ()
+    # Why the logits are taken as given (``weight`` None): a graph input, or read outside.
+    given: str = ""
 
 
 def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
@@ -83,9 +86,10 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     soft-capped scores, as the program's is.
     """
     node, walked, masks = logits, [], {}
-    while not is_call(node, aten.mm.default, aten.addmm.default):
-        if isinstance(node, Node) and node.op == "placeholder":
-            break  # logits the graph is given (``_given_logits``)
+    cuts = GIVEN_LOGITS.get()
+    while not is_call(node, aten.mm.default, aten.addmm.default) or node in cuts:
+        if isinstance(node, Node) and (node.op == "placeholder" or node in cuts):
+            break  # logits the graph is given, or holds anyway (``_given_logits``)
         if not isinstance(node, Node) or node.op != "call_function":
             raise NoMatch(f"the logits come from {node}, not from an LM-head matmul")
         scattered = _scattered_back(node)
@@ -108,11 +112,11 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             node = masks[node][0].source
         else:
             node = _chain_input(node)
-    given = node.op == "placeholder"
+    given = node.op == "placeholder" or node in cuts
     matmul = node if given else walk.take(node)
 
     head = _Chain()
-    if is_call(matmul, aten.addmm.default):
+    if not given and is_call(matmul, aten.addmm.default):
         head.bias = _check_addmm(matmul)
     for step in reversed(walked):  # from the matmul to the tail
         if step in masks:
@@ -140,7 +144,7 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
         head.temperature, head.factor = 0.0, 1.0
         head.top_k = head.top_p = head.min_p = None
         head.top_p_whole_row = False
-    found = _given_logits(matmul, head) if given else _lm_head(matmul, head)
+    found = _given_logits(matmul, head, cuts.get(matmul)) if given else _lm_head(matmul, head)
     found.scores = logits
     found.raw_logits = _raw_logits(matmul, [step for step in reversed(walked)], masks)
     return found
@@ -412,11 +416,13 @@ def _lm_head(matmul: Node, chain: _Chain) -> LMHead:
     return _head(chain, val(matmul), hidden, replay, weight, transposed, rhs_val.shape[1])
 
 
-def _given_logits(source: Node, chain: _Chain) -> LMHead:
+def _given_logits(source: Node, chain: _Chain, read_outside: str | None) -> LMHead:
     """Logits the graph is given, not made by a matmul in it: a sampler compiled on its own
-    (nano-vllm's ``Sampler``, a serving engine's sampling function). ``sample_logits``'
-    kernels read them once and draw what the chain defines; stock Inductor's code for the
-    same chain took 4-15x as long on an H200 (``benchmarks/probes/logits_input_ab.py``)."""
+    (nano-vllm's ``Sampler``, a serving engine's sampling function); or a node of the chain
+    that the program reads outside the sampling too (``read_outside``: why), so it holds
+    them anyway (a step that returns its logits). ``sample_logits``' kernels read them once
+    and draw what the rest of the chain defines; stock Inductor's code for the same chain
+    took 2-20x as long on an H200 (``benchmarks/probes/logits_input_ab.py``)."""
     logits = val(source)
     if not isinstance(logits, torch.Tensor) or logits.dtype not in SUPPORTED_DTYPES:
         raise NoMatch(f"the scores come from {source.name}, not from bf16/fp16/fp32 logits")
@@ -427,7 +433,9 @@ def _given_logits(source: Node, chain: _Chain) -> LMHead:
         raise NoMatch(f"{source.name}'s vocabulary dim is symbolic")
     if chain.bias is not None:
         raise NoMatch(f"{chain.bias.name} is added to the logits the graph is given")
-    return _head(chain, logits, source, chain.row_ops, None, False, vocab_size)
+    head = _head(chain, logits, source, chain.row_ops, None, False, vocab_size)
+    head.given = read_outside or f"the logits come from the graph's input {source.name}"
+    return head
 
 
 def _head(chain: _Chain, raw, hidden, row_ops, weight, transposed, vocab_size) -> LMHead:

@@ -32,7 +32,16 @@ from torch.utils._pytree import tree_map
 from ..op import why_not_fused_on
 from ._lm_head import LMHead, row_op
 from ._logprobs import LogprobReader, take_logprob_readers
-from ._walk import TP_GATHER_NOT_LIFTED, NoMatch, Walk, aten, is_call, val
+from ._walk import (
+    GIVEN_LOGITS,
+    TP_GATHER_NOT_LIFTED,
+    NoMatch,
+    ReadOutside,
+    Walk,
+    aten,
+    is_call,
+    val,
+)
 
 log = logging.getLogger("flashsampling_inductor")
 
@@ -166,18 +175,10 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
         # claims it (noise the sampling idioms did not recognize must not pass for greedy).
         draws = sampling or reads_random(terminal)
         site = SamplingSite(op, terminal.name, idiom, rewritten=False, sampling=draws)
-        walk = Walk(terminal)
         try:
-            found = check(walk)
+            found, walk = _check_cutting(check, terminal)
             if found is None:
                 return
-            readers = take_logprob_readers(walk, found)
-            if readers:
-                mode = readers[0].mode
-                if found.logprobs not in (None, mode):
-                    raise NoMatch(f"it reads {mode} logprobs beside the op's {found.logprobs} ones")
-                found.logprobs, found.logprob_readers = mode, readers
-            walk.check_private()
             # Row selections after the softmax (``probs.squeeze(1)``) act on the tokens.
             tail_rows = [row_op(node, found.lm_head.vocab_size) for node in walk.tail_rows]
             if torch._inductor.config.fallback_random:
@@ -208,6 +209,48 @@ def register(idiom: str, target, check: Callable[[Walk], SamplingMatch | None], 
         log.debug("flashsampling: rewrote %s at %s", idiom, terminal.name)
 
     register_graph_pattern(CallFunctionVarArgs(target), pass_dict=PASS)(handler)
+
+
+def _check_cutting(check: Callable[[Walk], SamplingMatch | None], terminal: Node):
+    """-> (the match, its walk): ``check`` on a fresh walk, the logprob readers, then the
+    walk's privacy. Where a node the match would consume is read outside it too (a step that
+    returns its logits, an in-place op written back into an input), the check runs again
+    with that node taken as logits the graph holds anyway (``_walk.GIVEN_LOGITS``): the
+    sampling after it becomes one ``sample_logits`` call on them, which reads them once. A
+    node that is not on the LM-head chain (the probabilities, a top-k's values) stays read
+    outside on the retry, and the match is refused with that reason."""
+    cuts: dict[Node, str] = {}
+    while True:
+        walk = Walk(terminal)
+        token = GIVEN_LOGITS.set(cuts)
+        try:
+            found = check(walk)
+            if found is None:
+                return None, walk
+            readers = take_logprob_readers(walk, found)
+            if readers:
+                mode = readers[0].mode
+                if found.logprobs not in (None, mode):
+                    raise NoMatch(f"it reads {mode} logprobs beside the op's {found.logprobs} ones")
+                found.logprobs, found.logprob_readers = mode, readers
+            walk.check_private()
+            return found, walk
+        except ReadOutside as read:
+            if read.node in cuts or _tp_stand_in(read.node):
+                raise
+            cuts = {**cuts, read.node: str(read)}
+        finally:
+            GIVEN_LOGITS.reset(token)
+
+
+def _tp_stand_in(node: Node) -> bool:
+    """A tensor-parallel gather's lifted stand-in LM head (``tp_gather.lift``): its logits
+    exist only once lowered, so it is never cut."""
+    return is_call(node, aten.mm.default, aten.addmm.default) and any(
+        is_call(arg, aten.permute.default)
+        and is_call(arg.args[0], torch.ops.flashsampling.tp_gathered_weight.default)
+        for arg in node.args
+    )
 
 
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)

@@ -10,7 +10,10 @@ reads what the rewrite erases.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -43,6 +46,23 @@ class NoMatch(Exception):
     """A step of the chain that cannot be proved safe to rewrite; the message says why."""
 
 
+class ReadOutside(NoMatch):
+    """``Walk.check_private``'s refusal: ``node``, which the match would consume, is read
+    outside it too (``_rewrite`` cuts the LM-head chain there and tries again)."""
+
+    def __init__(self, message: str, node: Node):
+        super().__init__(message)
+        self.node = node
+
+
+# The nodes of the LM-head chain that the check running now takes as logits the graph is
+# given, each with why (read outside the match): ``match_lm_head`` stops there, as at a graph
+# input, and the rewrite samples what they hold (``_rewrite._check_cutting``).
+GIVEN_LOGITS: ContextVar[Mapping[Node, str]] = ContextVar(
+    "flashsampling_given_logits", default=MappingProxyType({})
+)
+
+
 @dataclass
 class Walk:
     """The nodes a match consumes. All but the terminal must be read only inside the match."""
@@ -67,11 +87,12 @@ class Walk:
                 continue
             user = outside[0]
             if is_call(user, aten.copy_.default) and user.args[0].op == "placeholder":
-                raise NoMatch(
+                raise ReadOutside(
                     f"{node.name} is written back into the input {user.args[0].name} (an"
-                    " in-place op on a tensor the caller passed in, read after the call)"
+                    " in-place op on a tensor the caller passed in, read after the call)",
+                    node,
                 )
-            raise NoMatch(f"{node.name} is also read by {user.name}")
+            raise ReadOutside(f"{node.name} is also read by {user.name}", node)
 
 
 def val(node):

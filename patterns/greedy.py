@@ -42,6 +42,8 @@ def check(walk: Walk) -> SamplingMatch:
         pass  # the argmax of the logits themselves
     head = match_lm_head(walk, scores, greedy=True)
     if head.weight is None:
-        # (an argmax of logits the graph is given: stock Inductor reads them once too)
-        raise NoMatch(f"the logits come from {head.hidden.name}, not from an LM-head matmul")
+        raise NoMatch(
+            f"{head.given}: an argmax of logits that exist anyway, which stock Inductor reads"
+            " once too"
+        )
     return SamplingMatch.of(head, keep_dim=keepdim)

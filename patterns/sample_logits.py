@@ -63,8 +63,8 @@ def check(walk: Walk) -> SamplingMatch:
     head = match_lm_head(walk, args["logits"])
     if head.weight is None:
         raise NoMatch(
-            f"the logits come from {head.hidden.name}, not from an LM-head matmul: the call"
-            " runs the op's own kernels already"
+            f"{head.given}: no LM-head matmul to fuse, and the call runs the op's own kernels"
+            " already"
         )
     masked = (head.top_k, head.top_p, head.min_p) != (None, None, None)
     if masked and (top_k, top_p, min_p) != (None, None, None):

@@ -21,9 +21,9 @@ def fused_step(h):
     return torch.multinomial(F.softmax(h @ WEIGHT.T / 0.7, dim=-1), 1)
 
 
-def logits_returned(h):
-    logits = h @ WEIGHT.T
-    return torch.multinomial(F.softmax(logits, dim=-1), 1), logits
+def probs_returned(h):  # the probabilities read outside: nothing to sample them from
+    probs = F.softmax(h @ WEIGHT.T, dim=-1)
+    return torch.multinomial(probs, 1), probs
 
 
 def classifier(h):  # an argmax no sampling idiom claims: not a sampling op, no warning
@@ -41,7 +41,7 @@ def _warnings(caplog) -> list[str]:
 def test_explain_lists_each_site_with_its_reason():
     h = torch.randn(3, 8)
     with torch.no_grad():
-        fused, missed = explain(fused_step, h), explain(logits_returned, h)
+        fused, missed = explain(fused_step, h), explain(probs_returned, h)
     assert [(s.op, s.idiom, s.rewritten) for s in fused] == [
         ("aten.multinomial", "multinomial", True)
     ]
@@ -50,8 +50,8 @@ def test_explain_lists_each_site_with_its_reason():
         "  multinomial (aten.multinomial): rewritten by multinomial",
     ]
     (site,) = missed
-    assert not site.rewritten and site.reason == "mm is also read by output"
-    assert "not rewritten (multinomial): mm is also read by output" in str(missed)
+    assert not site.rewritten and site.reason == "div is also read by output"
+    assert "not rewritten (multinomial): div is also read by output" in str(missed)
     assert flashsampling_inductor.explain is explain
 
 
@@ -64,12 +64,12 @@ def test_one_warning_per_compiled_graph_with_a_miss(caplog):
             torch.compile(step, backend="flashsampling")(h)
         assert _warnings(caplog) == []
         torch._dynamo.reset()
-        compiled = torch.compile(logits_returned, backend="flashsampling")
+        compiled = torch.compile(probs_returned, backend="flashsampling")
         compiled(h)
         compiled(h)  # the same compiled graph: no second warning
     (warning,) = _warnings(caplog)
     assert "1 sampling op(s) of this compiled graph left unfused" in warning
-    assert "mm is also read by output" in warning
+    assert "div is also read by output" in warning
 
 
 def _cache_hits() -> int:
@@ -100,7 +100,7 @@ def test_caches_on_a_miss_warns_again_and_explain_still_sees_a_hit(caplog):
             torch._dynamo.reset()
             counters.clear()
             caplog.clear()
-            torch.compile(logits_returned, backend="flashsampling")(h)
+            torch.compile(probs_returned, backend="flashsampling")(h)
             assert _cache_hits() == 0 and len(_warnings(caplog)) == 1
 
 

@@ -10,19 +10,38 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from scipy import stats
 from torch._dynamo.utils import counters
 
 from flashsampling_inductor import explain
+from flashsampling_inductor.graph_pass import SITES
 
+from . import test_logprob_readers as readers
+from . import test_serving_samplers as serving
 from .catalog_checks import assert_left_alone, chi_square_p, min_p_probs, top_k_probs
 from .graph_capture import graph_after_pass
+from .test_logit_transforms import softcapped_logits_returned
+from .test_logit_transforms import x as transform_x
+from .test_logprob_readers import (
+    T_SAMPLED,
+    other_tokens,
+    processed_with_greedy_rows,
+    vllm_with_rank,
+)
+from .test_logprob_readers import X as reader_x
+from .test_patterns import hidden, logits_returned
 from .test_serving_samplers import (
     _SAMPLING_EPS,
     apply_min_p,
     apply_top_k_top_p,
+    greedy_after_temperature,
+    greedy_of_other_logits,
     per_row_probs,
     random_sample,
 )
+
+SERVING_KNOBS = (serving.T_ROWS, serving.K_ROWS, serving.P_ROWS)
+READER_KNOBS = (readers.T_ROWS, readers.K_ROWS, readers.P_ROWS)
 
 B, V, N = 4, 64, 4000
 torch.manual_seed(0)
@@ -100,10 +119,10 @@ def test_a_sampler_of_given_logits_becomes_one_sample_logits_call(fn, args, idio
     assert "fused_sample" not in graph and "aten.mm" not in graph, graph
 
 
-def _draws(fn, *args, idiom):
+def _draws(fn, *args, idiom, repeat=True):
     torch._dynamo.reset()
     counters.clear()
-    rows = [a.repeat_interleave(N, 0) if isinstance(a, torch.Tensor) else a for a in args]
+    rows = [a.repeat_interleave(N, 0) if repeat else a for a in args]
     with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
         out = torch.compile(fn, backend="flashsampling")(*rows)
     assert dict(counters["flashsampling"]) == {idiom: 1}
@@ -163,10 +182,114 @@ def test_the_drawn_tokens_logprobs_are_the_programs():
     _check_rows(tokens, torch.softmax(LOGITS_BF16.double(), -1))
 
 
+def test_an_in_place_division_of_the_callers_logits_is_kept_and_the_draw_fused():
+    """nano-vllm's sampler on fp32 logits: ``.float()`` is the caller's own tensor, which
+    ``div_`` divides in place (stock Inductor fails to compile this on the CPU: KeyError in
+    its C++ codegen). The division stays, written back; the draw reads what it wrote."""
+    torch.manual_seed(6)
+    t = (T_ROWS + 0.1).repeat_interleave(N, 0)
+    logits = LOGITS.repeat_interleave(N, 0)
+    graph, rewrites = graph_after_pass(nano_vllm, logits.clone(), t)
+    assert rewrites == {"exponential_race": 1} and "aten.copy_" in graph, graph
+    assert graph.count("flashsampling.sample_logits") == 1, graph
+    tokens = _draws(nano_vllm, logits, t, idiom="exponential_race", repeat=False)
+    assert torch.equal(logits, LOGITS.repeat_interleave(N, 0) / t[:, None])
+    _check_rows(tokens, torch.softmax(LOGITS.double() / (T_ROWS + 0.1)[:, None].double(), -1))
+
+
+# --- logits the graph holds anyway: read outside the sampling too -----------------------
+@pytest.mark.parametrize(
+    "fn, args, idiom, kept",
+    [
+        # the matmul's logits returned
+        pytest.param(logits_returned, (hidden(B, 24),), "multinomial", "aten.mm", id="returned"),
+        # soft-capped logits returned: cut after the cap, so the tanh stays
+        pytest.param(
+            softcapped_logits_returned,
+            (transform_x,),
+            "multinomial",
+            "aten.tanh",
+            id="softcapped-returned",
+        ),  # fmt: skip
+        # the argmax's logprob read from the logits: the draw fused, that read stock
+        pytest.param(
+            other_tokens, (reader_x, T_SAMPLED), "multinomial", "aten.argmax", id="argmax-logprob"
+        ),  # fmt: skip
+    ],
+)
+def test_logits_read_elsewhere_are_sampled_where_they_are(fn, args, idiom, kept):
+    graph, rewrites = graph_after_pass(fn, *args)
+    assert rewrites == {idiom: 1}, graph
+    assert graph.count("flashsampling.sample_logits") == 1 and kept in graph, graph
+    assert "fused_sample" not in graph and "aten.multinomial" not in graph, graph
+
+
+@pytest.mark.parametrize(
+    "fn, args, reason",
+    [
+        pytest.param(
+            greedy_of_other_logits,
+            (serving.x, *SERVING_KNOBS),
+            "vocabulary dim",
+            id="greedy-of-half-the-row",
+        ),  # fmt: skip
+        pytest.param(
+            greedy_after_temperature,
+            (serving.x, *SERVING_KNOBS),
+            "by a tensor",
+            id="greedy-after-T",
+        ),  # fmt: skip
+        pytest.param(
+            processed_with_greedy_rows,
+            (reader_x, *READER_KNOBS),
+            "greedy rows",
+            id="processed-logprob-of-greedy-rows",
+        ),  # fmt: skip
+        pytest.param(
+            vllm_with_rank,
+            (reader_x, *READER_KNOBS),
+            "the drawn token's logprob alone",
+            id="logprob-rank",
+        ),  # fmt: skip
+    ],
+)
+def test_a_mix_left_stock_keeps_its_draw_fused_on_the_logits_it_reads(fn, args, reason):
+    """vLLM-style greedy rows or logprob reads the op cannot take: ``mixed_greedy`` refuses
+    (and says why), and the sampled branch, whose logits the refused part reads, becomes one
+    ``sample_logits`` call on them; the greedy argmax and the reads stay stock."""
+    sites = []
+    token = SITES.set(sites)
+    try:
+        graph, rewrites = graph_after_pass(fn, *args)
+    finally:
+        SITES.reset(token)
+    assert rewrites == {"exponential_race": 1}, graph
+    assert graph.count("flashsampling.sample_logits") == 1 and "aten.where" in graph, graph
+    assert any(not site.rewritten and reason in site.reason for site in sites), sites
+
+
+def test_returned_logits_keep_the_distribution():
+    """(V = 1000 here: the tokens expected fewer than 5 times a row are counted as one cell,
+    where a chi-square over each would not hold)"""
+    torch.manual_seed(7)
+    h = hidden(B, 24)
+    tokens, logits = _draws(logits_returned, h, idiom="multinomial")
+    with torch.no_grad():
+        assert torch.equal(logits, logits_returned(h.repeat_interleave(N, 0))[1])
+    with torch.no_grad():
+        probs = torch.softmax(logits_returned(h)[1].double(), -1)
+    for r in range(B):
+        rare = probs[r] * N < 5
+        counts = torch.bincount(tokens[r * N : (r + 1) * N].flatten(), minlength=probs.shape[1])
+        observed = torch.cat([counts[~rare], counts[rare].sum()[None]]).numpy()
+        expected = torch.cat([probs[r][~rare], probs[r][rare].sum()[None]]).numpy() * N
+        assert stats.chisquare(observed, expected).pvalue > 1e-4, r
+
+
 # --- near misses ----------------------------------------------------------------------------
-def in_place_on_fp32(logits, temperatures):  # .float() of fp32 is the caller's own tensor
-    logits = logits.float().div_(temperatures.unsqueeze(dim=1))
-    return random_sample(torch.softmax(logits, dim=-1))
+def probs_returned(logits):
+    probs = torch.softmax(logits.float(), dim=-1)
+    return probs, (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
 
 
 def with_bias(logits, bias):
@@ -180,16 +303,9 @@ def argmax_only(logits):
 @pytest.mark.parametrize(
     "fn, args, reason",
     [
-        pytest.param(
-            in_place_on_fp32,
-            (LOGITS, T_ROWS + 0.1),
-            "written back into the input",
-            id="written-back",
-        ),  # fmt: skip
-        pytest.param(
-            with_bias, (LOGITS, torch.randn(V)), "added to the logits the graph is given", id="bias"
-        ),  # fmt: skip
-        pytest.param(argmax_only, (LOGITS,), "not from an LM-head matmul", id="greedy"),
+        pytest.param(probs_returned, (LOGITS,), "also read by", id="probs-returned"),
+        pytest.param(with_bias, (LOGITS, torch.randn(V)), "added to the logits", id="bias"),
+        pytest.param(argmax_only, (LOGITS,), "stock Inductor reads once too", id="greedy"),
     ],
 )
 def test_near_miss_is_left_alone(fn, args, reason):

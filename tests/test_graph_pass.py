@@ -159,9 +159,10 @@ graph():
     return (fused_sample_default,)""",
         )
 
-    def test_logits_returned_is_untouched(self):
+    def test_logits_returned_are_sampled_where_they_are(self):
+        # The program reads the matmul's logits: it stays, and the draw reads them once.
         after, rewrites = graph_after_pass(logits_returned, hidden(3, 24))
-        self.assertEqual(rewrites, {})
+        self.assertEqual(rewrites, {"multinomial": 1})
         self.assertExpectedInline(
             after,
             """\
@@ -169,14 +170,11 @@ graph():
     %arg0_1 : [num_users=1] = placeholder[target=arg0_1]
     %arg1_1 : [num_users=1] = placeholder[target=arg1_1]
     %permute : [num_users=1] = call_function[target=torch.ops.aten.permute.default](args = (%arg0_1, [1, 0]), kwargs = {})
-    %mm : [num_users=3] = call_function[target=torch.ops.aten.mm.default](args = (%arg1_1, %permute), kwargs = {})
-    %amax : [num_users=1] = call_function[target=torch.ops.aten.amax.default](args = (%mm, [-1], True), kwargs = {})
-    %sub : [num_users=1] = call_function[target=torch.ops.aten.sub.Tensor](args = (%mm, %amax), kwargs = {})
-    %exp : [num_users=2] = call_function[target=torch.ops.aten.exp.default](args = (%sub,), kwargs = {})
-    %sum_1 : [num_users=1] = call_function[target=torch.ops.aten.sum.dim_IntList](args = (%exp, [-1], True), kwargs = {})
-    %div : [num_users=1] = call_function[target=torch.ops.aten.div.Tensor](args = (%exp, %sum_1), kwargs = {})
-    %multinomial : [num_users=1] = call_function[target=torch.ops.aten.multinomial.default](args = (%div, 1), kwargs = {})
-    return (multinomial, mm)""",
+    %mm : [num_users=2] = call_function[target=torch.ops.aten.mm.default](args = (%arg1_1, %permute), kwargs = {})
+    %randint_low : [num_users=1] = call_function[target=torch.ops.aten.randint.low](args = (0, 4611686018427387904, []), kwargs = {device: cpu, pin_memory: False})
+    %view_default : [num_users=1] = call_function[target=torch.ops.aten.view.default](args = (%mm, [-1, 1000]), kwargs = {})
+    %sample_logits_default : [num_users=1] = call_function[target=torch.ops.flashsampling.sample_logits.default](args = (%view_default, None, 1.0, %randint_low, 0, 1), kwargs = {})
+    return (sample_logits_default, mm)""",
         )
 
 

@@ -205,7 +205,6 @@ NEGATIVE = [
     pytest.param(softcap_after_top_k, (x,), "or masked", id="softcap-after-top-k"),
     pytest.param(softcap_twice, (x,), "a second time", id="softcap-twice"),
     pytest.param(bias_after_softcap, (x, torch.randn(V)), "soft-cap", id="bias-after-softcap"),
-    pytest.param(softcapped_logits_returned, (x,), "also read by", id="softcapped-returned"),
     pytest.param(gumbel_negative_temperature, (x,), "by -0.7", id="gumbel-negative-T"),
     pytest.param(
         gumbel_tensor_temperature, (x, torch.tensor(0.7)), "by a tensor", id="gumbel-tensor-T"

@@ -253,18 +253,8 @@ def other_tokens(h, t):  # the logprob of the argmax, not of the drawn token
     "fn, args, reason",
     [
         pytest.param(bf16_log_softmax, (X, T_SAMPLED), "computed in torch.bfloat16", id="bf16"),
-        pytest.param(
-            processed_with_greedy_rows, (X, T_ROWS, K_ROWS, P_ROWS), "greedy rows", id="greedy"
-        ),
-        pytest.param(
-            vllm_with_rank,
-            (X, T_ROWS, K_ROWS, P_ROWS),
-            "the drawn token's logprob alone",
-            id="rank",
-        ),
         pytest.param(raw_and_processed, (X, T_SAMPLED), "both raw and processed", id="both"),
         pytest.param(before_the_tails_top_k, (X, T_SAMPLED), "own truncation", id="tail-top-k"),
-        pytest.param(other_tokens, (X, T_SAMPLED), "also read by", id="argmax-token"),
     ],
 )
 def test_other_reads_are_left_alone(fn, args, reason):

@@ -267,7 +267,6 @@ def generator_multinomial(h):
 
 
 NEGATIVE = [
-    pytest.param(logits_returned, (hidden(B, D),), id="logits-returned"),
     pytest.param(probs_returned, (hidden(B, T, D),), id="probs-returned"),
     pytest.param(noise_reused, (hidden(B, D),), id="noise-reused"),
     pytest.param(softmax_over_batch, (hidden(B, D),), id="softmax-dim-0"),

@@ -99,7 +99,7 @@ def masked_twice(h):
     [
         pytest.param(logits_returned, (h[:, -1],), "also read by", id="logits-returned"),
         pytest.param(
-            logits_from_elsewhere, (torch.randn(B, V),), "not from an LM-head", id="no-matmul"
+            logits_from_elsewhere, (torch.randn(B, V),), "no LM-head matmul", id="no-matmul"
         ),
         pytest.param(masked_twice, (h[:, -1],), "truncates them again", id="mask-and-top-k"),
         pytest.param(softcap_of_scaled_logits, (h[:, -1],), "already scaled", id="softcap-after-T"),

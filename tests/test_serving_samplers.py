@@ -296,18 +296,6 @@ def gemma_sample(h, temperatures, top_ps, top_ks):
             id="vllm-min-p-then-top-p",
         ),
         pytest.param(top_k_at_k, (x, T_ROWS + 0.1, K_ROWS, P_ROWS), "k - 1", id="gather-at-k"),
-        pytest.param(
-            greedy_of_other_logits,
-            (x, T_ROWS, K_ROWS, P_ROWS),
-            "vocabulary dim",
-            id="greedy-of-half-the-row",
-        ),
-        pytest.param(
-            greedy_after_temperature,
-            (x, T_ROWS, K_ROWS, P_ROWS),
-            "by a tensor",
-            id="greedy-after-T",
-        ),
     ],
 )
 def test_near_miss_is_left_alone(fn, args, reason):

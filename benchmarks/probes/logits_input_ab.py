@@ -14,6 +14,8 @@ min-p 0.1 as per-row tensors):
   minp   vLLM's ``apply_min_p`` on bf16 logits, then the race
   kp     ``apply_top_k_top_p`` with top-k and top-p on fp32 logits (top-p on bf16 logits is
          refused: ties), then the race
+  returned  a decode step (D = 2048, bf16) that samples its logits and returns them too: the
+         matmul stays, the draw is one ``sample_logits`` call on its logits
 
 ``--check``: per program, 8192 copies of one row whose mass sits on 8 tokens, drawn by the
 pass's graph, against the program's distribution in float64 (chi-square).
@@ -69,9 +71,20 @@ def kp(logits, t, k, p, min_p):
     return random_sample(logits.softmax(dim=-1, dtype=torch.float32))
 
 
-PROGRAMS = {"race": race, "k": top_k, "minp": minp, "kp": kp}
+HIDDEN = 2048
+WEIGHT: list[torch.Tensor] = []  # [V, HIDDEN] bf16, made in main
+
+
+def returned(hidden, t, k, p, min_p):  # a decode step that returns its logits too
+    logits = hidden @ WEIGHT[0].T
+    probs = (logits.float() / t.unsqueeze(1)).softmax(dim=-1)
+    return torch.multinomial(probs, 1), logits
+
+
+PROGRAMS = {"race": race, "k": top_k, "minp": minp, "kp": kp, "returned": returned}
 KNOBS = {"race": (), "k": ("top_k",), "minp": ("min_p",), "kp": ("top_k", "top_p")}
 DTYPES = {"race": torch.bfloat16, "k": torch.bfloat16, "minp": torch.bfloat16, "kp": torch.float32}
+DTYPES["returned"] = torch.bfloat16
 
 
 def graphed(fn, warmup=3):
@@ -98,7 +111,7 @@ def time_graph(graph, loops):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", default="1,16,64,128,256")
-    parser.add_argument("--programs", default="race,k,minp,kp")
+    parser.add_argument("--programs", default="race,k,minp,kp,returned")
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--loops", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
@@ -107,10 +120,12 @@ def main() -> None:
     # (two compiled wrappers of each program, a graph per batch size each)
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.accumulated_recompile_limit = 4096
+    WEIGHT.append(torch.randn(args.vocab, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.05)
     print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), flush=True)
     if args.check:
         for name in args.programs.split(","):
-            check(name, args.vocab)
+            if name in KNOBS:  # (the given-logits programs)
+                check(name, args.vocab)
     print("program,batch,stock_us,pass_us,ours_us,pass/stock,stock_first_s,pass_first_s")
     for name in args.programs.split(","):
         stock = torch.compile(PROGRAMS[name], dynamic=False)
@@ -156,6 +171,8 @@ def check(name, vocab, n=8192) -> None:
 def measure(name, stock_compiled, fused_compiled, batch, args) -> None:
     torch.manual_seed(batch)
     logits = (torch.randn(batch, args.vocab, device="cuda") * 3).to(DTYPES[name])
+    if name == "returned":  # (its first argument is the hidden state; ours: no matmul)
+        logits = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
     t = torch.full((batch,), 0.7, device="cuda")
     k = torch.full((batch,), 50, device="cuda", dtype=torch.int64)
     p = torch.full((batch,), 0.9, device="cuda")
@@ -170,6 +187,8 @@ def measure(name, stock_compiled, fused_compiled, batch, args) -> None:
             logits, temperature=t, seed=seed, **{key: knobs[key] for key in KNOBS[name]}
         ),
     }
+    if name == "returned":
+        del programs["ours"]
     for label, program in programs.items():
         begin = time.perf_counter()
         try:
@@ -178,6 +197,7 @@ def measure(name, stock_compiled, fused_compiled, batch, args) -> None:
             print(f"# {name} B={batch} {label} failed: {type(error).__name__}", flush=True)
             continue
         firsts[label] = time.perf_counter() - begin
+        out = out[0] if isinstance(out, tuple) else out
         assert 0 <= int(out.min()) and int(out.max()) < args.vocab, label
     times = {label: [] for label in graphs}
     for round_ in range(args.rounds):
