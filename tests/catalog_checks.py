@@ -27,16 +27,22 @@ def assert_one_fused_call(fn, *args, idiom: str, dynamic=None) -> str:
     return graph
 
 
-def assert_left_alone(fn, *args, reason: str | None = None) -> str:
-    """-> the graph after the pass: nothing rewritten, the very graph stock Inductor
-    compiles (the pass only drops no-op views, which Inductor drops later anyway), and the
-    site's recorded reason contains ``reason``."""
+def graph_and_sites(fn, *args) -> tuple[str, dict[str, int], list]:
+    """-> (the graph after the pass, rewrites per idiom, the ``SamplingSite``s it recorded)."""
     sites = []
     token = SITES.set(sites)
     try:
         graph, rewrites = graph_after_pass(fn, *args)
     finally:
         SITES.reset(token)
+    return graph, rewrites, sites
+
+
+def assert_left_alone(fn, *args, reason: str | None = None) -> str:
+    """-> the graph after the pass: nothing rewritten, the very graph stock Inductor
+    compiles (the pass only drops no-op views, which Inductor drops later anyway), and the
+    site's recorded reason contains ``reason``."""
+    graph, rewrites, sites = graph_and_sites(fn, *args)
     assert not rewrites and "fused_sample" not in graph, graph
     if reason is not None:
         assert any(reason in site.reason for site in sites), sites

@@ -14,11 +14,16 @@ from scipy import stats
 from torch._dynamo.utils import counters
 
 from flashsampling_inductor import explain
-from flashsampling_inductor.graph_pass import SITES
 
 from . import test_logprob_readers as readers
 from . import test_serving_samplers as serving
-from .catalog_checks import assert_left_alone, chi_square_p, min_p_probs, top_k_probs
+from .catalog_checks import (
+    assert_left_alone,
+    chi_square_p,
+    graph_and_sites,
+    min_p_probs,
+    top_k_probs,
+)
 from .graph_capture import graph_after_pass
 from .test_logit_transforms import softcapped_logits_returned
 from .test_logit_transforms import x as transform_x
@@ -94,19 +99,19 @@ def with_logprob(logits):
         pytest.param(vllm_top_k, (LOGITS_BF16, T_ROWS, K_ROWS), "mixed_greedy", id="vllm-k"),
         pytest.param(
             vllm_min_p, (LOGITS_BF16, T_ROWS + 0.1, P_ROWS / 4), "exponential_race", id="vllm-min-p"
-        ),  # fmt: skip
+        ),
         pytest.param(
             top_k_top_p_fp32,
             (LOGITS, T_ROWS + 0.1, K_ROWS, P_ROWS),
             "exponential_race",
             id="top-k-top-p",
-        ),  # fmt: skip
+        ),
         pytest.param(
             last_position,
             (LOGITS.view(B, 1, V).expand(B, 3, V),),
             "multinomial",
             id="last-position",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_sampler_of_given_logits_becomes_one_sample_logits_call(fn, args, idiom):
@@ -210,11 +215,11 @@ def test_an_in_place_division_of_the_callers_logits_is_kept_and_the_draw_fused()
             "multinomial",
             "aten.tanh",
             id="softcapped-returned",
-        ),  # fmt: skip
+        ),
         # the argmax's logprob read from the logits: the draw fused, that read stock
         pytest.param(
             other_tokens, (reader_x, T_SAMPLED), "multinomial", "aten.argmax", id="argmax-logprob"
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_logits_read_elsewhere_are_sampled_where_they_are(fn, args, idiom, kept):
@@ -232,37 +237,32 @@ def test_logits_read_elsewhere_are_sampled_where_they_are(fn, args, idiom, kept)
             (serving.x, *SERVING_KNOBS),
             "vocabulary dim",
             id="greedy-of-half-the-row",
-        ),  # fmt: skip
+        ),
         pytest.param(
             greedy_after_temperature,
             (serving.x, *SERVING_KNOBS),
             "by a tensor",
             id="greedy-after-T",
-        ),  # fmt: skip
+        ),
         pytest.param(
             processed_with_greedy_rows,
             (reader_x, *READER_KNOBS),
             "greedy rows",
             id="processed-logprob-of-greedy-rows",
-        ),  # fmt: skip
+        ),
         pytest.param(
             vllm_with_rank,
             (reader_x, *READER_KNOBS),
             "the drawn token's logprob alone",
             id="logprob-rank",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_mix_left_stock_keeps_its_draw_fused_on_the_logits_it_reads(fn, args, reason):
     """vLLM-style greedy rows or logprob reads the op cannot take: ``mixed_greedy`` refuses
     (and says why), and the sampled branch, whose logits the refused part reads, becomes one
     ``sample_logits`` call on them; the greedy argmax and the reads stay stock."""
-    sites = []
-    token = SITES.set(sites)
-    try:
-        graph, rewrites = graph_after_pass(fn, *args)
-    finally:
-        SITES.reset(token)
+    graph, rewrites, sites = graph_and_sites(fn, *args)
     assert rewrites == {"exponential_race": 1}, graph
     assert graph.count("flashsampling.sample_logits") == 1 and "aten.where" in graph, graph
     assert any(not site.rewritten and reason in site.reason for site in sites), sites
