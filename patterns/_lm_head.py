@@ -87,9 +87,11 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
     """
     node, walked, masks = logits, [], {}
     cuts = GIVEN_LOGITS.get()
-    while not is_call(node, aten.mm.default, aten.addmm.default) or node in cuts:
-        if isinstance(node, Node) and (node.op == "placeholder" or node in cuts):
-            break  # logits the graph is given, or holds anyway (``_given_logits``)
+
+    def given(node) -> bool:  # logits the graph is given, or holds anyway (``_given_logits``)
+        return isinstance(node, Node) and (node.op == "placeholder" or node in cuts)
+
+    while not (given(node) or is_call(node, aten.mm.default, aten.addmm.default)):
         if not isinstance(node, Node) or node.op != "call_function":
             raise NoMatch(f"the logits come from {node}, not from an LM-head matmul")
         scattered = _scattered_back(node)
@@ -112,12 +114,12 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             node = masks[node][0].source
         else:
             node = _chain_input(node)
-    given = node.op == "placeholder" or node in cuts
-    matmul = node if given else walk.take(node)
+    is_given = given(node)
+    source = node if is_given else walk.take(node)  # the matmul, or the given logits
 
     head = _Chain()
-    if not given and is_call(matmul, aten.addmm.default):
-        head.bias = _check_addmm(matmul)
+    if not is_given and is_call(source, aten.addmm.default):
+        head.bias = _check_addmm(source)
     for step in reversed(walked):  # from the matmul to the tail
         if step in masks:
             for mask in masks[step]:
@@ -134,19 +136,19 @@ def match_lm_head(walk: Walk, logits: Node, *, greedy: bool = False) -> LMHead:
             if head.per_row and not _keeps_rows(step):
                 raise NoMatch(f"{step.name} selects rows after a per-row temperature")
             head.row_ops.append(step)
-    if not given:  # the flatten of the hidden states and the transpose of the weight
+    if not is_given:  # the flatten of the hidden states and the transpose of the weight
         walk.leftovers.extend(
             a
-            for a in matmul.args[-2:]
+            for a in source.args[-2:]
             if is_call(a, *RESHAPES, aten.unsqueeze.default, aten.permute.default)
         )
     if greedy:
         head.temperature, head.factor = 0.0, 1.0
         head.top_k = head.top_p = head.min_p = None
         head.top_p_whole_row = False
-    found = _given_logits(matmul, head, cuts.get(matmul)) if given else _lm_head(matmul, head)
+    found = _given_logits(source, head, cuts.get(source)) if is_given else _lm_head(source, head)
     found.scores = logits
-    found.raw_logits = _raw_logits(matmul, [step for step in reversed(walked)], masks)
+    found.raw_logits = _raw_logits(source, [step for step in reversed(walked)], masks)
     return found
 
 

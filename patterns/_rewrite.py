@@ -423,18 +423,16 @@ def _rewrite(match: Match, walk: Walk, found: SamplingMatch, tail_rows: list) ->
             **({"top_p_whole_row": True} if found.top_p_whole_row else {}),
             **({} if found.logprobs is None else {"logprobs": found.logprobs}),
         )  # fmt: skip
-        logprobs_op = found.logprobs is not None
+        logprobs_op, ops = found.logprobs is not None, torch.ops.flashsampling
         if weight is None:  # logits the graph is given, rounded as the chain rounds them
             logits = rows_2d
             if head.logits_dtype not in (None, logits.dtype):
                 logits = logits.to(head.logits_dtype)
-            ops = torch.ops.flashsampling
             tokens = (ops.sample_logits_logprobs if logprobs_op else ops.sample_logits)(
                 logits, temperature, scalar_temperature, seed, scalar_seed, found.num_samples,
                 impl=found.impl, **options,
             )  # fmt: skip
         else:
-            ops = torch.ops.flashsampling
             tokens = (ops.fused_sample_logprobs if logprobs_op else ops.fused_sample)(
                 rows_2d, weight, bias, temperature, scalar_temperature, seed, scalar_seed,
                 found.num_samples, head.logits_dtype, found.impl, **options,
